@@ -1,0 +1,198 @@
+//! The algorithms: pure state transitions with no I/O.
+//!
+//! An algorithm keeps, per key and tier, a fixed number of `u64` state words; all zeros is the
+//! state of a key never seen, so a store can start from zeros and drop any state that has
+//! become equivalent to zeros. [`Decide::decide`] reads the words at `now`, and when the attempt
+//! is admitted with `commit` set, writes the new state. The Redis scripts implement the same
+//! transitions over the same words (hash fields) and are checked against these.
+//!
+//! Every intermediate integer stays below 2^53 (rules are validated for it), so a script
+//! computing in doubles reaches the same decisions.
+
+mod fixed_window;
+mod gcra;
+mod interval_bucket;
+mod leaky_bucket;
+mod rate;
+mod sliding_log;
+mod sliding_window;
+mod sub_windows;
+mod token_bucket;
+mod warm_up;
+
+pub use leaky_bucket::LeakyBucket;
+pub use sub_windows::SubWindows;
+pub use token_bucket::TokenBucket;
+pub use warm_up::WarmUp;
+
+pub(crate) use rate::Rate;
+
+use crate::decision::Verdict;
+use crate::rule::Tier;
+use fixed_window::FixedWindow;
+use gcra::Gcra;
+use interval_bucket::IntervalBucket;
+use sliding_log::SlidingLog;
+use sliding_window::SlidingWindow;
+
+/// The rate-limiting algorithm of a rule, with its parameters.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// Counts permits per window aligned to multiples of the period since the Unix epoch.
+    /// Admits up to twice the limit across a window edge.
+    FixedWindow,
+    /// Sliding window counter: the previous aligned window's count, weighted by how much of it
+    /// the sliding window still overlaps, plus the current window's count. Approximate.
+    SlidingWindow,
+    /// Sentinel-style sliding window made of `count` aligned sub-windows; precision grows with
+    /// the count.
+    SubWindows(SubWindows),
+    /// Exact: no window of length `period` ever holds more than `limit` permits. Keeps one
+    /// timestamp per permit of the limit (8 bytes x limit per key in memory).
+    SlidingLog,
+    /// Token bucket of capacity `burst`, refilled continuously at `limit` per `period`.
+    TokenBucket(TokenBucket),
+    /// Refilled to the full `limit` once per `period`, the period starting at the first
+    /// request after the previous one ended. A hard cap: never a burst above the limit.
+    IntervalBucket,
+    /// Leaky bucket of capacity `burst` leaking `limit` per `period`, as a meter (rejects on
+    /// overflow) or as a shaper (admits with a delay until the water ahead has leaked).
+    LeakyBucket(LeakyBucket),
+    /// Generic cell rate algorithm: the leaky bucket meter kept as one theoretical arrival time.
+    Gcra,
+    /// The permitted rate ramps from a cold rate up to `limit` per `period` over a warm-up
+    /// period, as Guava's `SmoothWarmingUp` does.
+    WarmUp(WarmUp),
+}
+
+impl Algorithm {
+    /// Calls `visit` with this algorithm's implementation, so a whole check is statically
+    /// dispatched once rather than per tier.
+    pub(crate) fn dispatch<'a, V: Visit<'a>>(&'a self, visit: V) -> V::Output {
+        match self {
+            Self::FixedWindow => visit.visit(&FixedWindow),
+            Self::SlidingWindow => visit.visit(&SlidingWindow),
+            Self::SubWindows(a) => visit.visit(a),
+            Self::SlidingLog => visit.visit(&SlidingLog),
+            Self::TokenBucket(a) => visit.visit(a),
+            Self::IntervalBucket => visit.visit(&IntervalBucket),
+            Self::LeakyBucket(a) => visit.visit(a),
+            Self::Gcra => visit.visit(&Gcra),
+            Self::WarmUp(a) => visit.visit(a),
+        }
+    }
+
+    fn imp(&self) -> &dyn Decide {
+        struct AsDyn;
+        impl<'a> Visit<'a> for AsDyn {
+            type Output = &'a dyn Decide;
+            fn visit<A: Decide>(self, algorithm: &'a A) -> &'a dyn Decide {
+                algorithm
+            }
+        }
+        self.dispatch(AsDyn)
+    }
+
+    /// The algorithm's name, as written in rule files.
+    pub fn name(&self) -> &'static str {
+        self.imp().name()
+    }
+
+    pub(crate) fn uses_burst(&self) -> bool {
+        self.imp().uses_burst()
+    }
+}
+
+impl Decide for Algorithm {
+    fn name(&self) -> &'static str {
+        self.imp().name()
+    }
+    fn uses_burst(&self) -> bool {
+        self.imp().uses_burst()
+    }
+    fn words(&self, tier: &Tier) -> usize {
+        self.imp().words(tier)
+    }
+    fn capacity(&self, tier: &Tier) -> u64 {
+        self.imp().capacity(tier)
+    }
+    fn validate(&self, tier: &Tier) -> Result<(), Invalid> {
+        self.imp().validate(tier)
+    }
+    fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
+        self.imp().decide(tier, state, attempt)
+    }
+    fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {
+        self.imp().expires_at(tier, state)
+    }
+}
+
+/// A computation generic over the algorithm; see [`Algorithm::dispatch`].
+pub(crate) trait Visit<'a> {
+    type Output;
+    fn visit<A: Decide>(self, algorithm: &'a A) -> Self::Output;
+}
+
+/// One check of one tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Attempt {
+    /// Microseconds since the Unix epoch, at least 1 (0 marks "never" in state words).
+    pub(crate) now: u64,
+    /// Permits asked for; 0 looks without consuming.
+    pub(crate) cost: u64,
+    /// The longest delay the caller accepts from a shaping algorithm; `None` for a plain check
+    /// (the shaper's own bound applies, and warm-up admits only without delay).
+    pub(crate) max_delay: Option<u64>,
+    /// Whether to write the new state when admitted.
+    pub(crate) commit: bool,
+}
+
+impl Attempt {
+    /// Whether an admitted attempt must write its new state.
+    pub(crate) fn writes(&self) -> bool {
+        self.commit && self.cost > 0
+    }
+}
+
+/// Why a tier does not fit an algorithm: blames a tier field or an algorithm parameter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Invalid {
+    Tier(&'static str, String),
+    Parameter(&'static str, String),
+}
+
+/// An algorithm's pure transition and what a store needs to know about its state.
+pub(crate) trait Decide {
+    /// The name used in rule files.
+    fn name(&self) -> &'static str;
+
+    /// Whether the tier's `burst` means something to this algorithm.
+    fn uses_burst(&self) -> bool {
+        false
+    }
+
+    /// State words per key for this tier.
+    fn words(&self, tier: &Tier) -> usize;
+
+    /// The largest cost this tier can ever admit.
+    fn capacity(&self, tier: &Tier) -> u64 {
+        tier.limit()
+    }
+
+    /// Rejects parameters that can never work with this tier. Called once, at rule build.
+    fn validate(&self, _tier: &Tier) -> Result<(), Invalid> {
+        Ok(())
+    }
+
+    /// Decides `attempt` against one tier's `state` (`words(tier)` words), writing the new
+    /// state only when admitted and [`Attempt::writes`]. Never admits a cost above `capacity`.
+    fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict;
+
+    /// The time (µs since the epoch) from which `state` is equivalent to all zeros and may be
+    /// dropped; the TTL a store gives it.
+    fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64;
+}
+
+#[cfg(test)]
+pub(crate) mod testing;

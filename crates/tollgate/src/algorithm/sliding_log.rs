@@ -1,0 +1,171 @@
+//! Sliding log: the timestamps of the last `limit` admitted permits. Exact: no window of length
+//! `period` ever holds more than `limit` permits, and a decision costs O(1) (O(log limit) to
+//! report the remaining count).
+//!
+//! State words: `[permits ever logged, then a ring of limit timestamps]`; the k-th most recent
+//! permit is at ring index `(logged - k) % limit`. Timestamps never decrease along the ring.
+
+use super::{Attempt, Decide, Invalid};
+use crate::decision::Verdict;
+use crate::rule::Tier;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SlidingLog;
+
+/// The largest limit a sliding log accepts: memory is 8 bytes per permit of the limit per key.
+const MAX_LIMIT: u64 = 100_000;
+
+struct Log<'a> {
+    state: &'a [u64],
+    limit: u64,
+}
+
+impl Log<'_> {
+    fn logged(&self) -> u64 {
+        self.state[0]
+    }
+
+    /// The timestamp of the `k`-th most recent permit (1-based), if that many were logged.
+    fn recent(&self, k: u64) -> Option<u64> {
+        (k >= 1 && k <= self.logged().min(self.limit))
+            .then(|| self.state[1 + ((self.logged() - k) % self.limit) as usize])
+    }
+
+    /// Permits logged in the window `(now - period, now]`.
+    fn in_window(&self, now: u64, period: u64) -> u64 {
+        let (mut inside, mut outside) = (0, self.logged().min(self.limit) + 1);
+        while outside - inside > 1 {
+            let mid = (inside + outside) / 2;
+            match self.recent(mid) {
+                Some(t) if t + period > now => inside = mid,
+                _ => outside = mid,
+            }
+        }
+        inside
+    }
+}
+
+impl Decide for SlidingLog {
+    fn name(&self) -> &'static str {
+        "sliding_log"
+    }
+
+    fn words(&self, tier: &Tier) -> usize {
+        1 + tier.limit() as usize
+    }
+
+    fn validate(&self, tier: &Tier) -> Result<(), Invalid> {
+        if tier.limit() > MAX_LIMIT {
+            return Err(Invalid::Tier(
+                "limit",
+                format!(
+                    "a sliding log keeps one timestamp per permit, so at most {MAX_LIMIT}; \
+                     use sliding_window or sub_windows for larger limits"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
+        let (limit, period, now, cost) = (
+            tier.limit(),
+            tier.period_micros(),
+            attempt.now,
+            attempt.cost,
+        );
+        let log = Log { state, limit };
+        let newest = log.recent(1).unwrap_or(0);
+        let used = log.in_window(now, period);
+        let reset_after = if used > 0 { newest + period - now } else { 0 };
+        // Admitted unless the (limit - cost + 1)-th most recent permit is still in the window.
+        if let Some(blocking) = log.recent(limit + 1 - cost).filter(|&t| t + period > now) {
+            return Verdict::deny(limit, limit - used, reset_after, blocking + period - now);
+        }
+        if attempt.writes() {
+            // A clock behind the newest entry logs at the newest time, keeping the ring sorted.
+            let at = now.max(newest);
+            for _ in 0..cost {
+                state[1 + (state[0] % limit) as usize] = at;
+                state[0] += 1;
+            }
+        }
+        let reset_after = if cost > 0 {
+            now.max(newest) + period - now
+        } else {
+            reset_after
+        };
+        Verdict::allow(limit, limit - used - cost, reset_after)
+    }
+
+    fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {
+        let log = Log {
+            state,
+            limit: tier.limit(),
+        };
+        log.recent(1)
+            .map_or(0, |newest| newest + tier.period_micros())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::algorithm::Algorithm;
+    use crate::algorithm::testing::{Key, SECOND, START};
+    use crate::rule::Tier;
+
+    #[test]
+    fn the_seed_example_two_per_minute() {
+        // 2 per minute: 1:00:01 passes, 1:01:40 passes (1:00:01 has left), 1:01:50 passes,
+        // 1:02:00 is rejected (three in the last minute would be too many).
+        let mut key = Key::new(Algorithm::SlidingLog, [Tier::per_minute(2)]);
+        key.at(START + SECOND);
+        assert!(key.check(1).allowed());
+        key.at(START + 100 * SECOND);
+        assert!(key.check(1).allowed());
+        key.at(START + 110 * SECOND);
+        assert!(key.check(1).allowed());
+        key.at(START + 120 * SECOND);
+        let denied = key.check(1);
+        assert!(!denied.allowed());
+        assert_eq!(denied.retry_after().unwrap().as_secs(), 40);
+        assert!(key.retry_after_is_exact(1));
+    }
+
+    #[test]
+    fn denies_the_fixed_window_edge_burst() {
+        let mut key = Key::new(Algorithm::SlidingLog, [Tier::per_minute(100)]);
+        key.at(START + 59 * SECOND + 900_000);
+        assert_eq!(key.admitted(150, 1), 100);
+        key.at(START + 60 * SECOND + 100_000);
+        assert_eq!(key.admitted(150, 1), 0);
+        key.at(START + 119 * SECOND + 900_000);
+        assert_eq!(key.admitted(150, 1), 100);
+    }
+
+    #[test]
+    fn cost_logs_one_entry_per_permit() {
+        let mut key = Key::new(Algorithm::SlidingLog, [Tier::per_second(5)]);
+        assert!(key.check(3).allowed());
+        key.advance(500_000);
+        assert!(key.check(2).allowed());
+        assert!(!key.check(1).allowed());
+        // The three first permits leave together.
+        key.advance(500_000);
+        let look = key.check(0);
+        assert_eq!(look.remaining(), 3);
+        assert!(key.check(3).allowed());
+        assert!(key.retry_after_is_exact(4));
+    }
+
+    #[test]
+    fn remaining_counts_only_the_window() {
+        let mut key = Key::new(Algorithm::SlidingLog, [Tier::per_second(10)]);
+        for _ in 0..10 {
+            key.check(1);
+            key.advance(100_000);
+        }
+        // At t = 1 s, the permit logged at t = 0 has just left.
+        assert_eq!(key.check(0).remaining(), 1);
+    }
+}

@@ -1,0 +1,192 @@
+//! Sliding window counter: the previous aligned window's count, weighted by how much of it the
+//! sliding window still overlaps, plus the current window's count.
+//!
+//! State words: `[current window start (µs), previous window's count, current window's count]`.
+//!
+//! The estimate is computed in doubles, in the same order of operations as the Redis script, so
+//! both reach the same decisions; with `limit x period` below 2^53 it is exact.
+
+use super::{Attempt, Decide};
+use crate::decision::Verdict;
+use crate::rule::Tier;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SlidingWindow;
+
+/// The two windows that matter at some time.
+#[derive(Debug, Clone, Copy)]
+struct Windows {
+    start: u64,
+    period: u64,
+    previous: u64,
+    current: u64,
+}
+
+impl Windows {
+    fn at(state: &[u64], now: u64, period: u64) -> Self {
+        let aligned = now - now % period;
+        let (start, previous, current) = match state[0] {
+            // The current window (or a later one, written by a clock ahead of ours).
+            s if s >= aligned => (s, state[1], state[2]),
+            s if s + period == aligned => (aligned, state[2], 0),
+            _ => (aligned, 0, 0),
+        };
+        Self {
+            start,
+            period,
+            previous,
+            current,
+        }
+    }
+
+    /// The weighted count at time `t` (no earlier than the window start), if nothing arrives.
+    fn estimate(&self, t: u64) -> f64 {
+        let period = self.period as f64;
+        let elapsed = t.saturating_sub(self.start);
+        if elapsed < self.period {
+            self.previous as f64 * ((period - elapsed as f64) / period) + self.current as f64
+        } else if elapsed < 2 * self.period {
+            self.current as f64 * ((period - (elapsed - self.period) as f64) / period)
+        } else {
+            0.0
+        }
+    }
+
+    fn admits(&self, t: u64, cost: u64, limit: u64) -> bool {
+        self.estimate(t) + cost as f64 <= limit as f64
+    }
+
+    /// The earliest time at which `cost` is admitted if nothing arrives.
+    fn earliest(&self, cost: u64, limit: u64) -> u64 {
+        let (limit_f, cost_f, period) = (limit as f64, cost as f64, self.period as f64);
+        let room = limit_f - self.current as f64 - cost_f;
+        let mut t = if room >= 0.0 {
+            // Only the previous window's weight is in the way: wait for it to shrink to `room`.
+            self.start + self.period - (room * period / self.previous as f64).floor() as u64
+        } else {
+            // The current window alone is too full: it must become the (weighted) previous.
+            let room = limit_f - cost_f;
+            self.start + 2 * self.period - (room * period / self.current as f64).floor() as u64
+        };
+        // Doubles may round the division down; step until the estimate really admits.
+        while !self.admits(t, cost, limit) {
+            t += 1;
+        }
+        t
+    }
+
+    fn reset_at(&self) -> u64 {
+        match (self.previous, self.current) {
+            (_, c) if c > 0 => self.start + 2 * self.period,
+            (p, _) if p > 0 => self.start + self.period,
+            _ => 0,
+        }
+    }
+}
+
+fn remaining(limit: u64, estimate: f64) -> u64 {
+    (limit as f64 - estimate).floor().max(0.0) as u64
+}
+
+impl Decide for SlidingWindow {
+    fn name(&self) -> &'static str {
+        "sliding_window"
+    }
+
+    fn words(&self, _tier: &Tier) -> usize {
+        3
+    }
+
+    fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
+        let (limit, now, cost) = (tier.limit(), attempt.now, attempt.cost);
+        let mut windows = Windows::at(state, now, tier.period_micros());
+        if windows.admits(now, cost, limit) {
+            windows.current += cost;
+            if attempt.writes() {
+                state.copy_from_slice(&[windows.start, windows.previous, windows.current]);
+            }
+            let reset_after = windows.reset_at().saturating_sub(now);
+            Verdict::allow(limit, remaining(limit, windows.estimate(now)), reset_after)
+        } else {
+            Verdict::deny(
+                limit,
+                remaining(limit, windows.estimate(now)),
+                windows.reset_at().saturating_sub(now),
+                windows.earliest(cost, limit) - now,
+            )
+        }
+    }
+
+    fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {
+        let period = tier.period_micros();
+        Windows::at(state, state[0], period).reset_at()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::algorithm::Algorithm;
+    use crate::algorithm::testing::{Key, SECOND, START};
+    use crate::rule::Tier;
+
+    #[test]
+    fn the_seed_example_rejects_at_4_25_over_4() {
+        // 4 per minute; 3 in the previous window, 1 in the current one; a request at 25% of
+        // the current window counts 3 x (1 - 25%) + 2 = 4.25 > 4 and is rejected.
+        let mut key = Key::new(Algorithm::SlidingWindow, [Tier::per_minute(4)]);
+        key.at(START + 30 * SECOND);
+        assert_eq!(key.admitted(3, 1), 3);
+        key.at(START + 60 * SECOND);
+        assert!(key.check(1).allowed());
+        key.at(START + 75 * SECOND);
+        let denied = key.check(1);
+        assert!(!denied.allowed());
+        // 3 x 0.75 + 1 = 3.25 counted: no whole permit remains.
+        assert_eq!(denied.remaining(), 0);
+        // The previous window's weight must fall to 2/3: at 1:20 it is 3 x (40/60) = 2.
+        assert_eq!(denied.retry_after().unwrap().as_secs(), 5);
+        assert!(key.retry_after_is_exact(1));
+    }
+
+    #[test]
+    fn the_second_seed_example_rejects_at_11_75_over_10() {
+        // 10 per minute; 9 in the previous window, 5 in the current (a state this rule would
+        // not itself let arise, so it is set directly); at 25%: 9 x 0.75 + 5 + 1 = 12.75 > 10.
+        let mut key = Key::new(Algorithm::SlidingWindow, [Tier::per_minute(10)]);
+        key.state = vec![START + 60 * SECOND, 9, 5];
+        key.at(START + 75 * SECOND);
+        let denied = key.check(1);
+        assert!(!denied.allowed());
+        // 9 x 0.75 + 5 = 11.75 counted: over the limit, nothing remains.
+        assert_eq!(denied.remaining(), 0);
+        assert!(key.retry_after_is_exact(1));
+    }
+
+    #[test]
+    fn a_full_current_window_waits_for_the_next_one_to_weigh_it_down() {
+        let mut key = Key::new(Algorithm::SlidingWindow, [Tier::per_minute(4)]);
+        assert_eq!(key.admitted(5, 1), 4);
+        let denied = key.check(2);
+        // In the next window 4 x (1 - f) + 2 <= 4 needs f >= 1/2: 30 s into it.
+        assert_eq!(denied.retry_after().unwrap().as_secs(), 90);
+        assert!(key.retry_after_is_exact(2));
+    }
+
+    #[test]
+    fn smooths_the_fixed_window_edge_burst() {
+        let mut key = Key::new(Algorithm::SlidingWindow, [Tier::per_minute(100)]);
+        key.at(START + 59 * SECOND + 900_000);
+        assert_eq!(key.admitted(150, 1), 100);
+        key.at(START + 60 * SECOND + 100_000);
+        // The previous window still weighs 100 x 59.9/60: nothing more fits.
+        assert_eq!(key.admitted(150, 1), 0);
+    }
+
+    #[test]
+    fn idle_keys_forget_everything_after_two_windows() {
+        let mut key = Key::new(Algorithm::SlidingWindow, [Tier::per_minute(4)]);
+        assert_eq!(key.admitted(4, 1), 4);
+        key.advance(120 * SECOND);
+        assert_eq!(key.admitted(5, 1), 4);
+    }
+}

@@ -1,0 +1,190 @@
+//! Sliding window of sub-windows (Sentinel's `LeapArray`): the period is split into `count`
+//! aligned sub-windows; a check counts the `count` most recent ones. Precision grows with the
+//! count: the window slides one sub-window at a time.
+//!
+//! State words: `[index of the newest sub-window written, count of sub-window i at i % count]`
+//! where a sub-window's index is its start time divided by its length.
+
+use super::{Attempt, Decide, Invalid};
+use crate::decision::Verdict;
+use crate::rule::Tier;
+
+/// Parameters of [`Algorithm::SubWindows`](super::Algorithm::SubWindows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubWindows {
+    /// Sub-windows per period, from 1 to 1000; the period must split into whole microseconds.
+    pub count: u32,
+}
+
+const MAX_COUNT: u32 = 1_000;
+
+/// One tier's sub-window counters, read from its state words.
+struct Ring<'a> {
+    state: &'a [u64],
+    count: u64,
+    newest: u64,
+}
+
+impl Ring<'_> {
+    fn slot(&self, index: u64) -> usize {
+        1 + (index % self.count) as usize
+    }
+
+    /// Permits in the window whose newest sub-window is `at` (at or after the newest written,
+    /// so no slot read belongs to an overwritten sub-window).
+    fn sum(&self, at: u64) -> u64 {
+        let oldest = (at + 1).saturating_sub(self.count);
+        (oldest..=self.newest)
+            .map(|i| self.state[self.slot(i)])
+            .sum()
+    }
+
+    /// When every permit counted at `at` has left the window, if nothing arrives.
+    fn reset_at(&self, at: u64, length: u64) -> u64 {
+        let oldest = (at + 1).saturating_sub(self.count);
+        (oldest..=self.newest)
+            .rev()
+            .find(|&i| self.state[self.slot(i)] > 0)
+            .map_or(0, |i| (i + self.count) * length)
+    }
+}
+
+impl Decide for SubWindows {
+    fn name(&self) -> &'static str {
+        "sub_windows"
+    }
+
+    fn words(&self, _tier: &Tier) -> usize {
+        1 + self.count as usize
+    }
+
+    fn validate(&self, tier: &Tier) -> Result<(), Invalid> {
+        if self.count == 0 || self.count > MAX_COUNT {
+            return Err(Invalid::Parameter(
+                "count",
+                format!("must be between 1 and {MAX_COUNT}"),
+            ));
+        }
+        if tier.period_micros() % u64::from(self.count) != 0 {
+            return Err(Invalid::Tier(
+                "period",
+                format!(
+                    "{:?} does not split into {} sub-windows of whole microseconds",
+                    tier.period(),
+                    self.count
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
+        let count = u64::from(self.count);
+        let length = tier.period_micros() / count;
+        let (limit, now, cost) = (tier.limit(), attempt.now, attempt.cost);
+        // A sub-window written by a clock ahead of ours is treated as the current one.
+        let current = (now / length).max(state[0]);
+        let ring = Ring {
+            state,
+            count,
+            newest: state[0],
+        };
+        let used = ring.sum(current);
+        let reset_after = ring.reset_at(current, length).saturating_sub(now);
+        if used + cost > limit {
+            let next = (current + 1..=current + count)
+                .find(|&at| ring.sum(at) + cost <= limit)
+                .expect("a whole period later every counted permit has left");
+            return Verdict::deny(
+                limit,
+                limit.saturating_sub(used),
+                reset_after,
+                next * length - now,
+            );
+        }
+        if attempt.writes() {
+            let stale = (state[0] + 1).max(current.saturating_sub(count - 1));
+            for i in stale..=current {
+                state[1 + (i % count) as usize] = 0;
+            }
+            state[1 + (current % count) as usize] += cost;
+            state[0] = current;
+        }
+        let reset_after = if cost > 0 {
+            (current + count) * length - now
+        } else {
+            reset_after
+        };
+        Verdict::allow(limit, limit - used - cost, reset_after)
+    }
+
+    fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {
+        (state[0] + u64::from(self.count)) * (tier.period_micros() / u64::from(self.count))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SubWindows;
+    use crate::algorithm::Algorithm;
+    use crate::algorithm::testing::{Key, SECOND, START};
+    use crate::rule::Tier;
+
+    fn six_by_ten_seconds(limit: u64) -> Key {
+        Key::new(
+            Algorithm::SubWindows(SubWindows { count: 6 }),
+            [Tier::per_minute(limit)],
+        )
+    }
+
+    #[test]
+    fn blocks_the_fixed_window_edge_burst() {
+        // The seed: 100 per minute in six 10 s sub-windows; 100 at 0:50-1:00 leave no room
+        // at 1:00-1:10.
+        let mut key = six_by_ten_seconds(100);
+        key.at(START + 55 * SECOND);
+        assert_eq!(key.admitted(150, 1), 100);
+        key.at(START + 65 * SECOND);
+        assert_eq!(key.admitted(10, 1), 0);
+        // The 0:50 sub-window leaves the window at 1:50.
+        let denied = key.check(1);
+        assert_eq!(denied.retry_after().unwrap().as_secs(), 45);
+        assert!(key.retry_after_is_exact(1));
+    }
+
+    #[test]
+    fn precision_is_one_sub_window() {
+        // The seed's imprecision: from 0:05 to 1:05, 200 requests pass with 10 s sub-windows.
+        let mut key = six_by_ten_seconds(100);
+        key.at(START + 5 * SECOND);
+        assert_eq!(key.admitted(150, 1), 100);
+        key.at(START + 60 * SECOND);
+        assert_eq!(key.admitted(150, 1), 100);
+    }
+
+    #[test]
+    fn old_sub_windows_slide_out_one_at_a_time() {
+        let mut key = six_by_ten_seconds(6);
+        for i in 0..6 {
+            key.at(START + i * 10 * SECOND);
+            assert!(key.check(1).allowed());
+        }
+        key.at(START + 59 * SECOND);
+        assert!(!key.check(1).allowed());
+        key.at(START + 60 * SECOND);
+        assert_eq!(key.admitted(3, 1), 1);
+        key.at(START + 70 * SECOND);
+        assert_eq!(key.admitted(3, 1), 1);
+        key.advance(60 * SECOND);
+        assert_eq!(key.admitted(10, 1), 6);
+    }
+
+    #[test]
+    fn a_look_reports_remaining_without_counting() {
+        let mut key = six_by_ten_seconds(10);
+        assert!(key.check(4).allowed());
+        let look = key.check(0);
+        assert_eq!((look.allowed(), look.remaining()), (true, 6));
+        assert_eq!(look.reset_after().as_secs(), 60);
+    }
+}

@@ -1,0 +1,145 @@
+//! Token bucket: capacity `burst`, refilled continuously at `limit` per `period`, computed
+//! lazily when a key is checked; no background refill.
+//!
+//! State words: `[tokens (rate units), time of the last admission (µs; 0 = never)]`.
+
+use super::{Attempt, Decide, Invalid};
+use crate::decision::Verdict;
+use crate::rule::Tier;
+
+/// Parameters of [`Algorithm::TokenBucket`](super::Algorithm::TokenBucket).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TokenBucket {
+    /// Tokens in a key's bucket when it is first seen (and again after it was idle long enough
+    /// to refill completely and be forgotten); defaults to a full bucket.
+    pub initial_tokens: Option<u64>,
+}
+
+impl Decide for TokenBucket {
+    fn name(&self) -> &'static str {
+        "token_bucket"
+    }
+
+    fn uses_burst(&self) -> bool {
+        true
+    }
+
+    fn words(&self, _tier: &Tier) -> usize {
+        2
+    }
+
+    fn capacity(&self, tier: &Tier) -> u64 {
+        tier.burst()
+    }
+
+    fn validate(&self, tier: &Tier) -> Result<(), Invalid> {
+        tier.rate().check_capacity(tier.burst())?;
+        match self.initial_tokens {
+            Some(initial) if initial > tier.burst() => Err(Invalid::Parameter(
+                "initial_tokens",
+                format!("{initial} exceeds the burst of a tier ({})", tier.burst()),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
+        let (rate, burst) = (tier.rate(), tier.burst());
+        let capacity = rate.units(burst);
+        let [tokens, last] = [state[0], state[1]];
+        let tokens = if last == 0 {
+            rate.units(self.initial_tokens.unwrap_or(burst))
+        } else {
+            let refill = rate.drained(attempt.now.saturating_sub(last));
+            tokens.saturating_add(refill).min(capacity)
+        };
+        // The bucket's emptiness is a leaky bucket's level: one arithmetic for both.
+        let verdict = rate.bucket(burst, capacity - tokens, attempt.cost);
+        if verdict.allowed && attempt.writes() {
+            state[0] = tokens - rate.units(attempt.cost);
+            state[1] = attempt.now.max(last);
+        }
+        verdict
+    }
+
+    fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {
+        let rate = tier.rate();
+        match state[1] {
+            0 => 0,
+            last => last + rate.micros(rate.units(tier.burst()).saturating_sub(state[0])),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TokenBucket;
+    use crate::algorithm::Algorithm;
+    use crate::algorithm::testing::{Key, SECOND};
+    use crate::rule::Tier;
+
+    fn bucket(tier: Tier, initial_tokens: Option<u64>) -> Key {
+        Key::new(
+            Algorithm::TokenBucket(TokenBucket { initial_tokens }),
+            [tier],
+        )
+    }
+
+    #[test]
+    fn a_full_bucket_admits_its_burst_then_the_rate() {
+        let mut key = bucket(Tier::per_second(10).with_burst(20), None);
+        assert_eq!(key.admitted(30, 1), 20);
+        let denied = key.check(1);
+        assert_eq!(denied.limit(), 20);
+        assert_eq!(denied.retry_after().unwrap().as_millis(), 100);
+        assert_eq!(denied.reset_after().as_secs(), 2);
+        key.advance(SECOND);
+        assert_eq!(key.admitted(30, 1), 10);
+    }
+
+    #[test]
+    fn refill_is_exact_at_three_per_second() {
+        let mut key = bucket(Tier::per_second(3).with_burst(1), None);
+        assert!(key.check(1).allowed());
+        // A token takes 333_333.3 µs: not there at 333_333, there at 333_334.
+        assert!(key.retry_after_is_exact(1));
+    }
+
+    #[test]
+    fn no_rounding_drift_over_many_refills() {
+        // Checked every microsecond for 3 s: the initial 3 tokens plus exactly 9 refilled. An
+        // interval rounded up to 333_334 µs would have refilled only 8 by then.
+        let mut key = bucket(Tier::per_second(3), None);
+        let mut admitted = u64::from(key.check(1).allowed());
+        for _ in 0..3 * SECOND {
+            key.advance(1);
+            admitted += u64::from(key.check(1).allowed());
+        }
+        assert_eq!(admitted, 12);
+    }
+
+    #[test]
+    fn initial_tokens_start_a_new_key_partly_empty() {
+        let mut key = bucket(Tier::per_second(10), Some(2));
+        assert_eq!(key.admitted(5, 1), 2);
+        key.advance(SECOND);
+        assert_eq!(key.admitted(20, 1), 10);
+    }
+
+    #[test]
+    fn refill_never_exceeds_the_burst() {
+        let mut key = bucket(Tier::per_second(10).with_burst(5), None);
+        key.check(5);
+        key.advance(3_600 * SECOND);
+        assert_eq!(key.check(0).remaining(), 5);
+        assert_eq!(key.admitted(10, 1), 5);
+    }
+
+    #[test]
+    fn cost_takes_that_many_tokens() {
+        let mut key = bucket(Tier::per_second(10), None);
+        assert_eq!(key.check(4).remaining(), 6);
+        assert!(!key.check(7).allowed());
+        assert!(key.retry_after_is_exact(7));
+    }
+}

@@ -1,0 +1,168 @@
+//! The answer to a check, and how the answers of several tiers combine into one.
+
+use std::time::Duration;
+
+/// One tier's answer, in microseconds; what an algorithm returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Verdict {
+    pub(crate) allowed: bool,
+    /// The tier's capacity as reported to callers (limit, or burst for buckets).
+    pub(crate) limit: u64,
+    /// Permits that could still be taken now, after this check.
+    pub(crate) remaining: u64,
+    /// Until the tier is back to its full allowance if nothing else arrives (µs).
+    pub(crate) reset_after: u64,
+    /// When denied: until the same check would be admitted if nothing else arrives (µs, ≥ 1).
+    pub(crate) retry_after: u64,
+    /// When admitted by a shaping algorithm: how long to wait before proceeding (µs).
+    pub(crate) delay: u64,
+}
+
+impl Verdict {
+    pub(crate) fn allow(limit: u64, remaining: u64, reset_after: u64) -> Self {
+        Self {
+            allowed: true,
+            limit,
+            remaining,
+            reset_after,
+            ..Self::default()
+        }
+    }
+
+    pub(crate) fn deny(limit: u64, remaining: u64, reset_after: u64, retry_after: u64) -> Self {
+        Self {
+            allowed: false,
+            limit,
+            remaining,
+            reset_after,
+            retry_after: retry_after.max(1),
+            delay: 0,
+        }
+    }
+
+    pub(crate) fn with_delay(mut self, delay: u64) -> Self {
+        self.delay = delay;
+        self
+    }
+}
+
+/// The answer to a check: whether it was admitted, and what the caller should know about the
+/// tier that binds (the one with the least remaining when admitted; when denied, the one that
+/// makes the caller wait longest).
+///
+/// A denied check consumed nothing, in any tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    verdict: Verdict,
+    tier: usize,
+}
+
+impl Decision {
+    /// Combines the verdicts of a rule's tiers, in tier order, into one decision.
+    pub(crate) fn merge(verdicts: impl IntoIterator<Item = Verdict>) -> Self {
+        let mut merged: Option<Decision> = None;
+        for (tier, v) in verdicts.into_iter().enumerate() {
+            let candidate = Decision { verdict: v, tier };
+            merged = Some(match merged {
+                None => candidate,
+                Some(acc) => acc.combine(candidate),
+            });
+        }
+        merged.expect("a rule has at least one tier")
+    }
+
+    fn combine(self, other: Decision) -> Decision {
+        let (a, b) = (self.verdict, other.verdict);
+        let delay = a.delay.max(b.delay);
+        let mut binding = match (a.allowed, b.allowed) {
+            (true, true) if b.remaining < a.remaining => other,
+            (true, true) => self,
+            (true, false) => other,
+            (false, true) => self,
+            (false, false) if b.retry_after > a.retry_after => other,
+            (false, false) => self,
+        };
+        binding.verdict.delay = if binding.verdict.allowed { delay } else { 0 };
+        binding
+    }
+
+    /// Whether the check was admitted (and consumed its cost).
+    pub fn allowed(&self) -> bool {
+        self.verdict.allowed
+    }
+
+    /// The binding tier's limit: permits per period, or the burst of a bucket.
+    pub fn limit(&self) -> u64 {
+        self.verdict.limit
+    }
+
+    /// Permits the binding tier would still admit now.
+    pub fn remaining(&self) -> u64 {
+        self.verdict.remaining
+    }
+
+    /// Time until the binding tier is back to its full allowance if nothing else arrives.
+    pub fn reset_after(&self) -> Duration {
+        Duration::from_micros(self.verdict.reset_after)
+    }
+
+    /// When denied, the earliest time after which the same check is admitted if nothing else
+    /// arrives; never early. `None` when admitted.
+    pub fn retry_after(&self) -> Option<Duration> {
+        (!self.verdict.allowed).then(|| Duration::from_micros(self.verdict.retry_after))
+    }
+
+    /// When admitted by a shaping algorithm (leaky bucket as a shaper, warm-up under
+    /// `acquire`), how long to wait before proceeding; zero otherwise.
+    pub fn delay(&self) -> Duration {
+        Duration::from_micros(self.verdict.delay)
+    }
+
+    /// Index of the binding tier within the rule.
+    pub fn tier(&self) -> usize {
+        self.tier
+    }
+
+    pub(crate) fn retry_after_micros(&self) -> u64 {
+        self.verdict.retry_after
+    }
+
+    pub(crate) fn delay_micros(&self) -> u64 {
+        self.verdict.delay
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admitted_decision_binds_to_the_tier_with_least_remaining_and_longest_delay() {
+        let d = Decision::merge([
+            Verdict::allow(10, 7, 1_000).with_delay(5),
+            Verdict::allow(50, 3, 9_000).with_delay(2),
+        ]);
+        assert!(d.allowed());
+        assert_eq!((d.tier(), d.limit(), d.remaining()), (1, 50, 3));
+        assert_eq!(d.delay(), Duration::from_micros(5));
+        assert_eq!(d.retry_after(), None);
+    }
+
+    #[test]
+    fn denied_decision_binds_to_the_longest_wait() {
+        let d = Decision::merge([
+            Verdict::deny(10, 0, 100, 100),
+            Verdict::allow(50, 3, 9_000).with_delay(7),
+            Verdict::deny(50, 0, 900, 900),
+        ]);
+        assert!(!d.allowed());
+        assert_eq!(d.tier(), 2);
+        assert_eq!(d.retry_after(), Some(Duration::from_micros(900)));
+        assert_eq!(d.delay(), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_denial_always_asks_to_wait_at_least_a_microsecond() {
+        assert_eq!(Verdict::deny(1, 0, 0, 0).retry_after, 1);
+    }
+}

@@ -1,0 +1,55 @@
+//! Errors: a definition that can never work, a request that can never succeed, a wait that ran
+//! out. A denial is not an error; it is a [`Decision`](crate::Decision).
+
+use std::time::Duration;
+
+use crate::Decision;
+
+/// A rule definition that was rejected when it was built: which rule, which field, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("rule `{rule}`: {field}: {reason}")]
+pub struct RuleError {
+    /// The rule's name.
+    pub rule: String,
+    /// The offending field, e.g. `tiers[1].period`.
+    pub field: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// Why a check could not produce a decision.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The cost is larger than a tier can ever admit: retrying will never help.
+    #[error(
+        "cost {cost} exceeds what tier {tier} of rule `{rule}` can ever admit ({capacity} permits)"
+    )]
+    CostExceedsCapacity {
+        /// The rule's name.
+        rule: String,
+        /// Index of the tier in the rule.
+        tier: usize,
+        /// The cost asked for.
+        cost: u64,
+        /// The most that tier admits at once.
+        capacity: u64,
+    },
+    /// The key is longer than [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes.
+    #[error("key of {len} bytes exceeds the maximum of {max} bytes")]
+    KeyTooLong {
+        /// The key's length.
+        len: usize,
+        /// The maximum.
+        max: usize,
+    },
+    /// [`Limiter::acquire`](crate::Limiter::acquire) could not be admitted within its timeout.
+    /// It gives up as soon as the wait is known to exceed the timeout, without sleeping first.
+    #[error("not admitted within {timeout:?}; the last decision asked to retry after {:?}", .decision.retry_after())]
+    Timeout {
+        /// The timeout given.
+        timeout: Duration,
+        /// The last denial.
+        decision: Decision,
+    },
+}

@@ -1,0 +1,366 @@
+//! Rules and their tiers, validated once when the rule is built.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::algorithm::{Algorithm, Attempt, Decide, Invalid, Rate};
+use crate::decision::Decision;
+use crate::error::{Error, RuleError};
+
+/// Integers up to 2^53 are exact in a double; every quantity an algorithm computes stays below
+/// this so the Redis Lua scripts (doubles only) decide exactly as the Rust code does.
+pub(crate) const MAX_EXACT: u64 = 1 << 53;
+
+/// One limit of a rule: at most `limit` permits per `period`. Bucket algorithms also take a
+/// `burst` (their capacity), which defaults to `limit`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tier {
+    limit: u64,
+    period: Duration,
+    burst: Option<u64>,
+    period_micros: u64,
+    rate: Rate,
+}
+
+impl Tier {
+    /// At most `limit` permits per `period`.
+    pub fn new(limit: u64, period: Duration) -> Self {
+        let period_micros = u64::try_from(period.as_micros()).unwrap_or(u64::MAX);
+        Self {
+            limit,
+            period,
+            burst: None,
+            period_micros,
+            rate: Rate::new(limit, period_micros),
+        }
+    }
+
+    /// At most `limit` permits per second.
+    pub fn per_second(limit: u64) -> Self {
+        Self::new(limit, Duration::from_secs(1))
+    }
+
+    /// At most `limit` permits per minute.
+    pub fn per_minute(limit: u64) -> Self {
+        Self::new(limit, Duration::from_secs(60))
+    }
+
+    /// At most `limit` permits per hour.
+    pub fn per_hour(limit: u64) -> Self {
+        Self::new(limit, Duration::from_secs(3_600))
+    }
+
+    /// At most `limit` permits per day.
+    pub fn per_day(limit: u64) -> Self {
+        Self::new(limit, Duration::from_secs(86_400))
+    }
+
+    /// Sets the capacity of a bucket algorithm (token bucket, leaky bucket, GCRA).
+    pub fn with_burst(mut self, burst: u64) -> Self {
+        self.burst = Some(burst);
+        self
+    }
+
+    /// Permits per period.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The period.
+    pub fn period(&self) -> Duration {
+        self.period
+    }
+
+    /// The capacity of a bucket algorithm: the burst if set, else the limit.
+    pub fn burst(&self) -> u64 {
+        self.burst.unwrap_or(self.limit)
+    }
+
+    pub(crate) fn period_micros(&self) -> u64 {
+        self.period_micros
+    }
+
+    pub(crate) fn rate(&self) -> Rate {
+        self.rate
+    }
+
+    fn validate(&self, algorithm: &Algorithm) -> Result<(), (&'static str, String)> {
+        if self.limit == 0 {
+            return Err(("limit", "must be at least 1".into()));
+        }
+        if self.limit >= MAX_EXACT {
+            return Err(("limit", "must be below 2^53".into()));
+        }
+        if self.period.is_zero() {
+            return Err(("period", "must be longer than zero".into()));
+        }
+        if self.period.subsec_nanos() % 1_000 != 0 {
+            return Err(("period", "must be a whole number of microseconds".into()));
+        }
+        if self.period_micros >= MAX_EXACT {
+            return Err(("period", "must be shorter than 2^53 microseconds".into()));
+        }
+        match self.burst {
+            Some(_) if !algorithm.uses_burst() => Err((
+                "burst",
+                format!("is not used by the {} algorithm", algorithm.name()),
+            )),
+            Some(0) => Err(("burst", "must be at least 1".into())),
+            Some(b) if b >= MAX_EXACT => Err(("burst", "must be below 2^53".into())),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A named limit: an algorithm and one or more tiers that must all admit a check.
+///
+/// A check consumes from every tier or from none. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Rule {
+    inner: Arc<RuleInner>,
+}
+
+#[derive(Debug)]
+struct RuleInner {
+    name: String,
+    algorithm: Algorithm,
+    tiers: Box<[Tier]>,
+    /// `offsets[i]..offsets[i + 1]` are tier `i`'s state words.
+    offsets: Box<[usize]>,
+    /// The largest cost every tier can admit.
+    capacity: u64,
+}
+
+impl Rule {
+    /// Builds and validates a rule.
+    ///
+    /// # Errors
+    /// A [`RuleError`] naming the field and the reason when a tier or the algorithm's
+    /// parameters can never work (a zero limit or period, a warm-up that makes no sense, ...).
+    pub fn new(
+        name: impl Into<String>,
+        algorithm: Algorithm,
+        tiers: impl IntoIterator<Item = Tier>,
+    ) -> Result<Self, RuleError> {
+        let name = name.into();
+        let tiers: Box<[Tier]> = tiers.into_iter().collect();
+        let error = |field: String, reason: String| RuleError {
+            rule: name.clone(),
+            field,
+            reason,
+        };
+        if name.is_empty() {
+            return Err(error("name".into(), "must not be empty".into()));
+        }
+        if tiers.is_empty() {
+            return Err(error(
+                "tiers".into(),
+                "a rule needs at least one tier".into(),
+            ));
+        }
+        let mut offsets = Vec::with_capacity(tiers.len() + 1);
+        offsets.push(0);
+        for (i, tier) in tiers.iter().enumerate() {
+            tier.validate(&algorithm)
+                .map_err(|(field, reason)| Invalid::Tier(field, reason))
+                .and_then(|()| algorithm.validate(tier))
+                .map_err(|invalid| match invalid {
+                    Invalid::Tier(field, reason) => error(format!("tiers[{i}].{field}"), reason),
+                    Invalid::Parameter(field, reason) => {
+                        error(format!("algorithm.{field}"), reason)
+                    }
+                })?;
+            offsets.push(offsets[i] + algorithm.words(tier));
+        }
+        let capacity = tiers
+            .iter()
+            .map(|t| algorithm.capacity(t))
+            .min()
+            .unwrap_or(0);
+        Ok(Self {
+            inner: Arc::new(RuleInner {
+                name,
+                algorithm,
+                tiers,
+                offsets: offsets.into(),
+                capacity,
+            }),
+        })
+    }
+
+    /// The rule's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The algorithm.
+    pub fn algorithm(&self) -> &Algorithm {
+        &self.inner.algorithm
+    }
+
+    /// The tiers, in the order given.
+    pub fn tiers(&self) -> &[Tier] {
+        &self.inner.tiers
+    }
+
+    /// State words one key of this rule needs, across all tiers.
+    pub(crate) fn words(&self) -> usize {
+        self.inner.offsets[self.inner.tiers.len()]
+    }
+
+    /// Tier `i`'s slice of a key's state words.
+    pub(crate) fn tier_words(&self, i: usize) -> Range<usize> {
+        self.inner.offsets[i]..self.inner.offsets[i + 1]
+    }
+
+    /// Decides `attempt` for one key whose state words are `state`, consuming from every tier
+    /// or from none: when there are several tiers, all are asked first without writing.
+    #[inline]
+    pub(crate) fn evaluate<A: Decide>(
+        &self,
+        algorithm: &A,
+        state: &mut [u64],
+        attempt: Attempt,
+    ) -> Decision {
+        let tiers = self.tiers();
+        let mut decide =
+            |attempt: &Attempt| {
+                Decision::merge(tiers.iter().enumerate().map(|(i, tier)| {
+                    algorithm.decide(tier, &mut state[self.tier_words(i)], attempt)
+                }))
+            };
+        if tiers.len() == 1 || !attempt.writes() {
+            return decide(&attempt);
+        }
+        let probe = decide(&Attempt {
+            commit: false,
+            ..attempt
+        });
+        if probe.allowed() {
+            decide(&attempt)
+        } else {
+            probe
+        }
+    }
+
+    /// When a key's `state` becomes equivalent to a key never seen, in every tier.
+    pub(crate) fn expires_at<A: Decide>(&self, algorithm: &A, state: &[u64]) -> u64 {
+        self.tiers()
+            .iter()
+            .enumerate()
+            .map(|(i, tier)| algorithm.expires_at(tier, &state[self.tier_words(i)]))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Rejects a cost that some tier can never admit.
+    #[inline]
+    pub(crate) fn check_cost(&self, cost: u64) -> Result<(), Error> {
+        if cost <= self.inner.capacity {
+            return Ok(());
+        }
+        let algorithm = &self.inner.algorithm;
+        let (tier, capacity) = self
+            .tiers()
+            .iter()
+            .map(|t| algorithm.capacity(t))
+            .enumerate()
+            .find(|&(_, capacity)| cost > capacity)
+            .expect("some tier's capacity is below the cost");
+        Err(Error::CostExceedsCapacity {
+            rule: self.inner.name.clone(),
+            tier,
+            cost,
+            capacity,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::{SubWindows, WarmUp};
+
+    fn field_of(result: Result<Rule, RuleError>) -> String {
+        result.expect_err("rule should be rejected").field
+    }
+
+    #[test]
+    fn rejects_zero_limit_and_zero_period_naming_the_field() {
+        let e = Rule::new("api", Algorithm::Gcra, [Tier::per_second(0)]).unwrap_err();
+        assert_eq!(e.field, "tiers[0].limit");
+        assert_eq!(
+            e.to_string(),
+            "rule `api`: tiers[0].limit: must be at least 1"
+        );
+        let e = Rule::new(
+            "api",
+            Algorithm::FixedWindow,
+            [Tier::per_second(1), Tier::new(5, Duration::ZERO)],
+        );
+        assert_eq!(field_of(e), "tiers[1].period");
+    }
+
+    #[test]
+    fn rejects_sub_microsecond_periods_and_empty_tiers() {
+        let e = Rule::new(
+            "api",
+            Algorithm::FixedWindow,
+            [Tier::new(1, Duration::from_nanos(1_500))],
+        );
+        assert_eq!(field_of(e), "tiers[0].period");
+        let e = Rule::new("api", Algorithm::FixedWindow, []);
+        assert_eq!(field_of(e), "tiers");
+        let e = Rule::new("", Algorithm::FixedWindow, [Tier::per_second(1)]);
+        assert_eq!(field_of(e), "name");
+    }
+
+    #[test]
+    fn rejects_burst_where_the_algorithm_has_none() {
+        let e = Rule::new(
+            "api",
+            Algorithm::SlidingLog,
+            [Tier::per_second(5).with_burst(10)],
+        )
+        .unwrap_err();
+        assert_eq!(e.field, "tiers[0].burst");
+        assert!(e.reason.contains("sliding_log"), "{}", e.reason);
+    }
+
+    #[test]
+    fn rejects_algorithm_parameters_that_make_no_sense() {
+        let e = Rule::new(
+            "api",
+            Algorithm::SubWindows(SubWindows { count: 0 }),
+            [Tier::per_second(5)],
+        );
+        assert_eq!(field_of(e), "algorithm.count");
+        let e = Rule::new(
+            "api",
+            Algorithm::WarmUp(WarmUp::new(Duration::from_secs(3 * 86_400))),
+            [Tier::per_second(5)],
+        );
+        assert_eq!(field_of(e), "algorithm.warm_up");
+    }
+
+    #[test]
+    fn cost_above_any_tier_capacity_is_an_error_naming_the_tier() {
+        let rule = Rule::new(
+            "api",
+            Algorithm::FixedWindow,
+            [Tier::per_second(10), Tier::new(5, Duration::from_secs(10))],
+        )
+        .unwrap();
+        assert!(rule.check_cost(5).is_ok());
+        assert_eq!(
+            rule.check_cost(7),
+            Err(Error::CostExceedsCapacity {
+                rule: "api".into(),
+                tier: 1,
+                cost: 7,
+                capacity: 5
+            })
+        );
+    }
+}
