@@ -204,6 +204,11 @@ impl Rule {
         &self.inner.tiers
     }
 
+    /// The largest cost every tier can admit; a larger one is an error, not a denial.
+    pub fn capacity(&self) -> u64 {
+        self.inner.capacity
+    }
+
     /// State words one key of this rule needs, across all tiers.
     pub(crate) fn words(&self) -> usize {
         self.inner.offsets[self.inner.tiers.len()]
@@ -215,7 +220,8 @@ impl Rule {
     }
 
     /// Decides `attempt` for one key whose state words are `state`, consuming from every tier
-    /// or from none: when there are several tiers, all are asked first without writing.
+    /// or from none: when there are several tiers, all are asked first without writing. A
+    /// denial writes nothing but what [`Decide::first_seen`] records.
     #[inline]
     pub(crate) fn evaluate<A: Decide>(
         &self,
@@ -230,18 +236,25 @@ impl Rule {
                     algorithm.decide(tier, &mut state[self.tier_words(i)], attempt)
                 }))
             };
-        if tiers.len() == 1 || !attempt.writes() {
-            return decide(&attempt);
-        }
-        let probe = decide(&Attempt {
-            commit: false,
-            ..attempt
-        });
-        if probe.allowed() {
+        let decision = if tiers.len() == 1 || !attempt.writes() {
             decide(&attempt)
         } else {
-            probe
+            let probe = decide(&Attempt {
+                commit: false,
+                ..attempt
+            });
+            if probe.allowed() {
+                decide(&attempt)
+            } else {
+                probe
+            }
+        };
+        if !decision.allowed() && attempt.writes() {
+            for (i, tier) in tiers.iter().enumerate() {
+                algorithm.first_seen(tier, &mut state[self.tier_words(i)], attempt.now);
+            }
         }
+        decision
     }
 
     /// When a key's `state` becomes equivalent to a key never seen, in every tier.

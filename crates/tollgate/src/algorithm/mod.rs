@@ -123,6 +123,9 @@ impl Decide for Algorithm {
     fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
         self.imp().decide(tier, state, attempt)
     }
+    fn first_seen(&self, tier: &Tier, state: &mut [u64], now: u64) {
+        self.imp().first_seen(tier, state, now)
+    }
     fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {
         self.imp().expires_at(tier, state)
     }
@@ -189,10 +192,17 @@ pub(crate) trait Decide {
     /// state only when admitted and [`Attempt::writes`]. Never admits a cost above `capacity`.
     fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict;
 
+    /// Called when a check that would write was denied: an algorithm whose fresh state
+    /// depends on when the key appeared (a token bucket that starts partly empty) records that
+    /// moment, so the key starts refilling. Consumes nothing.
+    fn first_seen(&self, _tier: &Tier, _state: &mut [u64], _now: u64) {}
+
     /// The time (µs since the epoch) from which `state` is equivalent to all zeros and may be
     /// dropped; the TTL a store gives it.
     fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64;
 }
 
+#[cfg(test)]
+mod properties;
 #[cfg(test)]
 pub(crate) mod testing;

@@ -62,6 +62,13 @@ impl Decide for TokenBucket {
         verdict
     }
 
+    fn first_seen(&self, tier: &Tier, state: &mut [u64], now: u64) {
+        if let (Some(initial), 0) = (self.initial_tokens, state[1]) {
+            state[0] = tier.rate().units(initial);
+            state[1] = now;
+        }
+    }
+
     fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {
         let rate = tier.rate();
         match state[1] {
@@ -124,6 +131,13 @@ mod tests {
         assert_eq!(key.admitted(5, 1), 2);
         key.advance(SECOND);
         assert_eq!(key.admitted(20, 1), 10);
+    }
+
+    #[test]
+    fn a_new_key_denied_for_want_of_initial_tokens_starts_refilling_at_once() {
+        let mut key = bucket(Tier::per_second(10), Some(0));
+        assert!(!key.check(1).allowed());
+        assert!(key.retry_after_is_exact(1));
     }
 
     #[test]

@@ -175,8 +175,9 @@ impl Decide for WarmUp {
         match state[1] {
             0 => 0,
             next => {
+                // One microsecond more, so that rounding cannot leave it a hair below cold.
                 let cooling = (curve.max - f64::from_bits(state[0])) * curve.cooldown;
-                next + cooling.ceil() as u64
+                next + cooling.ceil() as u64 + 1
             }
         }
     }

@@ -1,8 +1,8 @@
 //! The in-memory store: the state words of every key of one rule, in a sharded hash table.
 //!
 //! A check hashes the key once, locks one shard (of many; never a global lock), finds or
-//! creates the key's words and runs the rule over them. A key is inserted only when a check
-//! admitted something, so looks and denials of unknown keys allocate nothing.
+//! creates the key's words and runs the rule over them. A key is inserted only when its state
+//! is no longer all zeros, so looks and denials of unknown keys allocate nothing.
 //!
 //! Memory is bounded: each shard holds at most `max_keys / shards` keys. When a new key finds
 //! its shard full, keys whose state has become equivalent to "never seen" are dropped first,
@@ -277,7 +277,7 @@ impl<'a, W: Words> Visit<'a> for Check<'_, W> {
         }
         let mut state = W::zeroed(words);
         let decision = rule.evaluate(algorithm, &mut state.as_mut()[..words], attempt);
-        if decision.allowed() && attempt.writes() {
+        if state.as_ref().iter().any(|&word| word != 0) {
             store.make_room(&mut shard, attempt.now, |w: &W| {
                 rule.expires_at(algorithm, &w.as_ref()[..words])
             });
