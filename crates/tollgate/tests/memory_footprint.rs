@@ -1,0 +1,49 @@
+//! One million live keys of 16 bytes stay under 100 MB of resident memory.
+//!
+//! Its own test binary, so that no other test shares the process whose memory it reads.
+
+#![cfg(target_os = "linux")]
+
+use tollgate::{Algorithm, Limiter, ManualClock, Rule, Tier, TokenBucket};
+
+const KEYS: u64 = 1_000_000;
+const BUDGET: u64 = 100 << 20;
+
+/// Resident memory of this process, in bytes.
+fn resident() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").expect("procfs");
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+fn million_keys(algorithm: Algorithm, tier: Tier) -> u64 {
+    let rule = Rule::new("footprint", algorithm, [tier]).unwrap();
+    let before = resident();
+    let limiter = Limiter::builder(rule)
+        .clock(ManualClock::new())
+        .max_keys(2 * KEYS as usize)
+        .build();
+    for i in 0..KEYS {
+        let key = format!("{i:016x}");
+        assert!(limiter.check(key.as_bytes(), 1).unwrap().allowed());
+    }
+    assert_eq!(limiter.keys() as u64, KEYS);
+    assert_eq!(limiter.evictions(), 0);
+    resident().saturating_sub(before)
+}
+
+#[test]
+fn a_million_keys_fit_in_100_mb() {
+    let gcra = million_keys(Algorithm::Gcra, Tier::per_second(10));
+    assert!(gcra < BUDGET, "GCRA: {} MB", gcra >> 20);
+    let bucket = million_keys(
+        Algorithm::TokenBucket(TokenBucket::default()),
+        Tier::per_day(20),
+    );
+    assert!(bucket < BUDGET, "token bucket: {} MB", bucket >> 20);
+    println!(
+        "resident for 1M keys: GCRA {} MB, token bucket {} MB",
+        gcra >> 20,
+        bucket >> 20
+    );
+}
