@@ -122,13 +122,13 @@ fn many_keys_each_admit_exactly_their_limit() {
         .collect();
     let limiter = frozen(Algorithm::Gcra, vec![Tier::per_second(50)]);
     let decisions = hammer(&limiter, &keys);
-    for key in 0..keys.len() {
+    for (key, name) in keys.iter().enumerate() {
         let of_key: Vec<Decision> = decisions
             .iter()
             .filter(|(k, _)| *k == key)
             .map(|&(_, d)| d)
             .collect();
-        assert_exact(keys[key], &of_key, 50);
+        assert_exact(name, &of_key, 50);
     }
     assert_eq!(limiter.keys(), keys.len());
 }
