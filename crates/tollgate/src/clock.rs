@@ -27,7 +27,8 @@ pub trait Clock: Send + Sync + 'static {
 #[derive(Debug, Clone)]
 pub struct SystemClock {
     anchor_micros: u64,
-    anchor: quanta::Instant,
+    /// The counter's raw reading at `anchor_micros`.
+    anchor: u64,
     clock: quanta::Clock,
 }
 
@@ -35,7 +36,7 @@ impl SystemClock {
     /// A clock anchored at the current wall time.
     pub fn new() -> Self {
         let clock = quanta::Clock::new();
-        let anchor = clock.now();
+        let anchor = clock.raw();
         let anchor_micros = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_micros() as u64);
@@ -56,8 +57,8 @@ impl Default for SystemClock {
 impl Clock for SystemClock {
     #[inline]
     fn now_micros(&self) -> u64 {
-        let elapsed = self.clock.now().saturating_duration_since(self.anchor);
-        self.anchor_micros + elapsed.as_micros() as u64
+        let elapsed = self.clock.delta_as_nanos(self.anchor, self.clock.raw());
+        self.anchor_micros + elapsed / 1_000
     }
 
     fn sleep(&self, duration: Duration) -> impl Future<Output = ()> + Send {

@@ -19,6 +19,7 @@ pub(crate) struct Verdict {
 }
 
 impl Verdict {
+    #[inline]
     pub(crate) fn allow(limit: u64, remaining: u64, reset_after: u64) -> Self {
         Self {
             allowed: true,
@@ -29,6 +30,7 @@ impl Verdict {
         }
     }
 
+    #[inline]
     pub(crate) fn deny(limit: u64, remaining: u64, reset_after: u64, retry_after: u64) -> Self {
         Self {
             allowed: false,
@@ -40,6 +42,7 @@ impl Verdict {
         }
     }
 
+    #[inline]
     pub(crate) fn with_delay(mut self, delay: u64) -> Self {
         self.delay = delay;
         self
@@ -58,17 +61,22 @@ pub struct Decision {
 }
 
 impl Decision {
-    /// Combines the verdicts of a rule's tiers, in tier order, into one decision.
-    pub(crate) fn merge(verdicts: impl IntoIterator<Item = Verdict>) -> Self {
-        let mut merged: Option<Decision> = None;
-        for (tier, v) in verdicts.into_iter().enumerate() {
-            let candidate = Decision { verdict: v, tier };
-            merged = Some(match merged {
-                None => candidate,
-                Some(acc) => acc.combine(candidate),
+    /// The decision of a rule with a single tier.
+    #[inline]
+    pub(crate) fn single(verdict: Verdict) -> Self {
+        Self { verdict, tier: 0 }
+    }
+
+    /// Combines the verdicts of a rule's `tiers` tiers, `verdict(i)` being tier `i`'s.
+    pub(crate) fn merge(tiers: usize, mut verdict: impl FnMut(usize) -> Verdict) -> Self {
+        let mut merged = Self::single(verdict(0));
+        for tier in 1..tiers {
+            merged = merged.combine(Decision {
+                verdict: verdict(tier),
+                tier,
             });
         }
-        merged.expect("a rule has at least one tier")
+        merged
     }
 
     fn combine(self, other: Decision) -> Decision {
@@ -138,10 +146,11 @@ mod tests {
 
     #[test]
     fn admitted_decision_binds_to_the_tier_with_least_remaining_and_longest_delay() {
-        let d = Decision::merge([
+        let verdicts = [
             Verdict::allow(10, 7, 1_000).with_delay(5),
             Verdict::allow(50, 3, 9_000).with_delay(2),
-        ]);
+        ];
+        let d = Decision::merge(2, |i| verdicts[i]);
         assert!(d.allowed());
         assert_eq!((d.tier(), d.limit(), d.remaining()), (1, 50, 3));
         assert_eq!(d.delay(), Duration::from_micros(5));
@@ -150,11 +159,12 @@ mod tests {
 
     #[test]
     fn denied_decision_binds_to_the_longest_wait() {
-        let d = Decision::merge([
+        let verdicts = [
             Verdict::deny(10, 0, 100, 100),
             Verdict::allow(50, 3, 9_000).with_delay(7),
             Verdict::deny(50, 0, 900, 900),
-        ]);
+        ];
+        let d = Decision::merge(3, |i| verdicts[i]);
         assert!(!d.allowed());
         assert_eq!(d.tier(), 2);
         assert_eq!(d.retry_after(), Some(Duration::from_micros(900)));

@@ -230,31 +230,31 @@ impl Rule {
         attempt: Attempt,
     ) -> Decision {
         let tiers = self.tiers();
-        let mut decide =
-            |attempt: &Attempt| {
-                Decision::merge(tiers.iter().enumerate().map(|(i, tier)| {
-                    algorithm.decide(tier, &mut state[self.tier_words(i)], attempt)
-                }))
-            };
-        let decision = if tiers.len() == 1 || !attempt.writes() {
-            decide(&attempt)
-        } else {
-            let probe = decide(&Attempt {
-                commit: false,
-                ..attempt
-            });
-            if probe.allowed() {
-                decide(&attempt)
-            } else {
-                probe
+        if let [tier] = tiers {
+            let verdict = algorithm.decide(tier, state, &attempt);
+            if !verdict.allowed && attempt.writes() {
+                algorithm.first_seen(tier, state, attempt.now);
             }
+            return Decision::single(verdict);
+        }
+        let mut decide = |attempt: &Attempt| {
+            Decision::merge(tiers.len(), |i| {
+                algorithm.decide(&tiers[i], &mut state[self.tier_words(i)], attempt)
+            })
         };
-        if !decision.allowed() && attempt.writes() {
+        let probe = decide(&Attempt {
+            commit: false,
+            ..attempt
+        });
+        if probe.allowed() && attempt.writes() {
+            return decide(&attempt);
+        }
+        if attempt.writes() {
             for (i, tier) in tiers.iter().enumerate() {
                 algorithm.first_seen(tier, &mut state[self.tier_words(i)], attempt.now);
             }
         }
-        decision
+        probe
     }
 
     /// When a key's `state` becomes equivalent to a key never seen, in every tier.

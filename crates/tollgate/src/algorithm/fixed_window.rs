@@ -19,6 +19,7 @@ impl Decide for FixedWindow {
         2
     }
 
+    #[inline]
     fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
         let (limit, period, now) = (tier.limit(), tier.period_micros(), attempt.now);
         let aligned = now - now % period;

@@ -35,6 +35,7 @@ impl Decide for Gcra {
         tier.rate().check_capacity(tier.burst())
     }
 
+    #[inline]
     fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
         let rate = tier.rate();
         let now = attempt.now;

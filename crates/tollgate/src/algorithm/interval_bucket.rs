@@ -21,6 +21,7 @@ impl Decide for IntervalBucket {
         2
     }
 
+    #[inline]
     fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
         let (limit, period, now) = (tier.limit(), tier.period_micros(), attempt.now);
         let [used, start] = [state[0], state[1]];

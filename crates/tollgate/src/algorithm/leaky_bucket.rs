@@ -44,6 +44,7 @@ impl Decide for LeakyBucket {
         tier.rate().check_capacity(tier.burst())
     }
 
+    #[inline]
     fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
         let rate = tier.rate();
         let [level, last] = [state[0], state[1]];

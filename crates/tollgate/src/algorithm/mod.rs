@@ -69,6 +69,7 @@ pub enum Algorithm {
 impl Algorithm {
     /// Calls `visit` with this algorithm's implementation, so a whole check is statically
     /// dispatched once rather than per tier.
+    #[inline]
     pub(crate) fn dispatch<'a, V: Visit<'a>>(&'a self, visit: V) -> V::Output {
         match self {
             Self::FixedWindow => visit.visit(&FixedWindow),

@@ -26,21 +26,25 @@ impl Rate {
     }
 
     /// Units of `permits`; exact for any cost up to a validated burst.
+    #[inline]
     pub(crate) fn units(self, permits: u64) -> u64 {
         permits.saturating_mul(self.per_permit)
     }
 
     /// Whole permits in `units`, rounded down.
+    #[inline]
     pub(crate) fn permits(self, units: u64) -> u64 {
         units / self.per_permit
     }
 
     /// Microseconds to drain `units`, rounded up so a wait is never short.
+    #[inline]
     pub(crate) fn micros(self, units: u64) -> u64 {
         units.div_ceil(self.per_micro)
     }
 
     /// Units drained over `elapsed` microseconds (saturating).
+    #[inline]
     pub(crate) fn drained(self, elapsed: u64) -> u64 {
         elapsed.saturating_mul(self.per_micro)
     }
@@ -66,6 +70,7 @@ impl Rate {
 
     /// The verdict for `cost` permits entering a bucket of `burst` permits that holds `level`
     /// units: admitted while the level stays within the bucket.
+    #[inline]
     pub(crate) fn bucket(self, burst: u64, level: u64, cost: u64) -> Verdict {
         let capacity = self.units(burst);
         let after = level.saturating_add(self.units(cost));

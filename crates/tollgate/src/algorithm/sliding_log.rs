@@ -67,6 +67,7 @@ impl Decide for SlidingLog {
         Ok(())
     }
 
+    #[inline]
     fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
         let (limit, period, now, cost) = (
             tier.limit(),

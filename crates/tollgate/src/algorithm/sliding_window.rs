@@ -97,6 +97,7 @@ impl Decide for SlidingWindow {
         3
     }
 
+    #[inline]
     fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
         let (limit, now, cost) = (tier.limit(), attempt.now, attempt.cost);
         let mut windows = Windows::at(state, now, tier.period_micros());

@@ -78,6 +78,7 @@ impl Decide for SubWindows {
         Ok(())
     }
 
+    #[inline]
     fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
         let count = u64::from(self.count);
         let length = tier.period_micros() / count;

@@ -43,6 +43,7 @@ impl Decide for TokenBucket {
         }
     }
 
+    #[inline]
     fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
         let (rate, burst) = (tier.rate(), tier.burst());
         let capacity = rate.units(burst);

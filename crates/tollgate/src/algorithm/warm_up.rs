@@ -142,6 +142,7 @@ impl Decide for WarmUp {
         Ok(())
     }
 
+    #[inline]
     fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
         let curve = Curve::new(self, tier);
         let (limit, now) = (tier.limit(), attempt.now);

@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
 use hashbrown::HashTable;
-use parking_lot::Mutex;
 
+use super::lock::ShardLock;
 use crate::algorithm::{Attempt, Decide, Visit};
 use crate::decision::Decision;
 use crate::rule::Rule;
@@ -59,6 +59,7 @@ enum KeyBytes {
 const _: () = assert!(std::mem::size_of::<KeyBytes>() == 24);
 
 impl KeyBytes {
+    #[inline]
     fn new(key: &[u8]) -> Self {
         if key.len() <= INLINE_KEY {
             let mut bytes = [0; INLINE_KEY];
@@ -69,6 +70,26 @@ impl KeyBytes {
             }
         } else {
             Self::Heap(key.into())
+        }
+    }
+
+    /// Whether this is `key`. Compared in place with fixed-size reads: this runs on every
+    /// check.
+    #[inline(always)]
+    fn is(&self, key: &[u8]) -> bool {
+        fn ends<const N: usize>(stored: &[u8; INLINE_KEY], key: &[u8]) -> bool {
+            let len = key.len();
+            stored[..N] == key[..N] && stored[len - N..len] == key[len - N..]
+        }
+        match self {
+            Self::Inline { len, bytes } if usize::from(*len) == key.len() => match key.len() {
+                16.. => ends::<16>(bytes, key),
+                8.. => ends::<8>(bytes, key),
+                4.. => ends::<4>(bytes, key),
+                len => bytes[..len] == *key,
+            },
+            Self::Inline { .. } => false,
+            Self::Heap(bytes) => **bytes == *key,
         }
     }
 
@@ -109,7 +130,7 @@ struct Shard<W> {
     next_sweep: u64,
 }
 
-type Shards<W> = Box<[CachePadded<Mutex<Shard<W>>>]>;
+type Shards<W> = Box<[CachePadded<ShardLock<Shard<W>>>]>;
 
 /// The table, specialised to the rule's state size.
 enum Slots {
@@ -143,7 +164,7 @@ impl fmt::Debug for MemoryStore {
 fn shards<W>(count: usize) -> Shards<W> {
     (0..count)
         .map(|_| {
-            CachePadded::new(Mutex::new(Shard {
+            CachePadded::new(ShardLock::new(Shard {
                 entries: HashTable::new(),
                 next_sweep: 0,
             }))
@@ -250,7 +271,7 @@ impl MemoryStore {
 /// One check, generic over the algorithm so that the whole path is statically dispatched.
 struct Check<'s, W> {
     store: &'s MemoryStore,
-    shard: &'s Mutex<Shard<W>>,
+    shard: &'s ShardLock<Shard<W>>,
     rule: &'s Rule,
     hash: u64,
     key: &'s [u8],
@@ -272,7 +293,7 @@ impl<'a, W: Words> Visit<'a> for Check<'_, W> {
         } = self;
         let words = rule.words();
         let mut shard = shard.lock();
-        if let Some(entry) = shard.entries.find_mut(hash, |e| e.key.as_bytes() == key) {
+        if let Some(entry) = shard.entries.find_mut(hash, |e| e.key.is(key)) {
             return rule.evaluate(algorithm, &mut entry.words.as_mut()[..words], attempt);
         }
         let mut state = W::zeroed(words);
@@ -330,8 +351,21 @@ mod tests {
 
     #[test]
     fn short_and_long_keys_are_distinct_and_round_trip() {
-        for key in [&b""[..], b"a", &[7; 22], &[7; 23], &[0xff; 300]] {
-            assert_eq!(KeyBytes::new(key).as_bytes(), key);
+        let keys: Vec<Vec<u8>> = (0..=40)
+            .map(|len| (0..len).map(|i| i as u8 + 1).collect())
+            .collect();
+        for (i, key) in keys.iter().enumerate() {
+            let stored = KeyBytes::new(key);
+            assert_eq!(stored.as_bytes(), &key[..]);
+            for (j, other) in keys.iter().enumerate() {
+                assert_eq!(stored.is(other), i == j, "{key:?} vs {other:?}");
+            }
+            // A key differing in any one byte is another key.
+            for at in 0..key.len() {
+                let mut other = key.clone();
+                other[at] ^= 0x80;
+                assert!(!stored.is(&other));
+            }
         }
         let rule = Rule::new("r", Algorithm::FixedWindow, [Tier::per_second(1)]).unwrap();
         let store = store(&rule, 100, 4);

@@ -1,0 +1,219 @@
+//! In-process checks: tollgate's memory store and governor side by side, in the same run.
+//!
+//! Groups: one key from one thread, one key from two threads, one million keys visited in a
+//! scattered order. Rates are high so that checks are admitted and write their state (the
+//! slower path); governor is measured as users get it (DashMap + SipHash) and with foldhash,
+//! the hasher tollgate uses, to separate hashing from the rest.
+//!
+//! Run: `cargo bench -p tollgate --bench memory`
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::sync::Barrier;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use governor::{Quota, RateLimiter};
+use tollgate::{Algorithm, LeakyBucket, Limiter, Rule, SubWindows, Tier, TokenBucket, WarmUp};
+
+const RATE: u64 = 1_000_000_000;
+const KEYS: usize = 1_000_000;
+/// Coprime with `KEYS`: stepping by it visits every key in a cache-hostile order.
+const STRIDE: usize = 611_953;
+
+fn tier() -> Tier {
+    Tier::per_second(RATE)
+}
+
+/// Every algorithm, configured to admit nearly every check.
+fn algorithms() -> Vec<(&'static str, Algorithm, Tier)> {
+    let bucket = tier().with_burst(RATE);
+    vec![
+        ("fixed_window", Algorithm::FixedWindow, tier()),
+        ("sliding_window", Algorithm::SlidingWindow, tier()),
+        (
+            "sub_windows_10",
+            Algorithm::SubWindows(SubWindows { count: 10 }),
+            tier(),
+        ),
+        (
+            "sliding_log",
+            Algorithm::SlidingLog,
+            Tier::new(10, Duration::from_micros(1)),
+        ),
+        (
+            "token_bucket",
+            Algorithm::TokenBucket(TokenBucket::default()),
+            bucket.clone(),
+        ),
+        ("interval_bucket", Algorithm::IntervalBucket, tier()),
+        (
+            "leaky_bucket",
+            Algorithm::LeakyBucket(LeakyBucket::Meter),
+            bucket.clone(),
+        ),
+        (
+            "leaky_bucket_shaper",
+            Algorithm::LeakyBucket(LeakyBucket::Shaper),
+            bucket.clone(),
+        ),
+        ("gcra", Algorithm::Gcra, bucket),
+        (
+            "warm_up",
+            Algorithm::WarmUp(WarmUp::new(Duration::from_secs(1))),
+            tier(),
+        ),
+    ]
+}
+
+fn limiter(algorithm: Algorithm, tier: Tier) -> Limiter {
+    let rule = Rule::new("bench", algorithm, [tier]).expect("valid rule");
+    Limiter::builder(rule).max_keys(2 * KEYS).build()
+}
+
+fn quota() -> Quota {
+    let rate = NonZeroU32::new(RATE as u32).unwrap();
+    Quota::per_second(rate).allow_burst(rate)
+}
+
+type Key = [u8; 16];
+
+fn key(i: usize) -> Key {
+    let mut key = [0; 16];
+    key.copy_from_slice(format!("{i:016x}").as_bytes());
+    key
+}
+
+/// Wall time for `iters` calls of `check` split over two threads started together.
+fn two_threads(iters: u64, check: &(dyn Fn() + Sync)) -> Duration {
+    let barrier = Barrier::new(2);
+    let spans: Vec<(Instant, Instant)> = thread::scope(|s| {
+        let workers: Vec<_> = [iters / 2, iters - iters / 2]
+            .into_iter()
+            .map(|n| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    barrier.wait();
+                    let start = Instant::now();
+                    for _ in 0..n {
+                        check();
+                    }
+                    (start, Instant::now())
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    let start = spans.iter().map(|s| s.0).min().unwrap();
+    let end = spans.iter().map(|s| s.1).max().unwrap();
+    end - start
+}
+
+fn one_key_one_thread(c: &mut Criterion) {
+    let mut group = c.benchmark_group("one_key_one_thread");
+    let key = key(42);
+    for (name, algorithm, tier) in algorithms() {
+        let limiter = limiter(algorithm, tier);
+        group.bench_function(BenchmarkId::new("tollgate", name), |b| {
+            b.iter(|| limiter.check(black_box(&key), 1))
+        });
+    }
+    let governor = RateLimiter::keyed(quota());
+    group.bench_function(BenchmarkId::new("governor", "keyed"), |b| {
+        b.iter(|| governor.check_key(black_box(&key)))
+    });
+    let governor =
+        RateLimiter::dashmap_with_hasher(quota(), foldhash::fast::RandomState::default());
+    group.bench_function(BenchmarkId::new("governor", "keyed_foldhash"), |b| {
+        b.iter(|| governor.check_key(black_box(&key)))
+    });
+    let governor = RateLimiter::direct(quota());
+    group.bench_function(BenchmarkId::new("governor", "direct_unkeyed"), |b| {
+        b.iter(|| governor.check())
+    });
+    group.finish();
+}
+
+fn one_key_two_threads(c: &mut Criterion) {
+    let mut group = c.benchmark_group("one_key_two_threads");
+    let key = key(42);
+    for (name, algorithm, tier) in algorithms() {
+        let limiter = limiter(algorithm, tier);
+        group.bench_function(BenchmarkId::new("tollgate", name), |b| {
+            b.iter_custom(|iters| {
+                two_threads(iters, &|| {
+                    black_box(limiter.check(black_box(&key), 1)).ok();
+                })
+            })
+        });
+    }
+    let governor = RateLimiter::keyed(quota());
+    group.bench_function(BenchmarkId::new("governor", "keyed"), |b| {
+        b.iter_custom(|iters| {
+            two_threads(iters, &|| {
+                black_box(governor.check_key(black_box(&key))).ok();
+            })
+        })
+    });
+    let governor =
+        RateLimiter::dashmap_with_hasher(quota(), foldhash::fast::RandomState::default());
+    group.bench_function(BenchmarkId::new("governor", "keyed_foldhash"), |b| {
+        b.iter_custom(|iters| {
+            two_threads(iters, &|| {
+                black_box(governor.check_key(black_box(&key))).ok();
+            })
+        })
+    });
+    group.finish();
+}
+
+fn million_keys(c: &mut Criterion) {
+    let mut group = c.benchmark_group("million_keys");
+    let keys: Vec<Key> = (0..KEYS).map(key).collect();
+    for (name, algorithm, tier) in algorithms() {
+        let limiter = limiter(algorithm, tier);
+        for k in &keys {
+            limiter.check(k, 1).unwrap();
+        }
+        group.bench_function(BenchmarkId::new("tollgate", name), |b| {
+            let mut i = 0;
+            b.iter(|| {
+                i = (i + STRIDE) % KEYS;
+                limiter.check(black_box(&keys[i]), 1)
+            })
+        });
+    }
+    let governor = RateLimiter::keyed(quota());
+    let governor_foldhash =
+        RateLimiter::dashmap_with_hasher(quota(), foldhash::fast::RandomState::default());
+    for k in &keys {
+        let _ = governor.check_key(k);
+        let _ = governor_foldhash.check_key(k);
+    }
+    group.bench_function(BenchmarkId::new("governor", "keyed"), |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + STRIDE) % KEYS;
+            governor.check_key(black_box(&keys[i]))
+        })
+    });
+    group.bench_function(BenchmarkId::new("governor", "keyed_foldhash"), |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + STRIDE) % KEYS;
+            governor_foldhash.check_key(black_box(&keys[i]))
+        })
+    });
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(30);
+    targets = one_key_one_thread, one_key_two_threads, million_keys
+}
+criterion_main!(benches);
