@@ -49,22 +49,79 @@ impl Verdict {
     }
 }
 
+impl Verdict {
+    /// A verdict as a Redis script returns it: allowed (1/0), limit, remaining, reset_after,
+    /// retry_after, delay.
+    pub(crate) fn from_reply(reply: [u64; 6]) -> Self {
+        let [allowed, limit, remaining, reset_after, retry_after, delay] = reply;
+        Self {
+            allowed: allowed == 1,
+            limit,
+            remaining,
+            reset_after,
+            retry_after,
+            delay,
+        }
+    }
+}
+
+/// Which path produced a decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Source {
+    /// The in-memory store of this process.
+    Memory,
+    /// The shared Redis store: the decision every instance agrees on.
+    Redis,
+    /// Redis failed; this process's local limiter decided with its share of the limit.
+    Fallback,
+    /// Redis failed; the rule fails open and admitted without counting.
+    FailOpen,
+    /// Redis failed; the rule fails closed and denied.
+    FailClosed,
+}
+
 /// The answer to a check: whether it was admitted, and what the caller should know about the
 /// tier that binds (the one with the least remaining when admitted; when denied, the one that
-/// makes the caller wait longest).
+/// makes the caller wait longest), and which path decided.
 ///
 /// A denied check consumed nothing, in any tier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decision {
     verdict: Verdict,
     tier: usize,
+    source: Source,
 }
 
 impl Decision {
     /// The decision of a rule with a single tier.
     #[inline]
     pub(crate) fn single(verdict: Verdict) -> Self {
-        Self { verdict, tier: 0 }
+        Self {
+            verdict,
+            tier: 0,
+            source: Source::Memory,
+        }
+    }
+
+    /// A decision taken without any store, when it failed: admitted (failing open) or denied
+    /// until `retry_after` µs (failing closed).
+    pub(crate) fn unchecked(limit: u64, retry_after: Option<u64>) -> Self {
+        let (verdict, source) = match retry_after {
+            None => (Verdict::allow(limit, limit, 0), Source::FailOpen),
+            Some(wait) => (Verdict::deny(limit, 0, wait, wait), Source::FailClosed),
+        };
+        Self {
+            verdict,
+            tier: 0,
+            source,
+        }
+    }
+
+    /// The same decision, attributed to `source`.
+    pub(crate) fn from_source(mut self, source: Source) -> Self {
+        self.source = source;
+        self
     }
 
     /// Combines the verdicts of a rule's `tiers` tiers, `verdict(i)` being tier `i`'s.
@@ -74,6 +131,7 @@ impl Decision {
             merged = merged.combine(Decision {
                 verdict: verdict(tier),
                 tier,
+                source: merged.source,
             });
         }
         merged
@@ -129,6 +187,11 @@ impl Decision {
     /// Index of the binding tier within the rule.
     pub fn tier(&self) -> usize {
         self.tier
+    }
+
+    /// Which path decided: the memory store, Redis, or a failure policy.
+    pub fn source(&self) -> Source {
+        self.source
     }
 
     pub(crate) fn retry_after_micros(&self) -> u64 {

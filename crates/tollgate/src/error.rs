@@ -43,6 +43,16 @@ pub enum Error {
         /// The maximum.
         max: usize,
     },
+    /// The store could not be opened or answered with an error. `transient` when retrying may
+    /// help (a timeout, a dropped or refused connection), rather than a mistake in the
+    /// configuration (a malformed URL, wrong credentials).
+    #[error("store: {message}")]
+    Store {
+        /// What the store said.
+        message: String,
+        /// Whether retrying may help.
+        transient: bool,
+    },
     /// [`Limiter::acquire`](crate::Limiter::acquire) could not be admitted within its timeout.
     /// It gives up as soon as the wait is known to exceed the timeout, without sleeping first.
     #[error("not admitted within {timeout:?}; the last decision asked to retry after {:?}", .decision.retry_after())]

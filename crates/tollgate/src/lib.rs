@@ -29,12 +29,15 @@ mod clock;
 mod decision;
 mod error;
 mod limiter;
+mod redis_limiter;
 mod rule;
 mod store;
 
 pub use algorithm::{Algorithm, LeakyBucket, SubWindows, TokenBucket, WarmUp};
 pub use clock::{Clock, MAX_TIMESTAMP, ManualClock, SystemClock};
-pub use decision::Decision;
+pub use decision::{Decision, Source};
 pub use error::{Error, RuleError};
 pub use limiter::{Limiter, LimiterBuilder, MAX_KEY_LEN};
+pub use redis_limiter::{FailurePolicy, RedisLimiter, RedisLimiterBuilder, StoreTime};
 pub use rule::{Rule, Tier};
+pub use store::RedisStore;

@@ -1,5 +1,6 @@
 //! The API a Rust service calls: one rule, limited in process memory.
 
+use std::future::Future;
 use std::time::Duration;
 
 use crate::algorithm::Attempt;
@@ -71,24 +72,8 @@ impl<C: Clock> Limiter<C> {
     ) -> Result<Decision, Error> {
         let key = key.as_ref();
         self.validate(key, cost)?;
-        let timeout_micros = u64::try_from(timeout.as_micros()).unwrap_or(u64::MAX);
-        let deadline = self.now().saturating_add(timeout_micros);
-        loop {
-            let patience = deadline.saturating_sub(self.now());
-            let decision = self.attempt(key, cost, Some(patience));
-            if decision.allowed() {
-                if decision.delay_micros() > 0 {
-                    self.clock.sleep(decision.delay()).await;
-                }
-                return Ok(decision);
-            }
-            if decision.retry_after_micros() > patience {
-                return Err(Error::Timeout { timeout, decision });
-            }
-            self.clock
-                .sleep(Duration::from_micros(decision.retry_after_micros()))
-                .await;
-        }
+        let attempt = |patience| std::future::ready(self.attempt(key, cost, Some(patience)));
+        wait_until_admitted(&self.clock, timeout, attempt).await
     }
 
     /// The rule this limiter enforces.
@@ -112,30 +97,69 @@ impl<C: Clock> Limiter<C> {
     }
 
     fn validate(&self, key: &[u8], cost: u64) -> Result<(), Error> {
-        if key.len() > MAX_KEY_LEN {
-            return Err(Error::KeyTooLong {
-                len: key.len(),
-                max: MAX_KEY_LEN,
-            });
-        }
-        self.rule.check_cost(cost)
+        validate(&self.rule, key, cost)
     }
 
-    /// Now, kept within the range the algorithms accept (0 means "never" in state words).
+    /// Decides one check now; `max_delay` as in [`Attempt`].
     #[inline]
-    fn now(&self) -> u64 {
-        self.clock.now_micros().clamp(1, MAX_TIMESTAMP)
-    }
-
-    #[inline]
-    fn attempt(&self, key: &[u8], cost: u64, max_delay: Option<u64>) -> Decision {
+    pub(crate) fn attempt(&self, key: &[u8], cost: u64, max_delay: Option<u64>) -> Decision {
         let attempt = Attempt {
-            now: self.now(),
+            now: now(&self.clock),
             cost,
             max_delay,
             commit: true,
         };
         self.store.check(&self.rule, key, attempt)
+    }
+}
+
+/// Rejects a key or a cost that no check of `rule` can accept.
+#[inline]
+pub(crate) fn validate(rule: &Rule, key: &[u8], cost: u64) -> Result<(), Error> {
+    if key.len() > MAX_KEY_LEN {
+        return Err(Error::KeyTooLong {
+            len: key.len(),
+            max: MAX_KEY_LEN,
+        });
+    }
+    rule.check_cost(cost)
+}
+
+/// Now, kept within the range the algorithms accept (0 means "never" in state words).
+#[inline]
+pub(crate) fn now(clock: &impl Clock) -> u64 {
+    clock.now_micros().clamp(1, MAX_TIMESTAMP)
+}
+
+/// Repeats `attempt(patience)` until it admits, sleeping on `clock` for the delay a shaper
+/// gave or the wait a denial asked for; gives up as soon as that wait exceeds what is left of
+/// `timeout`, without sleeping first. `patience` is the µs left before the deadline.
+pub(crate) async fn wait_until_admitted<F, Fut>(
+    clock: &impl Clock,
+    timeout: Duration,
+    mut attempt: F,
+) -> Result<Decision, Error>
+where
+    F: FnMut(u64) -> Fut,
+    Fut: Future<Output = Decision>,
+{
+    let timeout_micros = u64::try_from(timeout.as_micros()).unwrap_or(u64::MAX);
+    let deadline = now(clock).saturating_add(timeout_micros);
+    loop {
+        let patience = deadline.saturating_sub(now(clock));
+        let decision = attempt(patience).await;
+        if decision.allowed() {
+            if decision.delay_micros() > 0 {
+                clock.sleep(decision.delay()).await;
+            }
+            return Ok(decision);
+        }
+        if decision.retry_after_micros() > patience {
+            return Err(Error::Timeout { timeout, decision });
+        }
+        clock
+            .sleep(Duration::from_micros(decision.retry_after_micros()))
+            .await;
     }
 }
 

@@ -150,8 +150,12 @@ impl Rule {
             field,
             reason,
         };
-        if name.is_empty() {
-            return Err(error("name".into(), "must not be empty".into()));
+        let allowed = |c: char| c.is_ascii_alphanumeric() || "_-.:/".contains(c);
+        if name.is_empty() || name.len() > 128 || !name.chars().all(allowed) {
+            return Err(error(
+                "name".into(),
+                "must be 1 to 128 letters, digits or any of _ - . : /".into(),
+            ));
         }
         if tiers.is_empty() {
             return Err(error(
@@ -202,6 +206,46 @@ impl Rule {
     /// The tiers, in the order given.
     pub fn tiers(&self) -> &[Tier] {
         &self.inner.tiers
+    }
+
+    /// The same rule with every tier's limit and burst scaled by `share` (rounded up, at least
+    /// 1): what one instance enforces on its own when the shared store fails.
+    ///
+    /// # Errors
+    /// When the scaled tiers no longer make a valid rule (e.g. a warm-up too short for them).
+    pub fn scaled(&self, share: f64) -> Result<Self, RuleError> {
+        let scale = |n: u64| ((n as f64 * share).ceil() as u64).max(1);
+        let tiers = self.tiers().iter().map(|t| {
+            let tier = Tier::new(scale(t.limit), t.period);
+            match t.burst {
+                Some(burst) => tier.with_burst(scale(burst)),
+                None => tier,
+            }
+        });
+        Self::new(self.name(), self.algorithm().clone(), tiers)
+    }
+
+    /// A fingerprint of everything that shapes this rule's state (algorithm, parameters, tiers),
+    /// the same in every process: stored state is only ever read back by the same definition.
+    pub(crate) fn fingerprint(&self) -> u32 {
+        // FNV-1a over the definition, folded to 32 bits.
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut feed = |bytes: &[u8]| {
+            for &b in bytes {
+                hash = (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+            }
+        };
+        let algorithm = self.algorithm();
+        feed(algorithm.name().as_bytes());
+        for tier in self.tiers() {
+            for n in [tier.limit, tier.period_micros, tier.burst()] {
+                feed(&n.to_le_bytes());
+            }
+            for p in algorithm.script_parameters(tier) {
+                feed(&p.to_bits().to_le_bytes());
+            }
+        }
+        (hash ^ (hash >> 32)) as u32
     }
 
     /// The largest cost every tier can admit; a larger one is an error, not a denial.
@@ -325,8 +369,18 @@ mod tests {
         assert_eq!(field_of(e), "tiers[0].period");
         let e = Rule::new("api", Algorithm::FixedWindow, []);
         assert_eq!(field_of(e), "tiers");
-        let e = Rule::new("", Algorithm::FixedWindow, [Tier::per_second(1)]);
-        assert_eq!(field_of(e), "name");
+        for name in ["", "has space", "brace{", "x".repeat(129).as_str()] {
+            let e = Rule::new(name, Algorithm::FixedWindow, [Tier::per_second(1)]);
+            assert_eq!(field_of(e), "name");
+        }
+        assert!(
+            Rule::new(
+                "get-product/v1.2:a_b",
+                Algorithm::Gcra,
+                [Tier::per_second(1)]
+            )
+            .is_ok()
+        );
     }
 
     #[test]
@@ -355,6 +409,37 @@ mod tests {
             [Tier::per_second(5)],
         );
         assert_eq!(field_of(e), "algorithm.warm_up");
+    }
+
+    #[test]
+    fn the_fingerprint_follows_the_definition_not_the_process() {
+        let rule = |limit, algorithm| Rule::new("r", algorithm, [Tier::per_second(limit)]).unwrap();
+        let a = rule(10, Algorithm::Gcra);
+        assert_eq!(a.fingerprint(), rule(10, Algorithm::Gcra).fingerprint());
+        assert_ne!(a.fingerprint(), rule(11, Algorithm::Gcra).fingerprint());
+        assert_ne!(
+            a.fingerprint(),
+            rule(10, Algorithm::FixedWindow).fingerprint()
+        );
+        let sub = |count| rule(10, Algorithm::SubWindows(SubWindows { count }));
+        assert_ne!(sub(2).fingerprint(), sub(5).fingerprint());
+    }
+
+    #[test]
+    fn a_local_share_scales_limits_and_bursts_up() {
+        let rule = Rule::new(
+            "r",
+            Algorithm::Gcra,
+            [Tier::per_second(10).with_burst(25), Tier::per_minute(1)],
+        )
+        .unwrap();
+        let local = rule.scaled(0.25).unwrap();
+        let sizes: Vec<(u64, u64)> = local
+            .tiers()
+            .iter()
+            .map(|t| (t.limit(), t.burst()))
+            .collect();
+        assert_eq!(sizes, [(3, 7), (1, 1)]);
     }
 
     #[test]

@@ -73,6 +73,11 @@ impl Decide for LeakyBucket {
         verdict
     }
 
+    fn script_parameters(&self, _tier: &Tier) -> [f64; 5] {
+        let shaper = f64::from(u8::from(*self == Self::Shaper));
+        [shaper, 0.0, 0.0, 0.0, 0.0]
+    }
+
     fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {
         state[1] + tier.rate().micros(state[0])
     }

@@ -130,6 +130,9 @@ impl Decide for Algorithm {
     fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {
         self.imp().expires_at(tier, state)
     }
+    fn script_parameters(&self, tier: &Tier) -> [f64; 5] {
+        self.imp().script_parameters(tier)
+    }
 }
 
 /// A computation generic over the algorithm; see [`Algorithm::dispatch`].
@@ -201,6 +204,12 @@ pub(crate) trait Decide {
     /// The time (µs since the epoch) from which `state` is equivalent to all zeros and may be
     /// dropped; the TTL a store gives it.
     fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64;
+
+    /// The algorithm's parameters for one tier as its Redis script reads them (`p1`..`p5`).
+    /// Doubles computed here reach the script unchanged, so both compute with the same ones.
+    fn script_parameters(&self, _tier: &Tier) -> [f64; 5] {
+        [0.0; 5]
+    }
 }
 
 #[cfg(test)]

@@ -119,6 +119,10 @@ impl Decide for SubWindows {
         Verdict::allow(limit, limit - used - cost, reset_after)
     }
 
+    fn script_parameters(&self, _tier: &Tier) -> [f64; 5] {
+        [f64::from(self.count), 0.0, 0.0, 0.0, 0.0]
+    }
+
     fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {
         (state[0] + u64::from(self.count)) * (tier.period_micros() / u64::from(self.count))
     }

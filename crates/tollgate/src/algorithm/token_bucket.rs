@@ -63,6 +63,11 @@ impl Decide for TokenBucket {
         verdict
     }
 
+    fn script_parameters(&self, _tier: &Tier) -> [f64; 5] {
+        let initial = self.initial_tokens.map_or(-1.0, |tokens| tokens as f64);
+        [initial, 0.0, 0.0, 0.0, 0.0]
+    }
+
     fn first_seen(&self, tier: &Tier, state: &mut [u64], now: u64) {
         if let (Some(initial), 0) = (self.initial_tokens, state[1]) {
             state[0] = tier.rate().units(initial);

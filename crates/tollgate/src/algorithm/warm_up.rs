@@ -171,6 +171,11 @@ impl Decide for WarmUp {
         Verdict::allow(limit, remaining, next_after - now).with_delay(delay)
     }
 
+    fn script_parameters(&self, tier: &Tier) -> [f64; 5] {
+        let c = Curve::new(self, tier);
+        [c.stable, c.threshold, c.max, c.slope, c.cooldown]
+    }
+
     fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {
         let curve = Curve::new(self, tier);
         match state[1] {

@@ -1,0 +1,24 @@
+-- GCRA (src/algorithm/gcra.rs). Words: theoretical arrival time (µs), and its fraction in
+-- 1/per_micro µs when the tier has a second word.
+
+local function decide(t, w, a)
+  local o, n, now = t.offset, t.per_micro, a.now
+  local tat, fraction = w[o + 1], 0
+  if t.words > 1 then fraction = w[o + 2] end
+  if tat < now then tat, fraction = now, 0 end
+  local v = bucket(t, t.burst, (tat - now) * n + fraction, a.cost)
+  if v[1] == 1 and writes(a) then
+    local ticks = fraction + units(t, a.cost)
+    w[o + 1] = tat + floor(ticks / n)
+    if t.words > 1 then w[o + 2] = ticks % n end
+  end
+  return v
+end
+
+local function first_seen(t, w, at) end
+
+local function expires_at(t, w)
+  local o = t.offset
+  if t.words > 1 and w[o + 2] > 0 then return w[o + 1] + 1 end
+  return w[o + 1]
+end

@@ -1,0 +1,26 @@
+-- Leaky bucket as a meter or a shaper (src/algorithm/leaky_bucket.rs). Parameter p1: 1 for a
+-- shaper. Words: water level (rate units), time of the last admission.
+
+local function decide(t, w, a)
+  local o, last = t.offset, w[t.offset + 2]
+  local level = max(w[o + 1] - drained(t, max(a.now - last, 0)), 0)
+  local v = bucket(t, t.burst, level, a.cost)
+  if t.p1 == 1 and v[1] == 1 then
+    local delay = micros(t, level)
+    if a.max_delay and delay > a.max_delay then
+      v = deny(v[2], v[3], delay, delay - a.max_delay)
+    else
+      v[6] = delay
+    end
+  end
+  if v[1] == 1 and writes(a) then
+    w[o + 1], w[o + 2] = level + units(t, a.cost), max(a.now, last)
+  end
+  return v
+end
+
+local function first_seen(t, w, at) end
+
+local function expires_at(t, w)
+  return w[t.offset + 2] + micros(t, w[t.offset + 1])
+end

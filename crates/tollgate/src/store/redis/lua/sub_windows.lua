@@ -1,0 +1,45 @@
+-- Sliding window of sub-windows (src/algorithm/sub_windows.rs). Parameter p1: the number of
+-- sub-windows. Words: index of the newest sub-window written, then one count per sub-window,
+-- sub-window i at position i % count.
+
+local function sum(w, o, count, newest, at)
+  local total = 0
+  for i = max(at + 1 - count, 0), newest do total = total + w[o + 2 + i % count] end
+  return total
+end
+
+local function reset_at(w, o, count, newest, at, length)
+  for i = newest, max(at + 1 - count, 0), -1 do
+    if w[o + 2 + i % count] > 0 then return (i + count) * length end
+  end
+  return 0
+end
+
+local function decide(t, w, a)
+  local o, limit, now, cost, count = t.offset, t.limit, a.now, a.cost, t.p1
+  local length = t.period / count
+  local newest = w[o + 1]
+  local current = max(floor(now / length), newest)
+  local used = sum(w, o, count, newest, current)
+  local reset_after = max(reset_at(w, o, count, newest, current, length) - now, 0)
+  if used + cost > limit then
+    local next_at
+    for at = current + 1, current + count do
+      if sum(w, o, count, newest, at) + cost <= limit then next_at = at; break end
+    end
+    return deny(limit, max(limit - used, 0), reset_after, next_at * length - now)
+  end
+  if writes(a) then
+    for i = max(newest + 1, current - (count - 1), 0), current do w[o + 2 + i % count] = 0 end
+    w[o + 2 + current % count] = w[o + 2 + current % count] + cost
+    w[o + 1] = current
+  end
+  if cost > 0 then reset_after = (current + count) * length - now end
+  return allow(limit, limit - used - cost, reset_after)
+end
+
+local function first_seen(t, w, at) end
+
+local function expires_at(t, w)
+  return (w[t.offset + 1] + t.p1) * (t.period / t.p1)
+end

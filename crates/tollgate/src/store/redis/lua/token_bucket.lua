@@ -1,0 +1,31 @@
+-- Token bucket (src/algorithm/token_bucket.rs). Parameter p1: initial tokens, or -1 for a full
+-- bucket. Words: tokens (rate units), time of the last admission (0 = never).
+
+local function decide(t, w, a)
+  local o, burst = t.offset, t.burst
+  local capacity = units(t, burst)
+  local tokens, last = w[o + 1], w[o + 2]
+  if last == 0 then
+    local initial = t.p1
+    if initial < 0 then initial = burst end
+    tokens = units(t, initial)
+  else
+    tokens = min(tokens + drained(t, max(a.now - last, 0)), capacity)
+  end
+  local v = bucket(t, burst, capacity - tokens, a.cost)
+  if v[1] == 1 and writes(a) then
+    w[o + 1], w[o + 2] = tokens - units(t, a.cost), max(a.now, last)
+  end
+  return v
+end
+
+local function first_seen(t, w, at)
+  local o = t.offset
+  if t.p1 >= 0 and w[o + 2] == 0 then w[o + 1], w[o + 2] = units(t, t.p1), at end
+end
+
+local function expires_at(t, w)
+  local o = t.offset
+  if w[o + 2] == 0 then return 0 end
+  return w[o + 2] + micros(t, max(units(t, t.burst) - w[o + 1], 0))
+end

@@ -1,0 +1,45 @@
+-- Warm-up after Guava's SmoothWarmingUp (src/algorithm/warm_up.rs). Parameters, computed by
+-- the Rust code so that both use the same doubles: p1 stable interval (µs), p2 threshold, p3
+-- maximum stored permits, p4 slope, p5 cool-down (µs per stored permit). Words: stored
+-- permits, next free time (0 = never seen).
+
+local function ramp_cost(t, stored, take)
+  local above = stored - t.p2
+  local spent = 0
+  if above > 0 then
+    local ramp = min(above, take)
+    spent = ramp * ((t.p1 + above * t.p4) + (t.p1 + (above - ramp) * t.p4)) / 2
+    take = take - ramp
+  end
+  return spent + t.p1 * take
+end
+
+local function decide(t, w, a)
+  local o, limit, now = t.offset, t.limit, a.now
+  local stored, next_free = w[o + 1], w[o + 2]
+  if next_free == 0 then
+    stored, next_free = t.p3, now
+  elseif now > next_free then
+    stored, next_free = min(stored + (now - next_free) / t.p5, t.p3), now
+  end
+  local delay = next_free - now
+  local patience = a.max_delay or 0
+  if delay > patience then return deny(limit, 0, delay, delay - patience) end
+  local spent = min(a.cost, stored)
+  local wait = ramp_cost(t, stored, spent) + (a.cost - spent) * t.p1
+  local next_after = next_free + ceil(wait)
+  if writes(a) then w[o + 1], w[o + 2] = stored - spent, next_after end
+  local remaining = 0
+  if next_after <= now then remaining = limit end
+  local v = allow(limit, remaining, next_after - now)
+  v[6] = delay
+  return v
+end
+
+local function first_seen(t, w, at) end
+
+local function expires_at(t, w)
+  local o = t.offset
+  if w[o + 2] == 0 then return 0 end
+  return w[o + 2] + ceil((t.p3 - w[o + 1]) * t.p5) + 1
+end

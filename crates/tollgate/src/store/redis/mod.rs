@@ -1,0 +1,304 @@
+//! The Redis store, on one server or a Redis Cluster: strict limiting shared by every instance.
+//!
+//! Each check is one `EVALSHA` of its algorithm's script (reloaded if the server answers
+//! `NOSCRIPT`): one round trip, atomic, all tiers at once. Concurrent checks share one
+//! multiplexed connection per server and are pipelined on it. Every key written expires when
+//! its state becomes equivalent to a key never seen.
+//!
+//! Key names: `tg:<rule>:<fingerprint>:<key length>:{k<key>}` (and `:<tier>` for the sliding
+//! log's one sorted set per tier). The braces make the key's bytes the hash tag, so all keys of
+//! one check live in one cluster slot. The fingerprint changes with the rule's definition, so a
+//! changed rule starts from fresh state rather than misreading the old one.
+
+mod script;
+
+use std::fmt;
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{RedisError, Script};
+
+use crate::algorithm::Decide;
+use crate::decision::{Decision, Source, Verdict};
+use crate::error::Error;
+use crate::rule::Rule;
+
+/// Connections to one Redis server or one Redis Cluster. Cheap to clone: clones share the
+/// connections, and every limiter built on them pipelines its checks there.
+#[derive(Clone)]
+pub struct RedisStore {
+    connection: Connection,
+}
+
+#[derive(Clone)]
+enum Connection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.connection {
+            Connection::Single(_) => "single",
+            Connection::Cluster(_) => "cluster",
+        };
+        f.debug_struct("RedisStore").field("kind", &kind).finish()
+    }
+}
+
+/// How long establishing a connection may take before it counts as a failure.
+const CONNECTION_TIMEOUT: Duration = Duration::from_millis(500);
+
+impl RedisStore {
+    /// Opens a store on one server: `redis://[user:password@]host[:port][/db]`, or
+    /// `rediss://...` for TLS verified against the system's roots. Connects on first use and
+    /// reconnects by itself, so a process may start while Redis is down.
+    ///
+    /// Must be called within a Tokio runtime.
+    ///
+    /// # Errors
+    /// [`Error::Store`] for a malformed URL.
+    pub fn open(url: &str) -> Result<Self, Error> {
+        install_tls_provider();
+        Self::single(redis::Client::open(url).map_err(store_error)?)
+    }
+
+    /// Opens a store on one server over TLS, verifying the server against `root_ca_pem` (a PEM
+    /// CA certificate) instead of the system's roots.
+    ///
+    /// # Errors
+    /// [`Error::Store`] for a malformed URL or certificate.
+    pub fn open_tls(url: &str, root_ca_pem: Vec<u8>) -> Result<Self, Error> {
+        install_tls_provider();
+        let certificates = redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(root_ca_pem),
+        };
+        Self::single(redis::Client::build_with_tls(url, certificates).map_err(store_error)?)
+    }
+
+    fn single(client: redis::Client) -> Result<Self, Error> {
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(CONNECTION_TIMEOUT))
+            .set_response_timeout(Some(Duration::from_secs(2)))
+            .set_min_delay(Duration::from_millis(50))
+            .set_max_delay(Duration::from_secs(2))
+            .set_number_of_retries(2);
+        let manager =
+            ConnectionManager::new_lazy_with_config(client, config).map_err(store_error)?;
+        Ok(Self {
+            connection: Connection::Single(manager),
+        })
+    }
+
+    /// Connects to a Redis Cluster through any of its `nodes` (`redis://host:port` URLs);
+    /// `MOVED` and `ASK` redirections are followed.
+    ///
+    /// # Errors
+    /// [`Error::Store`] when no node can be reached or the URLs are malformed.
+    pub async fn open_cluster(nodes: &[&str]) -> Result<Self, Error> {
+        install_tls_provider();
+        let client = ClusterClientBuilder::new(nodes.to_vec())
+            .connection_timeout(CONNECTION_TIMEOUT)
+            .response_timeout(Duration::from_secs(2))
+            .retries(2)
+            .build()
+            .map_err(store_error)?;
+        let connection = client.get_async_connection().await.map_err(store_error)?;
+        Ok(Self {
+            connection: Connection::Cluster(connection),
+        })
+    }
+
+    /// Checks that the store answers.
+    ///
+    /// # Errors
+    /// [`Error::Store`] saying why not.
+    pub async fn ping(&self) -> Result<(), Error> {
+        let ping = redis::cmd("PING");
+        let reply: redis::RedisResult<String> = match &self.connection {
+            Connection::Single(c) => ping.query_async(&mut c.clone()).await,
+            Connection::Cluster(c) => ping.query_async(&mut c.clone()).await,
+        };
+        reply.map(drop).map_err(store_error)
+    }
+
+    /// Decides a check of `cost` for `key` in one round trip. `now` is the caller's time, or
+    /// `None` for the server's `TIME`.
+    pub(crate) async fn check(
+        &self,
+        plan: &Plan,
+        key: &[u8],
+        now: Option<u64>,
+        cost: u64,
+        max_delay: Option<u64>,
+    ) -> Result<Decision, RedisError> {
+        let mut invocation = plan.script.prepare_invoke();
+        for name in plan.keys(key) {
+            invocation.key(name);
+        }
+        let optional = |n: Option<u64>| n.map(|n| n.to_string()).unwrap_or_default();
+        invocation
+            .arg(optional(now))
+            .arg(cost)
+            .arg(optional(max_delay))
+            .arg(&plan.tier_args[..]);
+        let reply: Vec<u64> = match &self.connection {
+            Connection::Single(c) => invoke(&invocation, &mut c.clone()).await?,
+            Connection::Cluster(c) => invoke(&invocation, &mut c.clone()).await?,
+        };
+        if reply.len() != 6 * plan.tiers {
+            return Err(RedisError::from((
+                redis::ErrorKind::Parse,
+                "script reply of unexpected length",
+            )));
+        }
+        let verdict = |i: usize| Verdict::from_reply(reply[6 * i..6 * i + 6].try_into().unwrap());
+        Ok(Decision::merge(plan.tiers, verdict).from_source(Source::Redis))
+    }
+}
+
+async fn invoke(
+    invocation: &redis::ScriptInvocation<'_>,
+    connection: &mut impl ConnectionLike,
+) -> Result<Vec<u64>, RedisError> {
+    invocation.invoke_async(connection).await
+}
+
+/// Everything about a rule that its checks send: the script, key names and tier arguments,
+/// prepared once.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    script: &'static Script,
+    /// `tg:<rule>:<fingerprint>:`
+    prefix: Vec<u8>,
+    tiers: usize,
+    key_per_tier: bool,
+    /// ARGV after now, cost and max_delay: the tier count, then eleven values per tier.
+    tier_args: Vec<String>,
+}
+
+impl Plan {
+    pub(crate) fn new(rule: &Rule) -> Self {
+        let algorithm = rule.algorithm();
+        let (script, key_per_tier) = script::script(algorithm);
+        let mut tier_args = vec![rule.tiers().len().to_string()];
+        for (i, tier) in rule.tiers().iter().enumerate() {
+            let rate = tier.rate();
+            let words = rule.tier_words(i).len() as u64;
+            for n in [
+                tier.limit(),
+                tier.period_micros(),
+                tier.burst(),
+                rate.per_permit,
+                rate.per_micro,
+                words,
+            ] {
+                tier_args.push(n.to_string());
+            }
+            // Rust's shortest round-trip form: Lua's tonumber reads back the same double.
+            tier_args.extend(algorithm.script_parameters(tier).iter().map(f64::to_string));
+        }
+        Self {
+            script,
+            prefix: format!("tg:{}:{:08x}:", rule.name(), rule.fingerprint()).into_bytes(),
+            tiers: rule.tiers().len(),
+            key_per_tier,
+            tier_args,
+        }
+    }
+
+    /// The Redis keys holding `key`'s state, all with the same hash tag.
+    pub(crate) fn keys(&self, key: &[u8]) -> Vec<Vec<u8>> {
+        let mut base = Vec::with_capacity(self.prefix.len() + key.len() + 16);
+        base.extend_from_slice(&self.prefix);
+        base.extend_from_slice(key.len().to_string().as_bytes());
+        base.extend_from_slice(b":{k");
+        base.extend_from_slice(key);
+        base.push(b'}');
+        if !self.key_per_tier {
+            return vec![base];
+        }
+        (0..self.tiers)
+            .map(|i| {
+                let mut name = base.clone();
+                name.extend_from_slice(format!(":{i}").as_bytes());
+                name
+            })
+            .collect()
+    }
+}
+
+/// A store error, saying whether retrying may help.
+pub(crate) fn store_error(err: RedisError) -> Error {
+    let transient = err.is_timeout()
+        || err.is_connection_dropped()
+        || err.is_connection_refusal()
+        || err.is_io_error()
+        || err.is_cluster_error();
+    Error::Store {
+        message: err.to_string(),
+        transient,
+    }
+}
+
+fn install_tls_provider() {
+    // Only the first call installs; later ones find it there.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Algorithm;
+    use crate::rule::Tier;
+
+    #[test]
+    fn every_key_of_a_check_shares_one_hash_tag() {
+        let rule = Rule::new(
+            "api",
+            Algorithm::SlidingLog,
+            [Tier::per_second(5), Tier::per_minute(50)],
+        )
+        .unwrap();
+        let plan = Plan::new(&rule);
+        for key in [&b"tenant-1"[..], b"", b"}{weird}", b"\xff\x00"] {
+            let keys = plan.keys(key);
+            assert_eq!(keys.len(), 2);
+            let slots: Vec<u16> = keys.iter().map(|k| redis::cluster::get_slot(k)).collect();
+            assert_eq!(slots[0], slots[1], "{key:?}");
+        }
+        let name = String::from_utf8(plan.keys(b"tenant-1")[1].clone()).unwrap();
+        assert_eq!(
+            name,
+            format!("tg:api:{:08x}:8:{{ktenant-1}}:1", rule.fingerprint())
+        );
+    }
+
+    #[test]
+    fn one_key_per_rule_for_word_algorithms() {
+        let rule = Rule::new(
+            "api",
+            Algorithm::Gcra,
+            [Tier::per_second(5), Tier::per_minute(9)],
+        )
+        .unwrap();
+        assert_eq!(Plan::new(&rule).keys(b"k").len(), 1);
+    }
+
+    #[test]
+    fn tier_arguments_carry_exact_doubles() {
+        let rule = Rule::new(
+            "api",
+            Algorithm::WarmUp(crate::WarmUp::new(Duration::from_secs(2))),
+            [Tier::per_second(3)],
+        )
+        .unwrap();
+        let plan = Plan::new(&rule);
+        assert_eq!(plan.tier_args.len(), 1 + 11);
+        let stable: f64 = plan.tier_args[7].parse().unwrap();
+        assert_eq!(stable, 1_000_000.0 / 3.0);
+    }
+}

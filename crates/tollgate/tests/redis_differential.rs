@@ -1,0 +1,141 @@
+//! The Redis scripts decide exactly as the Rust algorithms: the memory store and the Redis
+//! store are driven through the same timelines and must give identical decisions, for every
+//! algorithm, single and multi-tier.
+
+mod support;
+
+use std::time::Duration;
+
+use support::RedisServer;
+use tollgate::{
+    Algorithm, Clock, Decision, Error, LeakyBucket, Limiter, ManualClock, RedisLimiter,
+    RedisStore, Rule, StoreTime, SubWindows, Tier, TokenBucket, WarmUp,
+};
+
+/// xorshift64*: a reproducible stream of arrival sequences.
+struct Random(u64);
+
+impl Random {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn rules() -> Vec<Rule> {
+    let rule = |algorithm: Algorithm, tiers: Vec<Tier>| {
+        Rule::new(format!("diff-{}", algorithm.name()), algorithm, tiers).unwrap()
+    };
+    let ms = Duration::from_millis;
+    let mut rules = Vec::new();
+    let plain = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SubWindows(SubWindows { count: 6 }),
+        Algorithm::SlidingLog,
+        Algorithm::IntervalBucket,
+    ];
+    for algorithm in plain {
+        rules.push(rule(algorithm.clone(), vec![Tier::new(5, ms(600))]));
+        rules.push(rule(
+            algorithm,
+            vec![Tier::new(3, ms(300)), Tier::new(7, ms(1_800))],
+        ));
+    }
+    let buckets = [
+        Algorithm::TokenBucket(TokenBucket::default()),
+        Algorithm::TokenBucket(TokenBucket {
+            initial_tokens: Some(1),
+        }),
+        Algorithm::LeakyBucket(LeakyBucket::Meter),
+        Algorithm::LeakyBucket(LeakyBucket::Shaper),
+        Algorithm::Gcra,
+    ];
+    for algorithm in buckets {
+        // 3 per 700 ms: an emission interval of 233_333.3 µs, exercising exact fractions.
+        rules.push(rule(algorithm.clone(), vec![Tier::new(3, ms(700)).with_burst(4)]));
+        rules.push(rule(
+            algorithm,
+            vec![Tier::per_second(10).with_burst(4), Tier::new(12, ms(3_000))],
+        ));
+    }
+    let warm_up = Algorithm::WarmUp(WarmUp::new(ms(2_000)));
+    rules.push(rule(warm_up.clone(), vec![Tier::per_second(10)]));
+    rules.push(rule(warm_up, vec![Tier::per_second(20), Tier::new(15, ms(2_000))]));
+    rules
+}
+
+/// Everything a caller can read of a decision, but its source.
+fn seen(result: &Result<Decision, Error>) -> String {
+    match result {
+        Ok(d) => format!(
+            "allowed={} limit={} remaining={} reset={:?} retry={:?} delay={:?} tier={}",
+            d.allowed(),
+            d.limit(),
+            d.remaining(),
+            d.reset_after(),
+            d.retry_after(),
+            d.delay(),
+            d.tier()
+        ),
+        Err(Error::Timeout { decision, .. }) => format!("timeout: {}", seen(&Ok(*decision))),
+        Err(e) => format!("error: {e}"),
+    }
+}
+
+#[tokio::test]
+async fn memory_and_redis_decide_identically_on_every_timeline() {
+    let server = RedisServer::start();
+    let store = RedisStore::open(&server.url()).unwrap();
+    let mut random = Random(0x9e37_79b9_7f4a_7c15);
+    let mut checks = 0;
+    for rule in rules() {
+        let (memory_clock, redis_clock) = (ManualClock::new(), ManualClock::new());
+        let memory = Limiter::builder(rule.clone()).clock(memory_clock.clone()).build();
+        let redis = RedisLimiter::builder(rule.clone(), store.clone())
+            .clock(redis_clock.clone())
+            .store_time(StoreTime::Local)
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        for step in 0..400 {
+            let gap = match random.below(10) {
+                0..=2 => 0,
+                3..=8 => random.below(250_000),
+                _ => random.below(4_000_000),
+            };
+            memory_clock.advance(Duration::from_micros(gap));
+            redis_clock.advance(Duration::from_micros(gap));
+            let key = format!("key-{}", random.below(3));
+            let cost = random.below(4).min(rule.capacity());
+            let (expected, actual) = if random.below(8) == 0 {
+                let timeout = Duration::from_micros(random.below(400_000));
+                (
+                    memory.acquire(&key, cost, timeout).await,
+                    redis.acquire(&key, cost, timeout).await,
+                )
+            } else {
+                (memory.check(&key, cost), redis.check(&key, cost).await)
+            };
+            assert_eq!(
+                seen(&expected),
+                seen(&actual),
+                "rule {} {:?}, step {step}, {key} cost {cost}",
+                rule.name(),
+                rule.tiers()
+            );
+            if let Ok(d) = &actual {
+                assert_eq!(d.source(), tollgate::Source::Redis);
+            }
+            assert_eq!(memory_clock.now_micros(), redis_clock.now_micros());
+            checks += 1;
+        }
+    }
+    assert_eq!(checks, 400 * rules().len());
+}
