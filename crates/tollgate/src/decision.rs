@@ -119,7 +119,7 @@ impl Decision {
     }
 
     /// The same decision, attributed to `source`.
-    pub(crate) fn from_source(mut self, source: Source) -> Self {
+    pub(crate) fn with_source(mut self, source: Source) -> Self {
         self.source = source;
         self
     }

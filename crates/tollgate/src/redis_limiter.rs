@@ -152,7 +152,7 @@ impl<C: Clock + Clone> RedisLimiter<C> {
         if let Some(local) = &self.fallback {
             return local
                 .attempt(key, cost, max_delay)
-                .from_source(Source::Fallback);
+                .with_source(Source::Fallback);
         }
         let limit = self.rule.algorithm().capacity(&self.rule.tiers()[0]);
         match self.policy {

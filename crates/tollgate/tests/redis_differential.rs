@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use support::RedisServer;
 use tollgate::{
-    Algorithm, Clock, Decision, Error, LeakyBucket, Limiter, ManualClock, RedisLimiter,
-    RedisStore, Rule, StoreTime, SubWindows, Tier, TokenBucket, WarmUp,
+    Algorithm, Clock, Decision, Error, LeakyBucket, Limiter, ManualClock, RedisLimiter, RedisStore,
+    Rule, StoreTime, SubWindows, Tier, TokenBucket, WarmUp,
 };
 
 /// xorshift64*: a reproducible stream of arrival sequences.
@@ -59,7 +59,10 @@ fn rules() -> Vec<Rule> {
     ];
     for algorithm in buckets {
         // 3 per 700 ms: an emission interval of 233_333.3 µs, exercising exact fractions.
-        rules.push(rule(algorithm.clone(), vec![Tier::new(3, ms(700)).with_burst(4)]));
+        rules.push(rule(
+            algorithm.clone(),
+            vec![Tier::new(3, ms(700)).with_burst(4)],
+        ));
         rules.push(rule(
             algorithm,
             vec![Tier::per_second(10).with_burst(4), Tier::new(12, ms(3_000))],
@@ -67,7 +70,10 @@ fn rules() -> Vec<Rule> {
     }
     let warm_up = Algorithm::WarmUp(WarmUp::new(ms(2_000)));
     rules.push(rule(warm_up.clone(), vec![Tier::per_second(10)]));
-    rules.push(rule(warm_up, vec![Tier::per_second(20), Tier::new(15, ms(2_000))]));
+    rules.push(rule(
+        warm_up,
+        vec![Tier::per_second(20), Tier::new(15, ms(2_000))],
+    ));
     rules
 }
 
@@ -97,7 +103,9 @@ async fn memory_and_redis_decide_identically_on_every_timeline() {
     let mut checks = 0;
     for rule in rules() {
         let (memory_clock, redis_clock) = (ManualClock::new(), ManualClock::new());
-        let memory = Limiter::builder(rule.clone()).clock(memory_clock.clone()).build();
+        let memory = Limiter::builder(rule.clone())
+            .clock(memory_clock.clone())
+            .build();
         let redis = RedisLimiter::builder(rule.clone(), store.clone())
             .clock(redis_clock.clone())
             .store_time(StoreTime::Local)

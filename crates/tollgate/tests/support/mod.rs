@@ -16,6 +16,7 @@ use tempfile::TempDir;
 pub struct RedisServer {
     pub port: u16,
     args: Vec<String>,
+    tls: bool,
     dir: TempDir,
     child: Option<Child>,
 }
@@ -43,9 +44,27 @@ impl RedisServer {
 
     /// Starts a server with extra `redis-server` arguments.
     pub fn start_with(args: &[&str]) -> Self {
+        Self::spawned(args, false)
+    }
+
+    /// Starts a server that only speaks TLS, on `port`, with these certificate files.
+    pub fn start_tls(cert: &str, key: &str, ca: &str) -> Self {
+        let args = [
+            "--tls-cert-file",
+            cert,
+            "--tls-key-file",
+            key,
+            "--tls-ca-cert-file",
+            ca,
+        ];
+        Self::spawned(&[&args[..], &["--tls-auth-clients", "no"]].concat(), true)
+    }
+
+    fn spawned(args: &[&str], tls: bool) -> Self {
         let mut server = Self {
             port: free_port(),
             args: args.iter().map(|a| a.to_string()).collect(),
+            tls,
             dir: tempfile::tempdir().expect("temp dir"),
             child: None,
         };
@@ -58,19 +77,22 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) {
-        let tls = self.args.iter().any(|a| a == "--tls-port");
         let port = self.port.to_string();
         let mut command = Command::new("redis-server");
+        command.args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]);
+        if self.tls {
+            command.args(["--port", "0", "--tls-port", &port]);
+        } else {
+            command.args(["--port", &port]);
+        }
         command
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .args(["--port", if tls { "0" } else { &port }])
             .arg("--dir")
             .arg(self.dir.path())
             .args(&self.args)
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         self.child = Some(command.spawn().expect("redis-server is installed"));
-        if !tls {
+        if !self.tls {
             self.wait_until_ready();
         } else {
             let deadline = Instant::now() + Duration::from_secs(10);
@@ -84,10 +106,18 @@ impl RedisServer {
     fn wait_until_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            if self.command(&["PING"]).is_some_and(|r| r.contains("PONG")) {
+            // Up: it answers, even if only to say that it wants a password.
+            if self
+                .command(&["PING"])
+                .is_some_and(|r| r.contains("PONG") || r.contains("NOAUTH"))
+            {
                 return;
             }
-            assert!(Instant::now() < deadline, "redis-server on {} did not start", self.port);
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on {} did not start",
+                self.port
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -182,7 +212,10 @@ impl RedisCluster {
                 ])
             })
             .collect();
-        let addresses: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
         let status = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&addresses)

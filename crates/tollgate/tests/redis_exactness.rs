@@ -1,0 +1,147 @@
+//! Exact under any concurrency: four limiter instances, each with its own connections, and 64
+//! tasks each hammer one key; the permits admitted equal the limit, not one more or fewer.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::{RedisCluster, RedisServer};
+use tollgate::{
+    Algorithm, LeakyBucket, ManualClock, RedisLimiter, RedisStore, Rule, Source, StoreTime,
+    SubWindows, Tier, TokenBucket,
+};
+
+const INSTANCES: usize = 4;
+const TASKS: usize = 64;
+const LIMIT: u64 = 300;
+
+/// Every algorithm whose contract is exact, at `LIMIT` per day (refill during a test run is
+/// far below one permit). The fixed window runs on a frozen caller clock, so that a run across
+/// midnight UTC cannot see two windows.
+fn exact_rules() -> Vec<(Rule, StoreTime)> {
+    let day = Tier::per_day(LIMIT);
+    let bucket = Tier::per_day(LIMIT).with_burst(LIMIT);
+    let rule = |algorithm: Algorithm, tier: &Tier| {
+        Rule::new(
+            format!("exact-{}", algorithm.name()),
+            algorithm,
+            [tier.clone()],
+        )
+        .unwrap()
+    };
+    vec![
+        (rule(Algorithm::FixedWindow, &day), StoreTime::Local),
+        (rule(Algorithm::SlidingWindow, &day), StoreTime::Server),
+        (
+            rule(Algorithm::SubWindows(SubWindows { count: 6 }), &day),
+            StoreTime::Server,
+        ),
+        (rule(Algorithm::SlidingLog, &day), StoreTime::Server),
+        (
+            rule(Algorithm::TokenBucket(TokenBucket::default()), &bucket),
+            StoreTime::Server,
+        ),
+        (rule(Algorithm::IntervalBucket, &day), StoreTime::Server),
+        (
+            rule(Algorithm::LeakyBucket(LeakyBucket::Meter), &bucket),
+            StoreTime::Server,
+        ),
+        (
+            rule(Algorithm::LeakyBucket(LeakyBucket::Shaper), &bucket),
+            StoreTime::Server,
+        ),
+        (rule(Algorithm::Gcra, &bucket), StoreTime::Server),
+    ]
+}
+
+/// Permits admitted for each of `keys` when `INSTANCES x TASKS` tasks check them, cost 1 or 2.
+async fn hammer(stores: &[RedisStore], rule: &Rule, time: StoreTime, keys: &[String]) -> Vec<u64> {
+    let clock = ManualClock::new();
+    let limiters: Vec<Arc<RedisLimiter<ManualClock>>> = stores
+        .iter()
+        .map(|store| {
+            let limiter = RedisLimiter::builder(rule.clone(), store.clone())
+                .clock(clock.clone())
+                .store_time(time)
+                .timeout(Duration::from_secs(10))
+                .build()
+                .unwrap();
+            Arc::new(limiter)
+        })
+        .collect();
+    let attempts_per_task = (3 * LIMIT as usize * keys.len()).div_ceil(INSTANCES * TASKS);
+    let mut tasks = Vec::new();
+    for (i, limiter) in limiters.iter().enumerate() {
+        for t in 0..TASKS {
+            let (limiter, keys) = (limiter.clone(), keys.to_vec());
+            tasks.push(tokio::spawn(async move {
+                let mut admitted = vec![0u64; keys.len()];
+                for n in 0..attempts_per_task {
+                    let k = (i + t + n) % keys.len();
+                    let cost = 1 + (n % 2) as u64;
+                    let decision = limiter.check(&keys[k], cost).await.unwrap();
+                    assert_eq!(decision.source(), Source::Redis, "{decision:?}");
+                    if decision.allowed() {
+                        admitted[k] += cost;
+                    }
+                }
+                // Single permits to the end, so that no remainder is left by a cost of 2.
+                for (k, key) in keys.iter().enumerate() {
+                    while limiter.check(key, 1).await.unwrap().allowed() {
+                        admitted[k] += 1;
+                    }
+                }
+                admitted
+            }));
+        }
+    }
+    let mut totals = vec![0; keys.len()];
+    for task in tasks {
+        for (k, n) in task.await.unwrap().into_iter().enumerate() {
+            totals[k] += n;
+        }
+    }
+    totals
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_server_admits_exactly_the_limit() {
+    let server = RedisServer::start();
+    let stores: Vec<RedisStore> = (0..INSTANCES)
+        .map(|_| RedisStore::open(&server.url()).unwrap())
+        .collect();
+    for (rule, time) in exact_rules() {
+        let admitted = hammer(&stores, &rule, time, &["tenant".to_string()]).await;
+        assert_eq!(admitted, [LIMIT], "{}", rule.algorithm().name());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_admits_exactly_the_limit_on_every_slot() {
+    let cluster = RedisCluster::start();
+    let urls = cluster.urls();
+    let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let mut stores = Vec::new();
+    for _ in 0..INSTANCES {
+        stores.push(RedisStore::open_cluster(&nodes).await.unwrap());
+    }
+    // Keys that land on different masters.
+    let keys: Vec<String> = (0..6).map(|i| format!("tenant-{i}")).collect();
+    for (rule, time) in exact_rules() {
+        let admitted = hammer(&stores, &rule, time, &keys).await;
+        assert_eq!(
+            admitted,
+            vec![LIMIT; keys.len()],
+            "{}",
+            rule.algorithm().name()
+        );
+    }
+    // The keys were really spread over the masters.
+    let held: Vec<usize> = cluster
+        .nodes
+        .iter()
+        .map(|n| n.cli(&["dbsize"]).parse().unwrap())
+        .collect();
+    assert!(held.iter().filter(|&&n| n > 0).count() >= 2, "{held:?}");
+}

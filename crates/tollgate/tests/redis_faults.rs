@@ -1,0 +1,189 @@
+//! When Redis fails: killed mid-run, restarted, frozen (SIGSTOP) and thawed, or never there.
+//! Every check returns within the timeout plus a margin, decided by the configured policy, and
+//! strict limiting resumes when Redis is back.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use support::RedisServer;
+use tollgate::{Algorithm, FailurePolicy, RedisLimiter, RedisStore, Rule, Source, Tier};
+
+const TIMEOUT: Duration = Duration::from_millis(20);
+/// Scheduling slack on a shared two-core machine; a hang would exceed it by far.
+const MARGIN: Duration = Duration::from_millis(500);
+
+fn limiter(url: &str, policy: FailurePolicy) -> Arc<RedisLimiter> {
+    let rule = Rule::new("faults", Algorithm::FixedWindow, [Tier::per_minute(10)]).unwrap();
+    let store = RedisStore::open(url).unwrap();
+    let limiter = RedisLimiter::builder(rule, store)
+        .on_failure(policy)
+        .timeout(TIMEOUT)
+        .circuit_breaker(3, Duration::from_millis(200))
+        .build()
+        .unwrap();
+    Arc::new(limiter)
+}
+
+/// Background load: 16 tasks checking distinct keys until stopped; records every source seen
+/// and the slowest call.
+struct Load {
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<(BTreeSet<String>, Duration)>>,
+}
+
+impl Load {
+    fn start(limiter: &Arc<RedisLimiter>) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let tasks = (0..16)
+            .map(|t| {
+                let (limiter, stop) = (limiter.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let (mut sources, mut slowest) = (BTreeSet::new(), Duration::ZERO);
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let started = Instant::now();
+                        let decision = limiter.check(format!("load-{t}-{n}"), 1).await.unwrap();
+                        slowest = slowest.max(started.elapsed());
+                        sources.insert(format!("{:?}", decision.source()));
+                        n += 1;
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                    (sources, slowest)
+                })
+            })
+            .collect();
+        Self { stop, tasks }
+    }
+
+    async fn finish(self) -> (BTreeSet<String>, Duration) {
+        self.stop.store(true, Ordering::Relaxed);
+        let (mut sources, mut slowest) = (BTreeSet::new(), Duration::ZERO);
+        for task in self.tasks {
+            let (s, d) = task.await.unwrap();
+            sources.extend(s);
+            slowest = slowest.max(d);
+        }
+        (sources, slowest)
+    }
+}
+
+/// Checks until Redis decides again (or gives up after 10 s); returns that decision's source.
+async fn wait_for_redis(limiter: &RedisLimiter, key: &str) -> Source {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let decision = limiter.check(key, 0).await.unwrap();
+        if decision.source() == Source::Redis || Instant::now() > deadline {
+            return decision.source();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// After recovery the limit is strict again: exactly 10 of 15 admitted, all by Redis.
+async fn assert_strict(limiter: &RedisLimiter, key: &str) {
+    let mut admitted = 0;
+    for _ in 0..15 {
+        let decision = limiter.check(key, 1).await.unwrap();
+        assert_eq!(decision.source(), Source::Redis);
+        admitted += u32::from(decision.allowed());
+    }
+    assert_eq!(admitted, 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_and_restarted_fails_open_then_resumes_strict_limiting() {
+    let mut server = RedisServer::start();
+    let limiter = limiter(&server.url(), FailurePolicy::Open);
+    assert_eq!(
+        limiter.check("warm", 1).await.unwrap().source(),
+        Source::Redis
+    );
+    let load = Load::start(&limiter);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    server.kill();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let during = limiter.check("during", 1).await.unwrap();
+    assert_eq!(
+        (during.allowed(), during.source()),
+        (true, Source::FailOpen)
+    );
+    server.restart();
+    assert_eq!(wait_for_redis(&limiter, "probe").await, Source::Redis);
+    let (sources, slowest) = load.finish().await;
+    println!("slowest call during the outage: {slowest:?}");
+    assert!(slowest <= TIMEOUT + MARGIN, "slowest call took {slowest:?}");
+    assert!(
+        sources.contains("Redis") && sources.contains("FailOpen"),
+        "{sources:?}"
+    );
+    assert_strict(&limiter, "after").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frozen_fails_closed_within_the_timeout_then_thaws() {
+    let server = RedisServer::start();
+    let limiter = limiter(&server.url(), FailurePolicy::Closed);
+    assert_eq!(
+        limiter.check("warm", 1).await.unwrap().source(),
+        Source::Redis
+    );
+    let load = Load::start(&limiter);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.pause();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let started = Instant::now();
+    let during = limiter.check("during", 1).await.unwrap();
+    assert!(started.elapsed() <= TIMEOUT + MARGIN);
+    assert_eq!(
+        (during.allowed(), during.source()),
+        (false, Source::FailClosed)
+    );
+    assert!(during.retry_after().is_some());
+    server.resume();
+    assert_eq!(wait_for_redis(&limiter, "probe").await, Source::Redis);
+    let (sources, slowest) = load.finish().await;
+    println!("slowest call during the outage: {slowest:?}");
+    assert!(slowest <= TIMEOUT + MARGIN, "slowest call took {slowest:?}");
+    assert!(sources.contains("FailClosed"), "{sources:?}");
+    assert_strict(&limiter, "after").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn falls_back_to_a_local_share_of_the_limit() {
+    let mut server = RedisServer::start();
+    let limiter = limiter(&server.url(), FailurePolicy::Local { share: 0.5 });
+    assert_eq!(limiter.check("k", 1).await.unwrap().source(), Source::Redis);
+    server.kill();
+    // This instance alone enforces half the limit: 5 of 10 per minute.
+    let mut admitted = 0;
+    for _ in 0..10 {
+        let decision = limiter.check("k", 1).await.unwrap();
+        assert_eq!(decision.source(), Source::Fallback);
+        admitted += u32::from(decision.allowed());
+    }
+    assert_eq!(admitted, 5);
+    server.restart();
+    assert_eq!(wait_for_redis(&limiter, "probe").await, Source::Redis);
+    assert_strict(&limiter, "after").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_never_started_is_a_policy_decision_not_an_error() {
+    // A port with nothing listening: the store opens lazily and checks are decided by policy.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let limiter = limiter(&format!("redis://127.0.0.1:{port}"), FailurePolicy::Closed);
+    for _ in 0..10 {
+        let started = Instant::now();
+        let decision = limiter.check("k", 1).await.unwrap();
+        assert!(started.elapsed() <= TIMEOUT + MARGIN);
+        assert_eq!(decision.source(), Source::FailClosed);
+    }
+}
