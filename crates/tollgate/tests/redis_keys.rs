@@ -1,0 +1,129 @@
+//! What the Redis store leaves behind: every key expires as soon as its state is as good as
+//! new, nothing is written for a look or a denied unknown key, and the memory a key takes.
+
+mod support;
+
+use std::time::Duration;
+
+use support::RedisServer;
+use tollgate::{
+    Algorithm, LeakyBucket, ManualClock, RedisLimiter, RedisStore, Rule, StoreTime, SubWindows,
+    Tier, TokenBucket, WarmUp,
+};
+
+const SECOND: u64 = 1_000;
+
+/// Each algorithm, a tier, and how long (ms) one permit taken 10 s into a minute leaves state.
+fn cases() -> Vec<(Algorithm, Tier, u64)> {
+    let minute = Tier::per_minute(5);
+    vec![
+        (Algorithm::FixedWindow, minute.clone(), 50 * SECOND),
+        (Algorithm::SlidingWindow, minute.clone(), 110 * SECOND),
+        (
+            Algorithm::SubWindows(SubWindows { count: 6 }),
+            minute.clone(),
+            60 * SECOND,
+        ),
+        (Algorithm::SlidingLog, minute.clone(), 60 * SECOND),
+        (
+            Algorithm::TokenBucket(TokenBucket::default()),
+            minute.clone(),
+            12 * SECOND,
+        ),
+        (Algorithm::IntervalBucket, minute.clone(), 60 * SECOND),
+        (
+            Algorithm::LeakyBucket(LeakyBucket::Meter),
+            minute.clone(),
+            12 * SECOND,
+        ),
+        (
+            Algorithm::LeakyBucket(LeakyBucket::Shaper),
+            minute.clone(),
+            12 * SECOND,
+        ),
+        (Algorithm::Gcra, minute, 12 * SECOND),
+        // A cold key: the first permit costs 290 ms, then it cools back in 100 ms (+1 µs).
+        (
+            Algorithm::WarmUp(WarmUp::new(Duration::from_secs(2))),
+            Tier::per_second(10),
+            391,
+        ),
+    ]
+}
+
+fn limiter(server: &RedisServer, algorithm: Algorithm, tier: Tier) -> RedisLimiter<ManualClock> {
+    let rule = Rule::new(format!("keys-{}", algorithm.name()), algorithm, [tier]).unwrap();
+    let clock = ManualClock::new();
+    clock.advance(Duration::from_secs(10));
+    RedisLimiter::builder(rule, RedisStore::open(&server.url()).unwrap())
+        .clock(clock)
+        .store_time(StoreTime::Local)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn keys_expire_when_their_state_is_as_good_as_new() {
+    let server = RedisServer::start();
+    println!("| algorithm | keys | bytes after one permit | bytes with the limit used up |");
+    println!("| --- | ---: | ---: | ---: |");
+    for (algorithm, tier, lifetime_ms) in cases() {
+        let name = algorithm.name();
+        let limiter = limiter(&server, algorithm, tier);
+        // A look at an unknown key writes nothing.
+        assert!(limiter.check("tenant", 0).await.unwrap().allowed());
+        let keys: Vec<String> = limiter
+            .redis_keys("tenant")
+            .into_iter()
+            .map(|k| String::from_utf8(k).unwrap())
+            .collect();
+        for key in &keys {
+            assert_eq!(server.cli(&["exists", key]), "0", "{name}");
+        }
+        assert!(limiter.check("tenant", 1).await.unwrap().allowed());
+        let mut bytes = Vec::new();
+        for key in &keys {
+            let ttl: u64 = server.cli(&["pttl", key]).parse().expect("a TTL");
+            // No longer than the state needs; real time passing only shortens it.
+            assert!(
+                ttl <= lifetime_ms,
+                "{name}: {key} expires in {ttl} ms, needs {lifetime_ms}"
+            );
+            assert!(
+                ttl + 2 * SECOND >= lifetime_ms,
+                "{name}: {ttl} ms is too short"
+            );
+            bytes.push(server.cli(&["memory", "usage", key]));
+        }
+        while limiter.check("tenant", 1).await.unwrap().allowed() {}
+        let full: Vec<String> = keys
+            .iter()
+            .map(|k| server.cli(&["memory", "usage", k]))
+            .collect();
+        println!(
+            "| {name} | {} | {} | {} |",
+            keys.len(),
+            bytes.join(", "),
+            full.join(", ")
+        );
+    }
+}
+
+#[tokio::test]
+async fn after_any_traffic_every_key_has_a_ttl() {
+    let server = RedisServer::start();
+    for (algorithm, tier, _) in cases() {
+        let limiter = limiter(&server, algorithm, tier);
+        for i in 0..200u64 {
+            let key = format!("k{}", i % 7);
+            limiter.check(&key, i % 3).await.unwrap();
+        }
+    }
+    let keys = server.cli(&["--scan"]);
+    assert!(keys.lines().count() >= 10);
+    for key in keys.lines() {
+        let ttl: i64 = server.cli(&["pttl", key]).parse().unwrap();
+        assert!(ttl > 0, "{key} has no TTL ({ttl})");
+    }
+}
