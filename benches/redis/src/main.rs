@@ -1,1 +1,270 @@
-fn main() {}
+//! Load harness for Redis-backed limiting, side by side in one run on one local Redis that it
+//! starts itself: tollgate's Redis store, limitador's Redis storage, and the ceiling —
+//! `redis-benchmark` sending a trivial `EVALSHA`.
+//!
+//! For each number of concurrent callers: decisions per second, p50 and p99 latency, and the
+//! Redis commands per decision (script calls, i.e. round trips; and every command including
+//! those a script runs). The client runs on one thread, like redis-benchmark, so Redis keeps
+//! the other core of a two-core machine.
+//!
+//! Run: `benches/redis/run` (or `cargo run --release -- --seconds 5 --callers 1,16,256`).
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use hdrhistogram::Histogram;
+use limitador::AsyncRateLimiter;
+use limitador::limit::{Context as Ctx, Expression, Limit};
+use limitador::storage::redis::AsyncRedisStorage;
+use tollgate::{Algorithm, RedisLimiter, RedisStore, Rule, Tier};
+
+/// One measured run.
+struct Run {
+    system: String,
+    decisions_per_second: f64,
+    p50_us: f64,
+    p99_us: f64,
+    /// Script calls (EVALSHA/EVAL) per decision: the round trips.
+    scripts: f64,
+    /// Every command Redis ran per decision, including those inside scripts.
+    commands: f64,
+}
+
+struct Server {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_redis() -> Result<Server> {
+    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let dir = tempfile::tempdir()?;
+    let child = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no"])
+        .arg("--dir")
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .spawn()
+        .context("redis-server must be installed")?;
+    let server = Server {
+        child,
+        port,
+        _dir: dir,
+    };
+    for _ in 0..200 {
+        if cli(port, &["ping"]).is_ok_and(|r| r == "PONG") {
+            return Ok(server);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    bail!("redis-server did not start")
+}
+
+fn cli(port: u16, args: &[&str]) -> Result<String> {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .output()?;
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// `field:value` lines of an INFO section, and `cmdstat_x:calls=N,...` as `x` -> N.
+fn info(port: u16) -> Result<HashMap<String, f64>> {
+    let text = cli(port, &["info", "all"])?;
+    let mut map = HashMap::new();
+    for line in text.lines() {
+        if let Some((name, rest)) = line.split_once(':') {
+            if let Some(cmd) = name.strip_prefix("cmdstat_") {
+                let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="));
+                map.insert(cmd.to_string(), calls.unwrap_or("0").parse().unwrap_or(0.0));
+            } else if let Ok(v) = rest.parse() {
+                map.insert(name.to_string(), v);
+            }
+        }
+    }
+    Ok(map)
+}
+
+/// Runs `callers` concurrent loops of `decide` for `seconds`; counts and times decisions.
+async fn drive<F, Fut>(system: &str, port: u16, callers: usize, seconds: u64, decide: F) -> Result<Run>
+where
+    F: Fn(usize, u64) -> Fut + Clone + 'static,
+    Fut: std::future::Future<Output = ()> + 'static,
+{
+    cli(port, &["flushall"])?;
+    // Warm up connections and scripts, then count from a clean slate.
+    for i in 0..100 {
+        decide(i, 0).await;
+    }
+    cli(port, &["config", "resetstat"])?;
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let local = tokio::task::LocalSet::new();
+    let mut tasks = Vec::new();
+    for caller in 0..callers {
+        let decide = decide.clone();
+        tasks.push(local.spawn_local(async move {
+            let mut histogram = Histogram::<u64>::new(3).unwrap();
+            let mut n = 0u64;
+            while Instant::now() < deadline {
+                let started = Instant::now();
+                decide(caller, n).await;
+                histogram.record(started.elapsed().as_micros() as u64).unwrap();
+                n += 1;
+            }
+            histogram
+        }));
+    }
+    let started = Instant::now();
+    let histograms = local
+        .run_until(async move {
+            let mut all = Vec::new();
+            for t in tasks {
+                all.push(t.await.unwrap());
+            }
+            all
+        })
+        .await;
+    let elapsed = started.elapsed().as_secs_f64();
+    let mut merged = Histogram::<u64>::new(3).unwrap();
+    for h in &histograms {
+        merged.add(h).unwrap();
+    }
+    let stats = info(port)?;
+    let decisions = merged.len() as f64;
+    let scripts = stats.get("evalsha").unwrap_or(&0.0) + stats.get("eval").unwrap_or(&0.0);
+    Ok(Run {
+        system: system.to_string(),
+        decisions_per_second: decisions / elapsed,
+        p50_us: merged.value_at_quantile(0.5) as f64,
+        p99_us: merged.value_at_quantile(0.99) as f64,
+        scripts: scripts / decisions,
+        commands: stats.get("total_commands_processed").unwrap_or(&0.0) / decisions,
+    })
+}
+
+const KEYS: u64 = 10_000;
+
+fn key(caller: usize, n: u64) -> String {
+    format!("user-{}", (caller as u64 * 7_919 + n) % KEYS)
+}
+
+async fn tollgate(port: u16, callers: usize, seconds: u64) -> Result<Run> {
+    let rule = Rule::new("bench", Algorithm::Gcra, [Tier::per_second(1_000_000_000)])?;
+    let store = RedisStore::open(&format!("redis://127.0.0.1:{port}"))?;
+    let limiter = Arc::new(
+        RedisLimiter::builder(rule, store)
+            .timeout(Duration::from_secs(5))
+            .build()?,
+    );
+    drive("tollgate (GCRA)", port, callers, seconds, move |caller, n| {
+        let limiter = limiter.clone();
+        async move {
+            let decision = limiter.check(key(caller, n), 1).await.unwrap();
+            assert!(decision.allowed() && decision.source() == tollgate::Source::Redis);
+        }
+    })
+    .await
+}
+
+async fn limitador(port: u16, callers: usize, seconds: u64) -> Result<Run> {
+    let storage = AsyncRedisStorage::new(&format!("redis://127.0.0.1:{port}")).await?;
+    let limiter = AsyncRateLimiter::new_with_storage(Box::new(storage));
+    let variable = Expression::parse("user").map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    limiter.add_limit(Limit::new("bench", 1_000_000_000, 60, [], [variable]));
+    let limiter = Arc::new(limiter);
+    let namespace: limitador::limit::Namespace = "bench".into();
+    drive("limitador (Redis storage)", port, callers, seconds, move |caller, n| {
+        let (limiter, namespace) = (limiter.clone(), namespace.clone());
+        async move {
+            let values = HashMap::from([("user".to_string(), key(caller, n))]);
+            let ctx = Ctx::from(values);
+            let result = limiter
+                .check_rate_limited_and_update(&namespace, &ctx, 1)
+                .await
+                .unwrap();
+            assert!(!result.limited);
+        }
+    })
+    .await
+}
+
+/// redis-benchmark running a trivial script: what Redis itself allows.
+fn ceiling(port: u16, callers: usize, seconds: u64) -> Result<Run> {
+    let sha = cli(port, &["script", "load", "return 1"])?;
+    let requests = (if callers == 1 { 40_000 } else { 120_000 }) * seconds;
+    cli(port, &["config", "resetstat"])?;
+    let out = Command::new("redis-benchmark")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(["-c", &callers.to_string(), "-n", &requests.to_string(), "--csv"])
+        .args(["evalsha", &sha, "0"])
+        .output()
+        .context("redis-benchmark must be installed (redis-tools)")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let row = text.lines().last().context("no redis-benchmark output")?;
+    let fields: Vec<f64> = row
+        .split(',')
+        .skip(1)
+        .map(|f| f.trim_matches('"').parse().unwrap_or(0.0))
+        .collect();
+    let stats = info(port)?;
+    let decisions = requests as f64;
+    Ok(Run {
+        system: "ceiling: redis-benchmark EVALSHA `return 1`".into(),
+        decisions_per_second: fields[0],
+        p50_us: fields[3] * 1_000.0,
+        p99_us: fields[5] * 1_000.0,
+        scripts: stats.get("evalsha").unwrap_or(&0.0) / decisions,
+        commands: stats.get("total_commands_processed").unwrap_or(&0.0) / decisions,
+    })
+}
+
+fn argument(name: &str, default: &str) -> String {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+        .unwrap_or_else(|| default.to_string())
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<()> {
+    let seconds: u64 = argument("--seconds", "5").parse()?;
+    let callers: Vec<usize> = argument("--callers", "1,16,256")
+        .split(',')
+        .map(str::parse)
+        .collect::<Result<_, _>>()?;
+    let server = start_redis()?;
+    println!("| callers | system | decisions/s | p50 | p99 | scripts/decision | commands/decision | throughput vs limitador | vs ceiling |");
+    println!("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for &n in &callers {
+        let roof = ceiling(server.port, n, seconds)?;
+        let ours = tollgate(server.port, n, seconds).await?;
+        let peer = limitador(server.port, n, seconds).await?;
+        for run in [&ours, &peer, &roof] {
+            println!(
+                "| {n} | {} | {:.0} | {:.0} µs | {:.0} µs | {:.2} | {:.2} | {:.2}x | {:.0}% |",
+                run.system,
+                run.decisions_per_second,
+                run.p50_us,
+                run.p99_us,
+                run.scripts,
+                run.commands,
+                run.decisions_per_second / peer.decisions_per_second,
+                100.0 * run.decisions_per_second / roof.decisions_per_second,
+            );
+        }
+    }
+    Ok(())
+}
