@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use support::RedisServer;
 use tollgate::{
-    Algorithm, LeakyBucket, ManualClock, RedisLimiter, RedisStore, Rule, StoreTime, SubWindows,
-    Tier, TokenBucket, WarmUp,
+    Algorithm, LeakyBucket, ManualClock, RedisLimiter, RedisStore, Rule, Source, StoreTime,
+    SubWindows, Tier, TokenBucket, WarmUp,
 };
 
 const SECOND: u64 = 1_000;
@@ -127,4 +127,40 @@ async fn after_any_traffic_every_key_has_a_ttl() {
         let ttl: i64 = server.cli(&["pttl", key]).parse().unwrap();
         assert_ne!(ttl, -1, "{key} has no TTL");
     }
+}
+
+#[tokio::test]
+async fn scripts_flushed_from_the_server_are_reloaded() {
+    let server = RedisServer::start();
+    let limiter = limiter(&server, Algorithm::Gcra, Tier::per_second(100));
+    assert_eq!(limiter.check("k", 1).await.unwrap().source(), Source::Redis);
+    assert_eq!(server.cli(&["script", "flush"]), "OK");
+    let decision = limiter.check("k", 1).await.unwrap();
+    assert_eq!(
+        (decision.source(), decision.remaining()),
+        (Source::Redis, 98)
+    );
+}
+
+#[tokio::test]
+async fn instances_whose_clocks_disagree_agree_on_the_server_time() {
+    let server = RedisServer::start();
+    let rule = Rule::new("skew", Algorithm::FixedWindow, [Tier::per_hour(10)]).unwrap();
+    let instance = |clock: ManualClock| {
+        RedisLimiter::builder(rule.clone(), RedisStore::open(&server.url()).unwrap())
+            .clock(clock)
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap()
+    };
+    // One instance's clock is a day ahead of the other's: with the server's time they count
+    // in the same window.
+    let behind = instance(ManualClock::new());
+    let ahead = ManualClock::new();
+    ahead.advance(Duration::from_secs(86_400));
+    let ahead = instance(ahead);
+    for _ in 0..4 {
+        assert!(behind.check("tenant", 1).await.unwrap().allowed());
+    }
+    assert_eq!(ahead.check("tenant", 0).await.unwrap().remaining(), 6);
 }
