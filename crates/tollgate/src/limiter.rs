@@ -52,7 +52,7 @@ impl<C: Clock> Limiter<C> {
     #[inline]
     pub fn check(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, Error> {
         let key = key.as_ref();
-        self.validate(key, cost)?;
+        validate(&self.rule, key, cost)?;
         Ok(self.attempt(key, cost, None))
     }
 
@@ -71,7 +71,7 @@ impl<C: Clock> Limiter<C> {
         timeout: Duration,
     ) -> Result<Decision, Error> {
         let key = key.as_ref();
-        self.validate(key, cost)?;
+        validate(&self.rule, key, cost)?;
         let attempt = |patience| std::future::ready(self.attempt(key, cost, Some(patience)));
         wait_until_admitted(&self.clock, timeout, attempt).await
     }
@@ -94,10 +94,6 @@ impl<C: Clock> Limiter<C> {
     /// Keys forgotten while their state still mattered, because the store was full.
     pub fn evictions(&self) -> u64 {
         self.store.evictions()
-    }
-
-    fn validate(&self, key: &[u8], cost: u64) -> Result<(), Error> {
-        validate(&self.rule, key, cost)
     }
 
     /// Decides one check now; `max_delay` as in [`Attempt`].

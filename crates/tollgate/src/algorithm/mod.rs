@@ -99,10 +99,6 @@ impl Algorithm {
     pub fn name(&self) -> &'static str {
         self.imp().name()
     }
-
-    pub(crate) fn uses_burst(&self) -> bool {
-        self.imp().uses_burst()
-    }
 }
 
 impl Decide for Algorithm {
