@@ -30,7 +30,8 @@ pub enum FailurePolicy {
 pub enum StoreTime {
     /// The Redis server's `TIME`: instances whose clocks disagree still agree on windows.
     Server,
-    /// The limiter's own clock, sent with each check: for tests on a manual clock.
+    /// The limiter's own clock, sent with each check: for tests on a manual clock. Keys then
+    /// live a minute longer by the server's clock than the limiter's clock says they must.
     Local,
 }
 

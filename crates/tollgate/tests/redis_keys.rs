@@ -12,6 +12,8 @@ use tollgate::{
 };
 
 const SECOND: u64 = 1_000;
+/// On the caller's time, keys live a minute longer by the server's clock.
+const PADDING: u64 = 60 * SECOND;
 
 /// Each algorithm, a tier, and how long (ms) one permit taken 10 s into a minute leaves state.
 fn cases() -> Vec<(Algorithm, Tier, u64)> {
@@ -84,7 +86,7 @@ async fn keys_expire_when_their_state_is_as_good_as_new() {
         assert!(limiter.check("tenant", 1).await.unwrap().allowed());
         let mut bytes = Vec::new();
         for key in &keys {
-            let ttl: u64 = server.cli(&["pttl", key]).parse().expect("a TTL");
+            let ttl = server.cli(&["pttl", key]).parse::<u64>().expect("a TTL") - PADDING;
             // No longer than the state needs; real time passing only shortens it.
             assert!(
                 ttl <= lifetime_ms,
@@ -132,7 +134,8 @@ async fn after_any_traffic_every_key_has_a_ttl() {
 #[tokio::test]
 async fn scripts_flushed_from_the_server_are_reloaded() {
     let server = RedisServer::start();
-    let limiter = limiter(&server, Algorithm::Gcra, Tier::per_second(100));
+    // Per hour: the state lives for 36 s of real time, however slow the machine.
+    let limiter = limiter(&server, Algorithm::Gcra, Tier::per_hour(100));
     assert_eq!(limiter.check("k", 1).await.unwrap().source(), Source::Redis);
     assert_eq!(server.cli(&["script", "flush"]), "OK");
     let decision = limiter.check("k", 1).await.unwrap();
@@ -163,4 +166,8 @@ async fn instances_whose_clocks_disagree_agree_on_the_server_time() {
         assert!(behind.check("tenant", 1).await.unwrap().allowed());
     }
     assert_eq!(ahead.check("tenant", 0).await.unwrap().remaining(), 6);
+    // On the server's time a key lives exactly as long as its window: at most an hour.
+    let key = String::from_utf8(behind.redis_keys("tenant").remove(0)).unwrap();
+    let ttl: u64 = server.cli(&["pttl", &key]).parse().unwrap();
+    assert!(ttl > 0 && ttl <= 3_600_000, "{ttl}");
 }

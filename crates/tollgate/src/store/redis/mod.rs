@@ -48,6 +48,9 @@ impl fmt::Debug for RedisStore {
     }
 }
 
+/// Added to every TTL when scripts decide at the caller's time (see [`RedisStore::check`]).
+const CALLER_TIME_TTL_PADDING_MS: u64 = 60_000;
+
 /// How long establishing a connection may take before it counts as a failure.
 const CONNECTION_TIMEOUT: Duration = Duration::from_millis(500);
 
@@ -126,7 +129,8 @@ impl RedisStore {
     }
 
     /// Decides a check of `cost` for `key` in one round trip. `now` is the caller's time, or
-    /// `None` for the server's `TIME`.
+    /// `None` for the server's `TIME`. With the caller's time, keys live a minute longer than
+    /// its clock says (the server expires them by its own clock, which need not agree).
     pub(crate) async fn check(
         &self,
         plan: &Plan,
@@ -140,10 +144,16 @@ impl RedisStore {
             invocation.key(name);
         }
         let optional = |n: Option<u64>| n.map(|n| n.to_string()).unwrap_or_default();
+        let ttl_padding = if now.is_some() {
+            CALLER_TIME_TTL_PADDING_MS
+        } else {
+            0
+        };
         invocation
             .arg(optional(now))
             .arg(cost)
             .arg(optional(max_delay))
+            .arg(ttl_padding)
             .arg(&plan.tier_args[..]);
         let reply: Vec<u64> = match &self.connection {
             Connection::Single(c) => invoke(&invocation, &mut c.clone()).await?,
@@ -176,7 +186,8 @@ pub(crate) struct Plan {
     prefix: Vec<u8>,
     tiers: usize,
     key_per_tier: bool,
-    /// ARGV after now, cost and max_delay: the tier count, then eleven values per tier.
+    /// ARGV after now, cost, max_delay and the TTL padding: the tier count, then eleven values
+    /// per tier.
     tier_args: Vec<String>,
 }
 

@@ -26,7 +26,7 @@ if allowed and attempt.cost > 0 then
       end
     end
     redis.call('ZREMRANGEBYSCORE', key, '-inf', stamp(now - t.period))
-    redis.call('PEXPIRE', key, ceil_div(at + t.period - now, 1000))
+    redis.call('PEXPIRE', key, ceil_div(at + t.period - now, 1000) + ttl_padding)
   end
 end
 

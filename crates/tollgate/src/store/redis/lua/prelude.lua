@@ -4,7 +4,10 @@
 -- ARGV[1]  now, in microseconds since the Unix epoch; empty to read the server's TIME
 -- ARGV[2]  cost (permits); 0 looks without consuming
 -- ARGV[3]  the longest delay the caller accepts from a shaper (µs); empty for none
--- ARGV[4]  the number of tiers, then for each tier eleven values: limit, period (µs), burst,
+-- ARGV[4]  milliseconds added to every TTL: 0 when now is the server's time; more when it
+--          is the caller's, whose clock says when state expires while Redis expires keys by
+--          its own
+-- ARGV[5]  the number of tiers, then for each tier eleven values: limit, period (µs), burst,
 --          per_permit, per_micro, state words, and five algorithm parameters
 -- Returns six integers per tier, in order: allowed (1/0), limit, remaining, reset_after (µs),
 -- retry_after (µs), delay (µs). The caller combines them.
@@ -54,10 +57,11 @@ if not now then
 end
 now = max(now, 1)
 local attempt = {now = now, cost = tonumber(ARGV[2]), max_delay = tonumber(ARGV[3]), commit = true}
+local ttl_padding = tonumber(ARGV[4])
 local tiers = {}
 local offset = 0
-for i = 1, tonumber(ARGV[4]) do
-  local a = 4 + (i - 1) * 11
+for i = 1, tonumber(ARGV[5]) do
+  local a = 5 + (i - 1) * 11
   local t = {
     limit = tonumber(ARGV[a + 1]), period = tonumber(ARGV[a + 2]), burst = tonumber(ARGV[a + 3]),
     per_permit = tonumber(ARGV[a + 4]), per_micro = tonumber(ARGV[a + 5]),

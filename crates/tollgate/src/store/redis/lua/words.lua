@@ -48,7 +48,7 @@ if #changed > 0 then
   local ttl = ceil_div(expires - now, 1000)
   if ttl > 0 then
     redis.call('HSET', key, unpack(changed))
-    redis.call('PEXPIRE', key, ttl)
+    redis.call('PEXPIRE', key, ttl + ttl_padding)
   else
     redis.call('DEL', key)
   end
