@@ -7,7 +7,8 @@
 //! those a script runs). The client runs on one thread, like redis-benchmark, so Redis keeps
 //! the other core of a two-core machine.
 //!
-//! Run: `benches/redis/run` (or `cargo run --release -- --seconds 5 --callers 1,16,256`).
+//! Run: `benches/redis/run` (or `cargo run --release -- --seconds 5 --callers 1,16,256`);
+//! `--systems tollgate` measures one system alone, e.g. under a profiler.
 
 use std::collections::HashMap;
 use std::net::TcpListener;
@@ -98,7 +99,13 @@ fn info(port: u16) -> Result<HashMap<String, f64>> {
 }
 
 /// Runs `callers` concurrent loops of `decide` for `seconds`; counts and times decisions.
-async fn drive<F, Fut>(system: &str, port: u16, callers: usize, seconds: u64, decide: F) -> Result<Run>
+async fn drive<F, Fut>(
+    system: &str,
+    port: u16,
+    callers: usize,
+    seconds: u64,
+    decide: F,
+) -> Result<Run>
 where
     F: Fn(usize, u64) -> Fut + Clone + 'static,
     Fut: std::future::Future<Output = ()> + 'static,
@@ -120,7 +127,9 @@ where
             while Instant::now() < deadline {
                 let started = Instant::now();
                 decide(caller, n).await;
-                histogram.record(started.elapsed().as_micros() as u64).unwrap();
+                histogram
+                    .record(started.elapsed().as_micros() as u64)
+                    .unwrap();
                 n += 1;
             }
             histogram
@@ -168,13 +177,19 @@ async fn tollgate(port: u16, callers: usize, seconds: u64) -> Result<Run> {
             .timeout(Duration::from_secs(5))
             .build()?,
     );
-    drive("tollgate (GCRA)", port, callers, seconds, move |caller, n| {
-        let limiter = limiter.clone();
-        async move {
-            let decision = limiter.check(key(caller, n), 1).await.unwrap();
-            assert!(decision.allowed() && decision.source() == tollgate::Source::Redis);
-        }
-    })
+    drive(
+        "tollgate (GCRA)",
+        port,
+        callers,
+        seconds,
+        move |caller, n| {
+            let limiter = limiter.clone();
+            async move {
+                let decision = limiter.check(key(caller, n), 1).await.unwrap();
+                assert!(decision.allowed() && decision.source() == tollgate::Source::Redis);
+            }
+        },
+    )
     .await
 }
 
@@ -185,18 +200,24 @@ async fn limitador(port: u16, callers: usize, seconds: u64) -> Result<Run> {
     limiter.add_limit(Limit::new("bench", 1_000_000_000, 60, [], [variable]));
     let limiter = Arc::new(limiter);
     let namespace: limitador::limit::Namespace = "bench".into();
-    drive("limitador (Redis storage)", port, callers, seconds, move |caller, n| {
-        let (limiter, namespace) = (limiter.clone(), namespace.clone());
-        async move {
-            let values = HashMap::from([("user".to_string(), key(caller, n))]);
-            let ctx = Ctx::from(values);
-            let result = limiter
-                .check_rate_limited_and_update(&namespace, &ctx, 1)
-                .await
-                .unwrap();
-            assert!(!result.limited);
-        }
-    })
+    drive(
+        "limitador (Redis storage)",
+        port,
+        callers,
+        seconds,
+        move |caller, n| {
+            let (limiter, namespace) = (limiter.clone(), namespace.clone());
+            async move {
+                let values = HashMap::from([("user".to_string(), key(caller, n))]);
+                let ctx = Ctx::from(values);
+                let result = limiter
+                    .check_rate_limited_and_update(&namespace, &ctx, 1)
+                    .await
+                    .unwrap();
+                assert!(!result.limited);
+            }
+        },
+    )
     .await
 }
 
@@ -207,7 +228,13 @@ fn ceiling(port: u16, callers: usize, seconds: u64) -> Result<Run> {
     cli(port, &["config", "resetstat"])?;
     let out = Command::new("redis-benchmark")
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(["-c", &callers.to_string(), "-n", &requests.to_string(), "--csv"])
+        .args([
+            "-c",
+            &callers.to_string(),
+            "-n",
+            &requests.to_string(),
+            "--csv",
+        ])
         .args(["evalsha", &sha, "0"])
         .output()
         .context("redis-benchmark must be installed (redis-tools)")?;
@@ -245,14 +272,29 @@ async fn main() -> Result<()> {
         .split(',')
         .map(str::parse)
         .collect::<Result<_, _>>()?;
+    let systems = argument("--systems", "tollgate,limitador,ceiling");
     let server = start_redis()?;
-    println!("| callers | system | decisions/s | p50 | p99 | scripts/decision | commands/decision | throughput vs limitador | vs ceiling |");
+    println!(
+        "| callers | system | decisions/s | p50 | p99 | scripts/decision | commands/decision | throughput vs limitador | vs ceiling |"
+    );
     println!("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for &n in &callers {
-        let roof = ceiling(server.port, n, seconds)?;
-        let ours = tollgate(server.port, n, seconds).await?;
-        let peer = limitador(server.port, n, seconds).await?;
-        for run in [&ours, &peer, &roof] {
+        let mut runs = Vec::new();
+        if systems.contains("tollgate") {
+            runs.push(tollgate(server.port, n, seconds).await?);
+        }
+        if systems.contains("limitador") {
+            runs.push(limitador(server.port, n, seconds).await?);
+        }
+        if systems.contains("ceiling") {
+            runs.push(ceiling(server.port, n, seconds)?);
+        }
+        let rate_of = |name: &str| {
+            let found = runs.iter().find(|r| r.system.starts_with(name));
+            found.map_or(f64::NAN, |r| r.decisions_per_second)
+        };
+        let (peer, roof) = (rate_of("limitador"), rate_of("ceiling"));
+        for run in &runs {
             println!(
                 "| {n} | {} | {:.0} | {:.0} µs | {:.0} µs | {:.2} | {:.2} | {:.2}x | {:.0}% |",
                 run.system,
@@ -261,8 +303,8 @@ async fn main() -> Result<()> {
                 run.p99_us,
                 run.scripts,
                 run.commands,
-                run.decisions_per_second / peer.decisions_per_second,
-                100.0 * run.decisions_per_second / roof.decisions_per_second,
+                run.decisions_per_second / peer,
+                100.0 * run.decisions_per_second / roof,
             );
         }
     }

@@ -143,18 +143,18 @@ impl RedisStore {
         for name in plan.keys(key) {
             invocation.key(name);
         }
-        let optional = |n: Option<u64>| n.map(|n| n.to_string()).unwrap_or_default();
         let ttl_padding = if now.is_some() {
             CALLER_TIME_TTL_PADDING_MS
         } else {
             0
         };
-        invocation
-            .arg(optional(now))
-            .arg(cost)
-            .arg(optional(max_delay))
-            .arg(ttl_padding)
-            .arg(&plan.tier_args[..]);
+        let header = packed([
+            now.map_or(-1.0, |t| t as f64),
+            cost as f64,
+            max_delay.map_or(-1.0, |d| d as f64),
+            ttl_padding as f64,
+        ]);
+        invocation.arg(&header[..]).arg(&plan.tier_args[..]);
         let reply: Vec<u64> = match &self.connection {
             Connection::Single(c) => invoke(&invocation, &mut c.clone()).await?,
             Connection::Cluster(c) => invoke(&invocation, &mut c.clone()).await?,
@@ -186,31 +186,29 @@ pub(crate) struct Plan {
     prefix: Vec<u8>,
     tiers: usize,
     key_per_tier: bool,
-    /// ARGV after now, cost, max_delay and the TTL padding: the tier count, then eleven values
-    /// per tier.
-    tier_args: Vec<String>,
+    /// ARGV[2]: eleven little-endian doubles per tier.
+    tier_args: Vec<u8>,
 }
 
 impl Plan {
     pub(crate) fn new(rule: &Rule) -> Self {
         let algorithm = rule.algorithm();
         let (script, key_per_tier) = script::script(algorithm);
-        let mut tier_args = vec![rule.tiers().len().to_string()];
+        let mut tier_args = Vec::with_capacity(88 * rule.tiers().len());
         for (i, tier) in rule.tiers().iter().enumerate() {
             let rate = tier.rate();
             let words = rule.tier_words(i).len() as u64;
-            for n in [
+            // Every integer is below 2^53, so the doubles carry it exactly.
+            let integers = [
                 tier.limit(),
                 tier.period_micros(),
                 tier.burst(),
                 rate.per_permit,
                 rate.per_micro,
                 words,
-            ] {
-                tier_args.push(n.to_string());
-            }
-            // Rust's shortest round-trip form: Lua's tonumber reads back the same double.
-            tier_args.extend(algorithm.script_parameters(tier).iter().map(f64::to_string));
+            ];
+            tier_args.extend(packed(integers.map(|n| n as f64)));
+            tier_args.extend(packed(algorithm.script_parameters(tier)));
         }
         Self {
             script,
@@ -240,6 +238,11 @@ impl Plan {
             })
             .collect()
     }
+}
+
+/// Doubles as the scripts unpack them: little-endian, eight bytes each.
+fn packed<const N: usize>(values: [f64; N]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
 /// A store error, saying whether retrying may help.
@@ -341,8 +344,10 @@ mod tests {
         )
         .unwrap();
         let plan = Plan::new(&rule);
-        assert_eq!(plan.tier_args.len(), 1 + 11);
-        let stable: f64 = plan.tier_args[7].parse().unwrap();
-        assert_eq!(stable, 1_000_000.0 / 3.0);
+        assert_eq!(plan.tier_args.len(), 11 * 8);
+        let double =
+            |i: usize| f64::from_le_bytes(plan.tier_args[8 * i..8 * i + 8].try_into().unwrap());
+        assert_eq!(double(0), 3.0);
+        assert_eq!(double(6), 1_000_000.0 / 3.0);
     }
 }

@@ -30,8 +30,9 @@ if allowed and attempt.cost > 0 then
   end
 end
 
+if #verdicts == 1 then return verdicts[1] end
 local reply = {}
-for _, v in ipairs(verdicts) do
-  for j = 1, 6 do reply[#reply + 1] = v[j] end
+for _, verdict in ipairs(verdicts) do
+  for j = 1, 6 do reply[#reply + 1] = verdict[j] end
 end
 return reply

@@ -1,17 +1,21 @@
--- Driver for algorithms whose state is a few words per tier, kept as the fields 1..n of one
--- hash (KEYS[1]); a missing field is 0, and all zeros is a key never seen. Mirrors
--- Rule::evaluate: one tier decides and writes at once; several are all asked without writing
--- first, and write only if all admit. Only changed fields are written, and the key expires
--- when its state becomes equivalent to a key never seen.
+-- Driver for algorithms whose state is a few words per tier, kept in one string key (KEYS[1])
+-- as little-endian doubles, exact for every value kept; a missing key is all zeros, a key never
+-- seen. Mirrors Rule::evaluate: one tier decides and writes at once; several are all asked
+-- without writing first, and write only if all admit. The key is written only when its state
+-- changed, with one SET that also sets when it expires: when its state becomes equivalent to
+-- a key never seen.
 
 local key = KEYS[1]
-local w, old, fields = {}, {}, {}
-for i = 1, offset do fields[i] = i end
-local raw = redis.call('HMGET', key, unpack(fields))
-for i = 1, offset do
-  local v = tonumber(raw[i]) or 0
-  w[i], old[i] = v, v
+local format = '<' .. string.rep('d', offset)
+local w, old = {}, {}
+local stored = redis.call('GET', key)
+if stored then
+  w = {struct.unpack(format, stored)}
+  w[offset + 1] = nil
+else
+  for i = 1, offset do w[i] = 0 end
 end
+for i = 1, offset do old[i] = w[i] end
 
 local verdicts = {}
 local function run(commit)
@@ -35,27 +39,22 @@ if not allowed and wants_write then
   for _, t in ipairs(tiers) do first_seen(t, w, now) end
 end
 
-local changed = {}
-for i = 1, offset do
-  if w[i] ~= old[i] then
-    changed[#changed + 1] = i
-    changed[#changed + 1] = w[i]
-  end
-end
-if #changed > 0 then
+local changed = false
+for i = 1, offset do changed = changed or w[i] ~= old[i] end
+if changed then
   local expires = 0
   for _, t in ipairs(tiers) do expires = max(expires, expires_at(t, w)) end
   local ttl = ceil_div(expires - now, 1000)
   if ttl > 0 then
-    redis.call('HSET', key, unpack(changed))
-    redis.call('PEXPIRE', key, ttl + ttl_padding)
+    redis.call('SET', key, struct.pack(format, unpack(w)), 'PX', ttl + ttl_padding)
   else
     redis.call('DEL', key)
   end
 end
 
+if #verdicts == 1 then return verdicts[1] end
 local reply = {}
-for _, v in ipairs(verdicts) do
-  for j = 1, 6 do reply[#reply + 1] = v[j] end
+for _, verdict in ipairs(verdicts) do
+  for j = 1, 6 do reply[#reply + 1] = verdict[j] end
 end
 return reply
