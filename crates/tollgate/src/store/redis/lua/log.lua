@@ -30,9 +30,4 @@ if allowed and attempt.cost > 0 then
   end
 end
 
-if #verdicts == 1 then return verdicts[1] end
-local reply = {}
-for _, verdict in ipairs(verdicts) do
-  for j = 1, 6 do reply[#reply + 1] = verdict[j] end
-end
-return reply
+return reply(verdicts)

@@ -30,6 +30,16 @@ local function deny(limit, remaining, reset_after, retry_after)
   return {0, limit, remaining, reset_after, max(retry_after, 1), 0}
 end
 
+-- The script's reply: every tier's verdict, in order.
+local function reply(verdicts)
+  if #verdicts == 1 then return verdicts[1] end
+  local flat = {}
+  for _, verdict in ipairs(verdicts) do
+    for j = 1, 6 do flat[#flat + 1] = verdict[j] end
+  end
+  return flat
+end
+
 local function writes(attempt)
   return attempt.commit and attempt.cost > 0
 end
