@@ -5,7 +5,6 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
@@ -70,10 +69,6 @@ impl RedisServer {
         };
         server.spawn();
         server
-    }
-
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
     }
 
     fn spawn(&mut self) {

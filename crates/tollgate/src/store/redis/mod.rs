@@ -13,6 +13,7 @@
 mod script;
 
 use std::fmt;
+use std::io::Write as _;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -221,10 +222,10 @@ impl Plan {
 
     /// The Redis keys holding `key`'s state, all with the same hash tag.
     pub(crate) fn keys(&self, key: &[u8]) -> Vec<Vec<u8>> {
-        let mut base = Vec::with_capacity(self.prefix.len() + key.len() + 16);
+        let mut base = Vec::with_capacity(self.prefix.len() + key.len() + 32);
         base.extend_from_slice(&self.prefix);
-        base.extend_from_slice(key.len().to_string().as_bytes());
-        base.extend_from_slice(b":{k");
+        // Writing to a Vec cannot fail.
+        let _ = write!(base, "{}:{{k", key.len());
         base.extend_from_slice(key);
         base.push(b'}');
         if !self.key_per_tier {
@@ -233,7 +234,7 @@ impl Plan {
         (0..self.tiers)
             .map(|i| {
                 let mut name = base.clone();
-                name.extend_from_slice(format!(":{i}").as_bytes());
+                let _ = write!(name, ":{i}");
                 name
             })
             .collect()
