@@ -96,8 +96,31 @@ fn seen(result: &Result<Decision, Error>) -> String {
 }
 
 #[tokio::test]
-async fn memory_and_redis_decide_identically_on_every_timeline() {
+async fn memory_and_redis_functions_decide_identically_on_every_timeline() {
     let server = RedisServer::start();
+    differential(&server).await;
+    let stats = server.cli(&["info", "commandstats"]);
+    assert!(stats.contains("cmdstat_fcall:"), "{stats}");
+    assert!(!stats.contains("cmdstat_evalsha:"), "{stats}");
+}
+
+/// The same on a server without functions (as before Redis 7): the same code as scripts.
+#[tokio::test]
+async fn memory_and_redis_scripts_decide_identically_on_every_timeline() {
+    let server = RedisServer::start_with(&[
+        "--rename-command",
+        "FUNCTION",
+        "",
+        "--rename-command",
+        "FCALL",
+        "",
+    ]);
+    differential(&server).await;
+    let stats = server.cli(&["info", "commandstats"]);
+    assert!(stats.contains("cmdstat_evalsha:"), "{stats}");
+}
+
+async fn differential(server: &RedisServer) {
     let store = RedisStore::open(&server.url()).unwrap();
     let mut random = Random(0x9e37_79b9_7f4a_7c15);
     let mut checks = 0;

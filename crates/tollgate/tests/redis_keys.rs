@@ -132,9 +132,23 @@ async fn after_any_traffic_every_key_has_a_ttl() {
 }
 
 #[tokio::test]
-async fn scripts_flushed_from_the_server_are_reloaded() {
+async fn functions_flushed_from_the_server_are_reloaded() {
     let server = RedisServer::start();
     // Per hour: the state lives for 36 s of real time, however slow the machine.
+    let limiter = limiter(&server, Algorithm::Gcra, Tier::per_hour(100));
+    assert_eq!(limiter.check("k", 1).await.unwrap().source(), Source::Redis);
+    assert_eq!(server.cli(&["function", "flush"]), "OK");
+    let decision = limiter.check("k", 1).await.unwrap();
+    assert_eq!(
+        (decision.source(), decision.remaining()),
+        (Source::Redis, 98)
+    );
+    assert!(server.cli(&["function", "list"]).contains("tollgate_"));
+}
+
+#[tokio::test]
+async fn scripts_flushed_from_a_server_without_functions_are_reloaded() {
+    let server = RedisServer::start_with(&["--rename-command", "FCALL", ""]);
     let limiter = limiter(&server, Algorithm::Gcra, Tier::per_hour(100));
     assert_eq!(limiter.check("k", 1).await.unwrap().source(), Source::Redis);
     assert_eq!(server.cli(&["script", "flush"]), "OK");

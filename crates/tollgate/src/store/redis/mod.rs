@@ -14,13 +14,16 @@ mod script;
 
 use std::fmt;
 use std::io::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::RedisError;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::{RedisError, Script};
 
+use self::script::Entry;
 use crate::algorithm::Decide;
 use crate::decision::{Decision, Source, Verdict};
 use crate::error::Error;
@@ -31,6 +34,8 @@ use crate::rule::Rule;
 #[derive(Clone)]
 pub struct RedisStore {
     connection: Connection,
+    /// Set once the server turned out to have no functions: checks run as scripts.
+    scripts_only: Arc<AtomicBool>,
 }
 
 #[derive(Clone)]
@@ -83,6 +88,13 @@ impl RedisStore {
         Self::single(redis::Client::build_with_tls(url, certificates).map_err(store_error)?)
     }
 
+    fn new(connection: Connection) -> Self {
+        Self {
+            connection,
+            scripts_only: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
     fn single(client: redis::Client) -> Result<Self, Error> {
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(CONNECTION_TIMEOUT))
@@ -92,9 +104,7 @@ impl RedisStore {
             .set_number_of_retries(2);
         let manager =
             ConnectionManager::new_lazy_with_config(client, config).map_err(store_error)?;
-        Ok(Self {
-            connection: Connection::Single(manager),
-        })
+        Ok(Self::new(Connection::Single(manager)))
     }
 
     /// Connects to a Redis Cluster through any of its `nodes` (`redis://host:port` URLs);
@@ -111,9 +121,7 @@ impl RedisStore {
             .build()
             .map_err(store_error)?;
         let connection = client.get_async_connection().await.map_err(store_error)?;
-        Ok(Self {
-            connection: Connection::Cluster(connection),
-        })
+        Ok(Self::new(Connection::Cluster(connection)))
     }
 
     /// Checks that the store answers.
@@ -132,6 +140,10 @@ impl RedisStore {
     /// Decides a check of `cost` for `key` in one round trip. `now` is the caller's time, or
     /// `None` for the server's `TIME`. With the caller's time, keys live a minute longer than
     /// its clock says (the server expires them by its own clock, which need not agree).
+    ///
+    /// Calls the algorithm's function; a server that lacks the library gets it loaded and the
+    /// call repeated, and one without functions (before Redis 7) gets the same code as a
+    /// script, from then on.
     pub(crate) async fn check(
         &self,
         plan: &Plan,
@@ -140,10 +152,6 @@ impl RedisStore {
         cost: u64,
         max_delay: Option<u64>,
     ) -> Result<Decision, RedisError> {
-        let mut invocation = plan.script.prepare_invoke();
-        for name in plan.keys(key) {
-            invocation.key(name);
-        }
         let ttl_padding = if now.is_some() {
             CALLER_TIME_TTL_PADDING_MS
         } else {
@@ -155,38 +163,129 @@ impl RedisStore {
             max_delay.map_or(-1.0, |d| d as f64),
             ttl_padding as f64,
         ]);
-        invocation.arg(&header[..]).arg(&plan.tier_args[..]);
-        let reply: Vec<u64> = match &self.connection {
-            Connection::Single(c) => invoke(&invocation, &mut c.clone()).await?,
-            Connection::Cluster(c) => invoke(&invocation, &mut c.clone()).await?,
+        let keys = plan.keys(key);
+        let reply = if self.scripts_only.load(Ordering::Relaxed) {
+            self.script(plan, &keys, &header).await?
+        } else {
+            let mut call = redis::cmd("FCALL");
+            call.arg(&plan.entry.function).arg(keys.len()).arg(&keys);
+            call.arg(&header[..]).arg(&plan.tier_args[..]);
+            match self.query(&call).await {
+                Err(err) if function_not_found(&err) => {
+                    self.load_library(plan, &keys, &header, &call).await?
+                }
+                Err(err) if functions_refused(&err) => {
+                    self.to_scripts(err, plan, &keys, &header).await?
+                }
+                reply => reply?,
+            }
         };
-        if reply.len() != 6 * plan.tiers {
+        if reply.len() != 6 * 8 * plan.tiers {
             return Err(RedisError::from((
                 redis::ErrorKind::Parse,
-                "script reply of unexpected length",
+                "reply of unexpected length",
             )));
         }
-        let verdict = |i: usize| Verdict::from_reply(reply[6 * i..6 * i + 6].try_into().unwrap());
+        let verdict = |i: usize| {
+            let field = |j: usize| {
+                let at = 8 * (6 * i + j);
+                f64::from_le_bytes(reply[at..at + 8].try_into().unwrap()) as u64
+            };
+            Verdict::from_reply([0, 1, 2, 3, 4, 5].map(field))
+        };
         Ok(Decision::merge(plan.tiers, verdict).with_source(Source::Redis))
+    }
+
+    /// Loads the library and repeats `call`; or, when the server cannot load it, decides by
+    /// script.
+    async fn load_library(
+        &self,
+        plan: &Plan,
+        keys: &[Vec<u8>],
+        header: &[u8],
+        call: &redis::Cmd,
+    ) -> Result<Vec<u8>, RedisError> {
+        let mut load = redis::cmd("FUNCTION");
+        load.arg("LOAD").arg("REPLACE").arg(&script::LIBRARY.code);
+        match self.query::<()>(&load).await {
+            Ok(()) => self.query(call).await,
+            // ERR: no FUNCTION command, or a server that cannot run the library; NOPERM: a
+            // user allowed scripts but not functions. Busy, loading or failing servers pass.
+            Err(err) if matches!(err.code(), Some("ERR" | "NOPERM")) => {
+                self.to_scripts(err, plan, keys, header).await
+            }
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Switches to scripts for good, because of `err`, and decides by script.
+    async fn to_scripts(
+        &self,
+        err: RedisError,
+        plan: &Plan,
+        keys: &[Vec<u8>],
+        header: &[u8],
+    ) -> Result<Vec<u8>, RedisError> {
+        if !self.scripts_only.swap(true, Ordering::Relaxed) {
+            tracing::warn!(error = %err, "redis cannot run functions; checks run as scripts");
+        }
+        self.script(plan, keys, header).await
+    }
+
+    /// Decides by `EVALSHA` (loading the script on `NOSCRIPT`).
+    async fn script(
+        &self,
+        plan: &Plan,
+        keys: &[Vec<u8>],
+        header: &[u8],
+    ) -> Result<Vec<u8>, RedisError> {
+        let mut invocation = plan.entry.script.prepare_invoke();
+        for name in keys {
+            invocation.key(name);
+        }
+        invocation.arg(header).arg(&plan.tier_args[..]);
+        match &self.connection {
+            Connection::Single(c) => invocation.invoke_async(&mut c.clone()).await,
+            Connection::Cluster(c) => invocation.invoke_async(&mut c.clone()).await,
+        }
+    }
+
+    async fn query<T: redis::FromRedisValue>(&self, command: &redis::Cmd) -> Result<T, RedisError> {
+        match &self.connection {
+            Connection::Single(c) => command.query_async(&mut c.clone()).await,
+            Connection::Cluster(c) => command.query_async(&mut c.clone()).await,
+        }
     }
 }
 
-async fn invoke(
-    invocation: &redis::ScriptInvocation<'_>,
-    connection: &mut impl ConnectionLike,
-) -> Result<Vec<u64>, RedisError> {
-    invocation.invoke_async(connection).await
+/// Whether `err` says the called function is not on the server (a new or restarted one).
+fn function_not_found(err: &RedisError) -> bool {
+    err.code() == Some("ERR")
+        && err
+            .detail()
+            .is_some_and(|d| d.to_ascii_lowercase().contains("function not found"))
+}
+
+/// Whether `err` says functions cannot be called here: no `FCALL` (before Redis 7, or
+/// renamed away), or a user not allowed it.
+fn functions_refused(err: &RedisError) -> bool {
+    match err.code() {
+        Some("NOPERM") => true,
+        Some("ERR") => err
+            .detail()
+            .is_some_and(|d| d.to_ascii_lowercase().contains("unknown command")),
+        _ => false,
+    }
 }
 
 /// Everything about a rule that its checks send: the script, key names and tier arguments,
 /// prepared once.
 #[derive(Debug, Clone)]
 pub(crate) struct Plan {
-    script: &'static Script,
+    entry: &'static Entry,
     /// `tg:<rule>:<fingerprint>:`
     prefix: Vec<u8>,
     tiers: usize,
-    key_per_tier: bool,
     /// ARGV[2]: eleven little-endian doubles per tier.
     tier_args: Vec<u8>,
 }
@@ -194,7 +293,7 @@ pub(crate) struct Plan {
 impl Plan {
     pub(crate) fn new(rule: &Rule) -> Self {
         let algorithm = rule.algorithm();
-        let (script, key_per_tier) = script::script(algorithm);
+        let entry = script::entry(algorithm);
         let mut tier_args = Vec::with_capacity(88 * rule.tiers().len());
         for (i, tier) in rule.tiers().iter().enumerate() {
             let rate = tier.rate();
@@ -212,10 +311,9 @@ impl Plan {
             tier_args.extend(packed(algorithm.script_parameters(tier)));
         }
         Self {
-            script,
+            entry,
             prefix: format!("tg:{}:{:08x}:", rule.name(), rule.fingerprint()).into_bytes(),
             tiers: rule.tiers().len(),
-            key_per_tier,
             tier_args,
         }
     }
@@ -228,7 +326,7 @@ impl Plan {
         let _ = write!(base, "{}:{{k", key.len());
         base.extend_from_slice(key);
         base.push(b'}');
-        if !self.key_per_tier {
+        if !self.entry.key_per_tier {
             return vec![base];
         }
         (0..self.tiers)

@@ -6,13 +6,14 @@ local function decide(t, w, a)
   local tat, fraction = w[o + 1], 0
   if t.words > 1 then fraction = w[o + 2] end
   if tat < now then tat, fraction = now, 0 end
-  local v = bucket(t, t.burst, (tat - now) * n + fraction, a.cost)
-  if v[1] == 1 and writes(a) then
+  local allowed, limit, remaining, reset_after, retry_after =
+    bucket(t, t.burst, (tat - now) * n + fraction, a.cost)
+  if allowed == 1 and writes(a) then
     local ticks = fraction + units(t, a.cost)
     w[o + 1] = tat + floor(ticks / n)
     if t.words > 1 then w[o + 2] = ticks % n end
   end
-  return v
+  return allowed, limit, remaining, reset_after, retry_after, 0
 end
 
 local function first_seen(t, w, at) end

@@ -4,19 +4,18 @@
 local function decide(t, w, a)
   local o, last = t.offset, w[t.offset + 2]
   local level = max(w[o + 1] - drained(t, max(a.now - last, 0)), 0)
-  local v = bucket(t, t.burst, level, a.cost)
-  if t.p1 == 1 and v[1] == 1 then
-    local delay = micros(t, level)
+  local allowed, limit, remaining, reset_after, retry_after = bucket(t, t.burst, level, a.cost)
+  local delay = 0
+  if t.p1 == 1 and allowed == 1 then
+    delay = micros(t, level)
     if a.max_delay and delay > a.max_delay then
-      v = deny(v[2], v[3], delay, delay - a.max_delay)
-    else
-      v[6] = delay
+      return deny(limit, remaining, delay, delay - a.max_delay)
     end
   end
-  if v[1] == 1 and writes(a) then
+  if allowed == 1 and writes(a) then
     w[o + 1], w[o + 2] = level + units(t, a.cost), max(a.now, last)
   end
-  return v
+  return allowed, limit, remaining, reset_after, retry_after, delay
 end
 
 local function first_seen(t, w, at) end

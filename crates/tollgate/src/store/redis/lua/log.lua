@@ -3,31 +3,41 @@
 -- A member is "time:n", n counting the members of that time, so members never collide. Older
 -- members than the window are dropped and the set expires when its newest permit leaves.
 
-local verdicts, newest = {}, {}
-local allowed = true
-for i, t in ipairs(tiers) do
-  verdicts[i], newest[i] = decide(t, KEYS[i], attempt)
-  allowed = allowed and verdicts[i][1] == 1
+-- A time as Redis reads it, every digit kept.
+local function stamp(x)
+  return string.format('%d', x)
 end
 
-if allowed and attempt.cost > 0 then
-  for i, t in ipairs(tiers) do
-    local key = KEYS[i]
-    local at = max(now, newest[i])
-    local at_stamp = stamp(at)
-    local seen = redis.call('ZCOUNT', key, at_stamp, at_stamp)
-    local batch = {}
-    for j = 1, attempt.cost do
-      batch[#batch + 1] = at
-      batch[#batch + 1] = at_stamp .. ':' .. stamp(seen + j)
-      if #batch >= 1000 or j == attempt.cost then
-        redis.call('ZADD', key, unpack(batch))
-        batch = {}
-      end
-    end
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', stamp(now - t.period))
-    redis.call('PEXPIRE', key, ceil_div(at + t.period - now, 1000) + ttl_padding)
+local function log(keys, args, decide)
+  local a, tiers = attempt_of(args[1]), tiers_of(args[2])
+  local now, cost = a.now, a.cost
+  local verdicts, newest = {}, {}
+  local allowed = true
+  for i = 1, #tiers do
+    local v = 6 * (i - 1)
+    newest[i], verdicts[v + 1], verdicts[v + 2], verdicts[v + 3], verdicts[v + 4],
+      verdicts[v + 5], verdicts[v + 6] = decide(tiers[i], keys[i], a)
+    allowed = allowed and verdicts[v + 1] == 1
   end
-end
 
-return reply(verdicts)
+  if allowed and cost > 0 then
+    for i = 1, #tiers do
+      local key = keys[i]
+      local at = max(now, newest[i])
+      local at_stamp = stamp(at)
+      local seen = call('ZCOUNT', key, at_stamp, at_stamp)
+      local batch = {}
+      for j = 1, cost do
+        batch[#batch + 1] = at
+        batch[#batch + 1] = at_stamp .. ':' .. stamp(seen + j)
+        if #batch >= 1000 or j == cost then
+          call('ZADD', key, unpack(batch))
+          batch = {}
+        end
+      end
+      call('ZREMRANGEBYSCORE', key, '-inf', stamp(now - tiers[i].period))
+      call('PEXPIRE', key, ceil_div(at + tiers[i].period - now, 1000) + a.ttl_padding)
+    end
+  end
+  return pack(tiers.reply_format, unpack(verdicts))
+end

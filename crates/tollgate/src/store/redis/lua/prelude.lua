@@ -1,43 +1,44 @@
--- tollgate: every script is this prelude, one algorithm, then a driver (words.lua or log.lua).
--- It is one atomic step: nothing can expire or change between reading a key and writing it.
+-- tollgate's Redis functions: this prelude, the two drivers (words.lua, log.lua), then each
+-- algorithm, registered as one function per algorithm in one library (script.rs assembles
+-- it; on servers without functions, one EVAL script per algorithm instead). A call is one
+-- atomic step: nothing can expire or change between reading a key and writing it.
 --
--- ARGV[1]  four little-endian doubles: now in microseconds since the Unix epoch (-1 to read
+-- args[1]  four little-endian doubles: now in microseconds since the Unix epoch (-1 to read
 --          the server's TIME); the cost in permits (0 looks without consuming); the longest
 --          delay the caller accepts from a shaper in µs (-1 for none); milliseconds added to
 --          every TTL (0 on the server's time; more on the caller's, whose clock says when
 --          state expires while Redis expires keys by its own)
--- ARGV[2]  eleven little-endian doubles per tier: limit, period (µs), burst, per_permit,
+-- args[2]  eleven little-endian doubles per tier: limit, period (µs), burst, per_permit,
 --          per_micro, state words, and five algorithm parameters
--- Returns six integers per tier, in order: allowed (1/0), limit, remaining, reset_after (µs),
--- retry_after (µs), delay (µs). The caller combines them.
+-- Returns one string of six little-endian doubles per tier, in order: allowed (1/0), limit,
+-- remaining, reset_after (µs), retry_after (µs), delay (µs). The caller combines them.
 --
 -- Lua numbers are doubles. Rules are validated so that every integer here stays below 2^53:
 -- the arithmetic is exact and follows src/algorithm operation for operation. Numbers given to
--- redis.call keep all their digits; tostring() does not, so it is never used on them. The
--- arguments come packed because unpacking two strings costs far less than converting sixteen.
+-- redis.call keep all their digits; tostring() does not, so it is never used on them.
+--
+-- Every check runs this, and Lua in Redis pays for each table, closure and call, so a check
+-- allocates little: a tier's verdict is six return values, arguments, state and reply travel
+-- as packed doubles, and a library keeps its parsed tiers (per args[2]) between calls.
 
-local floor, ceil, min, max = math.floor, math.ceil, math.min, math.max
+-- Redis 7.0 loads a library without the standard libraries, so they are bound at first call.
+local floor, ceil, min, max, pack, unpack_packed, unpack, rep, call
+local function bind()
+  floor, ceil, min, max = math.floor, math.ceil, math.min, math.max
+  pack, unpack_packed, unpack, rep, call = struct.pack, struct.unpack, _G.unpack, string.rep,
+    redis.call
+end
 
 local function ceil_div(a, b)
   return floor((a + b - 1) / b)
 end
 
 local function allow(limit, remaining, reset_after)
-  return {1, limit, remaining, reset_after, 0, 0}
+  return 1, limit, remaining, reset_after, 0, 0
 end
 
 local function deny(limit, remaining, reset_after, retry_after)
-  return {0, limit, remaining, reset_after, max(retry_after, 1), 0}
-end
-
--- The script's reply: every tier's verdict, in order.
-local function reply(verdicts)
-  if #verdicts == 1 then return verdicts[1] end
-  local flat = {}
-  for _, verdict in ipairs(verdicts) do
-    for j = 1, 6 do flat[#flat + 1] = verdict[j] end
-  end
-  return flat
+  return 0, limit, remaining, reset_after, max(retry_after, 1), 0
 end
 
 local function writes(attempt)
@@ -50,36 +51,59 @@ local function permits(t, u) return floor(u / t.per_permit) end
 local function micros(t, u) return ceil_div(u, t.per_micro) end
 local function drained(t, elapsed) return elapsed * t.per_micro end
 
+-- The verdict of a bucket holding `level` units of `burst` permits, asked for `cost` permits:
+-- units(), permits() and micros() written out, as this is the hottest path.
 local function bucket(t, burst, level, cost)
-  local capacity = units(t, burst)
-  local after = level + units(t, cost)
+  local per_permit, per_micro = t.per_permit, t.per_micro
+  local capacity = burst * per_permit
+  local after = level + cost * per_permit
   if after <= capacity then
-    return allow(burst, permits(t, capacity - after), micros(t, after))
+    return 1, burst, floor((capacity - after) / per_permit), ceil_div(after, per_micro), 0, 0
   end
-  return deny(burst, permits(t, max(capacity - level, 0)), micros(t, level),
-    micros(t, after - capacity))
+  return deny(burst, floor(max(capacity - level, 0) / per_permit), ceil_div(level, per_micro),
+    ceil_div(after - capacity, per_micro))
 end
 
-local now, cost, max_delay, ttl_padding = struct.unpack('<dddd', ARGV[1])
-if now < 0 then
-  local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+-- Parsed tiers by their packed arguments: a rule's never change. Bounded: cleared when full.
+local parsed, parsed_count = {}, 0
+
+-- The tiers of args[2]: each with its parameters and the position of its state words; the
+-- list also has `words`, the state words of all tiers, the formats of state and reply, and
+-- the state of a key never seen.
+local function tiers_of(packed)
+  local tiers = parsed[packed]
+  if tiers then return tiers end
+  tiers = {}
+  local words, position = 0, 1
+  for i = 1, #packed / 88 do
+    local limit, period, burst, per_permit, per_micro, n, p1, p2, p3, p4, p5, next =
+      unpack_packed('<ddddddddddd', packed, position)
+    tiers[i] = {
+      limit = limit, period = period, burst = burst, per_permit = per_permit,
+      per_micro = per_micro, words = n, p1 = p1, p2 = p2, p3 = p3, p4 = p4, p5 = p5,
+      offset = words,
+    }
+    words, position = words + n, next
+  end
+  tiers.words = words
+  tiers.state_format = '<' .. rep('d', words)
+  tiers.zero_state = rep('\0', 8 * words)
+  tiers.reply_format = '<' .. rep('d', 6 * #tiers)
+  if parsed_count >= 1000 then parsed, parsed_count = {}, 0 end
+  parsed[packed], parsed_count = tiers, parsed_count + 1
+  return tiers
 end
-now = max(now, 1)
-if max_delay < 0 then max_delay = nil end
-local attempt = {now = now, cost = cost, max_delay = max_delay, commit = true}
-local tiers = {}
-local offset = 0
-local n = #ARGV[2] / 88
-local v = {struct.unpack('<' .. string.rep('d', 11 * n), ARGV[2])}
-for i = 1, n do
-  local a = (i - 1) * 11
-  local t = {
-    limit = v[a + 1], period = v[a + 2], burst = v[a + 3], per_permit = v[a + 4],
-    per_micro = v[a + 5], words = v[a + 6],
-    p1 = v[a + 7], p2 = v[a + 8], p3 = v[a + 9], p4 = v[a + 10], p5 = v[a + 11],
-    offset = offset,
-  }
-  offset = offset + t.words
-  tiers[i] = t
+
+-- The check of args[1]: now, cost, max_delay (nil for none), ttl_padding, and commit (whether
+-- an admitted cost is written; the drivers ask several tiers first without writing).
+local function attempt_of(packed)
+  if not floor then bind() end
+  local now, cost, max_delay, ttl_padding = unpack_packed('<dddd', packed)
+  if now < 0 then
+    local time = call('TIME')
+    now = time[1] * 1000000 + time[2]
+  end
+  if max_delay < 0 then max_delay = nil end
+  return {now = max(now, 1), cost = cost, max_delay = max_delay, ttl_padding = ttl_padding,
+    commit = true}
 end

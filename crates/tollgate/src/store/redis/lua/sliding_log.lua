@@ -1,29 +1,25 @@
--- Sliding log (src/algorithm/sliding_log.rs), kept as one sorted set per tier (KEYS[i]): a
+-- Sliding log (src/algorithm/sliding_log.rs), kept as one sorted set per tier (keys[i]): a
 -- member per admitted permit, scored by its time. The k-th most recent member is the k-th
--- most recent entry of the Rust ring, so both decide alike.
-
-local function stamp(x)
-  return string.format('%d', x)
-end
+-- most recent entry of the Rust ring, so both decide alike. stamp() is the driver's (log.lua).
 
 -- The k-th most recent permit's time (1-based), if there is one among the last `limit`.
 local function recent(t, key, k)
   if k < 1 or k > t.limit then return nil end
-  local found = redis.call('ZREVRANGE', key, k - 1, k - 1, 'WITHSCORES')
+  local found = call('ZREVRANGE', key, k - 1, k - 1, 'WITHSCORES')
   return tonumber(found[2])
 end
 
--- Decides without writing; also returns the newest permit's time.
+-- Decides without writing: the newest permit's time, then the verdict.
 local function decide(t, key, a)
   local limit, period, cost, now = t.limit, t.period, a.cost, a.now
   local newest = recent(t, key, 1) or 0
-  local used = redis.call('ZCOUNT', key, '(' .. stamp(now - period), '+inf')
+  local used = call('ZCOUNT', key, '(' .. stamp(now - period), '+inf')
   local reset_after = 0
   if used > 0 then reset_after = newest + period - now end
   local blocking = recent(t, key, limit + 1 - cost)
   if blocking and blocking + period > now then
-    return deny(limit, limit - used, reset_after, blocking + period - now), newest
+    return newest, deny(limit, limit - used, reset_after, blocking + period - now)
   end
   if cost > 0 then reset_after = max(now, newest) + period - now end
-  return allow(limit, limit - used - cost, reset_after), newest
+  return newest, allow(limit, limit - used - cost, reset_after)
 end

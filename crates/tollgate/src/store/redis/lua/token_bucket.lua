@@ -12,11 +12,12 @@ local function decide(t, w, a)
   else
     tokens = min(tokens + drained(t, max(a.now - last, 0)), capacity)
   end
-  local v = bucket(t, burst, capacity - tokens, a.cost)
-  if v[1] == 1 and writes(a) then
+  local allowed, limit, remaining, reset_after, retry_after =
+    bucket(t, burst, capacity - tokens, a.cost)
+  if allowed == 1 and writes(a) then
     w[o + 1], w[o + 2] = tokens - units(t, a.cost), max(a.now, last)
   end
-  return v
+  return allowed, limit, remaining, reset_after, retry_after, 0
 end
 
 local function first_seen(t, w, at)

@@ -31,9 +31,7 @@ local function decide(t, w, a)
   if writes(a) then w[o + 1], w[o + 2] = stored - spent, next_after end
   local remaining = 0
   if next_after <= now then remaining = limit end
-  local v = allow(limit, remaining, next_after - now)
-  v[6] = delay
-  return v
+  return 1, limit, remaining, next_after - now, 0, delay
 end
 
 local function first_seen(t, w, at) end

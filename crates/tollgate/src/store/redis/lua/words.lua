@@ -1,55 +1,53 @@
--- Driver for algorithms whose state is a few words per tier, kept in one string key (KEYS[1])
+-- Driver for algorithms whose state is a few words per tier, kept in one string key (keys[1])
 -- as little-endian doubles, exact for every value kept; a missing key is all zeros, a key never
 -- seen. Mirrors Rule::evaluate: one tier decides and writes at once; several are all asked
 -- without writing first, and write only if all admit. The key is written only when its state
 -- changed, with one SET that also sets when it expires: when its state becomes equivalent to
 -- a key never seen.
 
-local key = KEYS[1]
-local format = '<' .. string.rep('d', offset)
-local w, old = {}, {}
-local stored = redis.call('GET', key)
-if stored then
-  w = {struct.unpack(format, stored)}
-  w[offset + 1] = nil
-else
-  for i = 1, offset do w[i] = 0 end
-end
-for i = 1, offset do old[i] = w[i] end
-
-local verdicts = {}
-local function run(commit)
-  attempt.commit = commit
+-- Asks every tier, writing admitted costs if `commit`; puts the verdicts in `verdicts`.
+local function ask(tiers, w, a, decide, verdicts, commit)
+  a.commit = commit
   local all = true
-  for i, t in ipairs(tiers) do
-    verdicts[i] = decide(t, w, attempt)
-    all = all and verdicts[i][1] == 1
+  for i = 1, #tiers do
+    local v = 6 * (i - 1)
+    verdicts[v + 1], verdicts[v + 2], verdicts[v + 3], verdicts[v + 4], verdicts[v + 5],
+      verdicts[v + 6] = decide(tiers[i], w, a)
+    all = all and verdicts[v + 1] == 1
   end
   return all
 end
 
-local wants_write = attempt.cost > 0
-local allowed
-if #tiers == 1 or not wants_write then
-  allowed = run(true)
-else
-  allowed = run(false) and run(true)
-end
-if not allowed and wants_write then
-  for _, t in ipairs(tiers) do first_seen(t, w, now) end
-end
+local function words(keys, args, decide, first_seen, expires_at)
+  local a, tiers = attempt_of(args[1]), tiers_of(args[2])
+  local key, format, n = keys[1], tiers.state_format, tiers.words
+  local stored = call('GET', key)
+  local w = {unpack_packed(format, stored or tiers.zero_state)}
 
-local changed = false
-for i = 1, offset do changed = changed or w[i] ~= old[i] end
-if changed then
-  local expires = 0
-  for _, t in ipairs(tiers) do expires = max(expires, expires_at(t, w)) end
-  local ttl = ceil_div(expires - now, 1000)
-  if ttl > 0 then
-    redis.call('SET', key, struct.pack(format, unpack(w)), 'PX', ttl + ttl_padding)
+  local verdicts, allowed
+  local wants_write = a.cost > 0
+  if #tiers == 1 then
+    verdicts = {decide(tiers[1], w, a)}
+    allowed = verdicts[1] == 1
   else
-    redis.call('DEL', key)
+    verdicts = {}
+    allowed = ask(tiers, w, a, decide, verdicts, not wants_write)
+    if allowed and wants_write then allowed = ask(tiers, w, a, decide, verdicts, true) end
   end
-end
+  if not allowed and wants_write then
+    for i = 1, #tiers do first_seen(tiers[i], w, a.now) end
+  end
 
-return reply(verdicts)
+  local state = pack(format, unpack(w, 1, n))
+  if state ~= (stored or tiers.zero_state) then
+    local expires = 0
+    for i = 1, #tiers do expires = max(expires, expires_at(tiers[i], w)) end
+    local ttl = ceil_div(expires - a.now, 1000)
+    if ttl > 0 then
+      call('SET', key, state, 'PX', ttl + a.ttl_padding)
+    elseif stored then
+      call('DEL', key)
+    end
+  end
+  return pack(tiers.reply_format, unpack(verdicts))
+end
