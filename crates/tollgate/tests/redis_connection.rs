@@ -3,6 +3,7 @@
 mod support;
 
 use std::fs;
+use std::time::Duration;
 
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use support::RedisServer;
@@ -14,7 +15,10 @@ fn rule() -> Rule {
 
 async fn checked_by_redis(store: RedisStore) -> RedisLimiter {
     store.ping().await.expect("store answers");
-    let limiter = RedisLimiter::builder(rule(), store).build().unwrap();
+    let limiter = RedisLimiter::builder(rule(), store)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
     let decision = limiter.check("tenant", 1).await.unwrap();
     assert_eq!(decision.source(), Source::Redis);
     limiter
@@ -49,6 +53,25 @@ async fn an_acl_user() {
     let server = RedisServer::start_with(&["--user", "limiter", "on", ">pw", "~tg:*", "+@all"]);
     let url = format!("redis://limiter:pw@127.0.0.1:{}", server.port);
     checked_by_redis(RedisStore::open(&url).unwrap()).await;
+}
+
+/// A user allowed scripts but not functions: checks run as scripts, still on Redis.
+#[tokio::test]
+async fn an_acl_user_without_functions() {
+    let server = RedisServer::start_with(&[
+        "--user",
+        "limiter",
+        "on",
+        ">pw",
+        "~tg:*",
+        "+@all",
+        "-function",
+        "-fcall",
+    ]);
+    let url = format!("redis://limiter:pw@127.0.0.1:{}", server.port);
+    checked_by_redis(RedisStore::open(&url).unwrap()).await;
+    let stats = server.cli(&["info", "commandstats"]);
+    assert!(stats.contains("cmdstat_evalsha:"), "{stats}");
 }
 
 #[tokio::test]

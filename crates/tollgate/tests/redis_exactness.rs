@@ -108,8 +108,12 @@ async fn hammer(stores: &[RedisStore], rule: &Rule, time: StoreTime, keys: &[Str
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_server_admits_exactly_the_limit() {
     let server = RedisServer::start();
+    // Instances with 1 to 4 pipelined connections each.
     let stores: Vec<RedisStore> = (0..INSTANCES)
-        .map(|_| RedisStore::open(&server.url()).unwrap())
+        .map(|i| {
+            let store = RedisStore::open(&server.url()).unwrap();
+            store.with_connections(1 + i).unwrap()
+        })
         .collect();
     for (rule, time) in exact_rules() {
         let admitted = hammer(&stores, &rule, time, &["tenant".to_string()]).await;

@@ -1,9 +1,10 @@
 //! The Redis store, on one server or a Redis Cluster: strict limiting shared by every instance.
 //!
-//! Each check is one `EVALSHA` of its algorithm's script (reloaded if the server answers
-//! `NOSCRIPT`): one round trip, atomic, all tiers at once. Concurrent checks share one
-//! multiplexed connection per server and are pipelined on it. Every key written expires when
-//! its state becomes equivalent to a key never seen.
+//! Each check is one call of its algorithm's function (`FCALL`; the library is loaded when a
+//! server lacks it, and servers without functions get the same code by `EVALSHA`): one round
+//! trip, atomic, all tiers at once. Concurrent checks are pipelined on a few shared
+//! connections. Every key written expires when its state becomes equivalent to a key never
+//! seen.
 //!
 //! Key names: `tg:<rule>:<fingerprint>:<key length>:{k<key>}` (and `:<tier>` for the sliding
 //! log's one sorted set per tier). The braces make the key's bytes the hash tag, so all keys of
@@ -15,7 +16,7 @@ mod script;
 use std::fmt;
 use std::io::Write as _;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use redis::RedisError;
@@ -40,14 +41,48 @@ pub struct RedisStore {
 
 #[derive(Clone)]
 enum Connection {
-    Single(ConnectionManager),
+    Single {
+        client: redis::Client,
+        pool: Arc<Pool>,
+    },
     Cluster(ClusterConnection),
+}
+
+/// A few multiplexed connections to one server, taken in turn: while the server works through
+/// the checks one brought, the replies on another are read and new checks written. Each
+/// connects on first use and reconnects by itself.
+struct Pool {
+    managers: Vec<ConnectionManager>,
+    next: AtomicUsize,
+}
+
+impl Pool {
+    fn new(client: &redis::Client, connections: usize) -> Result<Self, RedisError> {
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(CONNECTION_TIMEOUT))
+            .set_response_timeout(Some(Duration::from_secs(2)))
+            .set_min_delay(Duration::from_millis(50))
+            .set_max_delay(Duration::from_secs(2))
+            .set_number_of_retries(2);
+        let managers = (0..connections.max(1))
+            .map(|_| ConnectionManager::new_lazy_with_config(client.clone(), config.clone()))
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            managers,
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    fn pick(&self) -> ConnectionManager {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.managers.len();
+        self.managers[i].clone()
+    }
 }
 
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kind = match self.connection {
-            Connection::Single(_) => "single",
+            Connection::Single { .. } => "single",
             Connection::Cluster(_) => "cluster",
         };
         f.debug_struct("RedisStore").field("kind", &kind).finish()
@@ -56,6 +91,10 @@ impl fmt::Debug for RedisStore {
 
 /// Added to every TTL when scripts decide at the caller's time (see [`RedisStore::check`]).
 const CALLER_TIME_TTL_PADDING_MS: u64 = 60_000;
+
+/// Pipelined connections to one server: two, so that one carries checks to the server while
+/// the other brings replies back (measured in BENCHMARKS.md).
+const DEFAULT_CONNECTIONS: usize = 2;
 
 /// How long establishing a connection may take before it counts as a failure.
 const CONNECTION_TIMEOUT: Duration = Duration::from_millis(500);
@@ -96,15 +135,33 @@ impl RedisStore {
     }
 
     fn single(client: redis::Client) -> Result<Self, Error> {
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(CONNECTION_TIMEOUT))
-            .set_response_timeout(Some(Duration::from_secs(2)))
-            .set_min_delay(Duration::from_millis(50))
-            .set_max_delay(Duration::from_secs(2))
-            .set_number_of_retries(2);
-        let manager =
-            ConnectionManager::new_lazy_with_config(client, config).map_err(store_error)?;
-        Ok(Self::new(Connection::Single(manager)))
+        let pool = Pool::new(&client, DEFAULT_CONNECTIONS).map_err(store_error)?;
+        Ok(Self::new(Connection::Single {
+            client,
+            pool: Arc::new(pool),
+        }))
+    }
+
+    /// The same store with `connections` pipelined connections to its server (default 2;
+    /// at least 1), for a process whose checks outrun them. A cluster keeps one connection
+    /// per node whatever this says.
+    ///
+    /// # Errors
+    /// [`Error::Store`] if the connections cannot be configured.
+    pub fn with_connections(self, connections: usize) -> Result<Self, Error> {
+        match self.connection {
+            Connection::Single { client, .. } => {
+                let pool = Pool::new(&client, connections).map_err(store_error)?;
+                Ok(Self {
+                    connection: Connection::Single {
+                        client,
+                        pool: Arc::new(pool),
+                    },
+                    scripts_only: self.scripts_only,
+                })
+            }
+            Connection::Cluster(_) => Ok(self),
+        }
     }
 
     /// Connects to a Redis Cluster through any of its `nodes` (`redis://host:port` URLs);
@@ -131,7 +188,7 @@ impl RedisStore {
     pub async fn ping(&self) -> Result<(), Error> {
         let ping = redis::cmd("PING");
         let reply: redis::RedisResult<String> = match &self.connection {
-            Connection::Single(c) => ping.query_async(&mut c.clone()).await,
+            Connection::Single { pool, .. } => ping.query_async(&mut pool.pick()).await,
             Connection::Cluster(c) => ping.query_async(&mut c.clone()).await,
         };
         reply.map(drop).map_err(store_error)
@@ -245,14 +302,14 @@ impl RedisStore {
         }
         invocation.arg(header).arg(&plan.tier_args[..]);
         match &self.connection {
-            Connection::Single(c) => invocation.invoke_async(&mut c.clone()).await,
+            Connection::Single { pool, .. } => invocation.invoke_async(&mut pool.pick()).await,
             Connection::Cluster(c) => invocation.invoke_async(&mut c.clone()).await,
         }
     }
 
     async fn query<T: redis::FromRedisValue>(&self, command: &redis::Cmd) -> Result<T, RedisError> {
         match &self.connection {
-            Connection::Single(c) => command.query_async(&mut c.clone()).await,
+            Connection::Single { pool, .. } => command.query_async(&mut pool.pick()).await,
             Connection::Cluster(c) => command.query_async(&mut c.clone()).await,
         }
     }
