@@ -41,10 +41,7 @@ pub struct RedisStore {
 
 #[derive(Clone)]
 enum Connection {
-    Single {
-        client: redis::Client,
-        pool: Arc<Pool>,
-    },
+    Single(Arc<Pool>),
     Cluster(ClusterConnection),
 }
 
@@ -52,6 +49,7 @@ enum Connection {
 /// the checks one brought, the replies on another are read and new checks written. Each
 /// connects on first use and reconnects by itself.
 struct Pool {
+    client: redis::Client,
     managers: Vec<ConnectionManager>,
     next: AtomicUsize,
 }
@@ -68,6 +66,7 @@ impl Pool {
             .map(|_| ConnectionManager::new_lazy_with_config(client.clone(), config.clone()))
             .collect::<Result<_, _>>()?;
         Ok(Self {
+            client: client.clone(),
             managers,
             next: AtomicUsize::new(0),
         })
@@ -82,7 +81,7 @@ impl Pool {
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kind = match self.connection {
-            Connection::Single { .. } => "single",
+            Connection::Single(_) => "single",
             Connection::Cluster(_) => "cluster",
         };
         f.debug_struct("RedisStore").field("kind", &kind).finish()
@@ -136,10 +135,7 @@ impl RedisStore {
 
     fn single(client: redis::Client) -> Result<Self, Error> {
         let pool = Pool::new(&client, DEFAULT_CONNECTIONS).map_err(store_error)?;
-        Ok(Self::new(Connection::Single {
-            client,
-            pool: Arc::new(pool),
-        }))
+        Ok(Self::new(Connection::Single(Arc::new(pool))))
     }
 
     /// The same store with `connections` pipelined connections to its server (default 2;
@@ -150,13 +146,10 @@ impl RedisStore {
     /// [`Error::Store`] if the connections cannot be configured.
     pub fn with_connections(self, connections: usize) -> Result<Self, Error> {
         match self.connection {
-            Connection::Single { client, .. } => {
-                let pool = Pool::new(&client, connections).map_err(store_error)?;
+            Connection::Single(pool) => {
+                let pool = Pool::new(&pool.client, connections).map_err(store_error)?;
                 Ok(Self {
-                    connection: Connection::Single {
-                        client,
-                        pool: Arc::new(pool),
-                    },
+                    connection: Connection::Single(Arc::new(pool)),
                     scripts_only: self.scripts_only,
                 })
             }
@@ -188,7 +181,7 @@ impl RedisStore {
     pub async fn ping(&self) -> Result<(), Error> {
         let ping = redis::cmd("PING");
         let reply: redis::RedisResult<String> = match &self.connection {
-            Connection::Single { pool, .. } => ping.query_async(&mut pool.pick()).await,
+            Connection::Single(pool) => ping.query_async(&mut pool.pick()).await,
             Connection::Cluster(c) => ping.query_async(&mut c.clone()).await,
         };
         reply.map(drop).map_err(store_error)
@@ -302,14 +295,14 @@ impl RedisStore {
         }
         invocation.arg(header).arg(&plan.tier_args[..]);
         match &self.connection {
-            Connection::Single { pool, .. } => invocation.invoke_async(&mut pool.pick()).await,
+            Connection::Single(pool) => invocation.invoke_async(&mut pool.pick()).await,
             Connection::Cluster(c) => invocation.invoke_async(&mut c.clone()).await,
         }
     }
 
     async fn query<T: redis::FromRedisValue>(&self, command: &redis::Cmd) -> Result<T, RedisError> {
         match &self.connection {
-            Connection::Single { pool, .. } => command.query_async(&mut pool.pick()).await,
+            Connection::Single(pool) => command.query_async(&mut pool.pick()).await,
             Connection::Cluster(c) => command.query_async(&mut c.clone()).await,
         }
     }
