@@ -3,12 +3,13 @@
 //! `redis-benchmark` sending a trivial `EVALSHA`.
 //!
 //! For each number of concurrent callers: decisions per second, p50 and p99 latency, and the
-//! Redis commands per decision (script calls, i.e. round trips; and every command including
+//! Redis commands per decision (function and script calls, i.e. round trips; and every command including
 //! those a script runs). The client runs on one thread, like redis-benchmark, so Redis keeps
 //! the other core of a two-core machine.
 //!
-//! Run: `benches/redis/run` (or `cargo run --release -- --seconds 5 --callers 1,16,256`);
-//! `--systems tollgate` measures one system alone, e.g. under a profiler.
+//! Run: `benches/redis/run` (or `cargo run --release -- --seconds 3 --rounds 3 --callers
+//! 1,16,256`); `--systems tollgate` measures one system alone, e.g. under a profiler. Each
+//! system's row is its median round, rounds interleaving the systems.
 
 use std::collections::HashMap;
 use std::net::TcpListener;
@@ -29,10 +30,18 @@ struct Run {
     decisions_per_second: f64,
     p50_us: f64,
     p99_us: f64,
-    /// Script calls (EVALSHA/EVAL) per decision: the round trips.
+    /// Function and script calls (FCALL/EVALSHA/EVAL) per decision: the round trips.
     scripts: f64,
     /// Every command Redis ran per decision, including those inside scripts.
     commands: f64,
+    /// CPU time Redis spent per decision (user and system), in µs.
+    redis_cpu_us: f64,
+}
+
+/// CPU seconds the Redis server has used so far.
+fn redis_cpu(port: u16) -> Result<f64> {
+    let stats = info(port)?;
+    Ok(stats.get("used_cpu_user").unwrap_or(&0.0) + stats.get("used_cpu_sys").unwrap_or(&0.0))
 }
 
 struct Server {
@@ -51,7 +60,16 @@ impl Drop for Server {
 fn start_redis() -> Result<Server> {
     let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let dir = tempfile::tempdir()?;
-    let child = Command::new("redis-server")
+    // Redis on the second core, the client (this process, pinned by `run`) on the first.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut command = if cores >= 2 && Command::new("taskset").arg("-V").output().is_ok() {
+        let mut taskset = Command::new("taskset");
+        taskset.args(["-c", "1", "redis-server"]);
+        taskset
+    } else {
+        Command::new("redis-server")
+    };
+    let child = command
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
         .args(["--save", "", "--appendonly", "no"])
         .arg("--dir")
@@ -107,8 +125,8 @@ async fn drive<F, Fut>(
     decide: F,
 ) -> Result<Run>
 where
-    F: Fn(usize, u64) -> Fut + Clone + 'static,
-    Fut: std::future::Future<Output = ()> + 'static,
+    F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     cli(port, &["flushall"])?;
     // Warm up connections and scripts, then count from a clean slate.
@@ -116,12 +134,14 @@ where
         decide(i, 0).await;
     }
     cli(port, &["config", "resetstat"])?;
+    let cpu_before = redis_cpu(port)?;
     let deadline = Instant::now() + Duration::from_secs(seconds);
-    let local = tokio::task::LocalSet::new();
+    // Callers are tasks of the one-thread runtime, like the connection's own task, so waking
+    // one is a push onto the run queue.
     let mut tasks = Vec::new();
     for caller in 0..callers {
         let decide = decide.clone();
-        tasks.push(local.spawn_local(async move {
+        tasks.push(tokio::spawn(async move {
             let mut histogram = Histogram::<u64>::new(3).unwrap();
             let mut n = 0u64;
             while Instant::now() < deadline {
@@ -136,15 +156,10 @@ where
         }));
     }
     let started = Instant::now();
-    let histograms = local
-        .run_until(async move {
-            let mut all = Vec::new();
-            for t in tasks {
-                all.push(t.await.unwrap());
-            }
-            all
-        })
-        .await;
+    let mut histograms = Vec::new();
+    for task in tasks {
+        histograms.push(task.await?);
+    }
     let elapsed = started.elapsed().as_secs_f64();
     let mut merged = Histogram::<u64>::new(3).unwrap();
     for h in &histograms {
@@ -152,7 +167,11 @@ where
     }
     let stats = info(port)?;
     let decisions = merged.len() as f64;
-    let scripts = stats.get("evalsha").unwrap_or(&0.0) + stats.get("eval").unwrap_or(&0.0);
+    let redis_cpu_us = (redis_cpu(port)? - cpu_before) * 1e6 / decisions;
+    let scripts: f64 = ["fcall", "evalsha", "eval"]
+        .iter()
+        .map(|c| stats.get(*c).unwrap_or(&0.0))
+        .sum();
     Ok(Run {
         system: system.to_string(),
         decisions_per_second: decisions / elapsed,
@@ -160,6 +179,7 @@ where
         p99_us: merged.value_at_quantile(0.99) as f64,
         scripts: scripts / decisions,
         commands: stats.get("total_commands_processed").unwrap_or(&0.0) / decisions,
+        redis_cpu_us,
     })
 }
 
@@ -169,27 +189,23 @@ fn key(caller: usize, n: u64) -> String {
     format!("user-{}", (caller as u64 * 7_919 + n) % KEYS)
 }
 
-async fn tollgate(port: u16, callers: usize, seconds: u64) -> Result<Run> {
-    let rule = Rule::new("bench", Algorithm::Gcra, [Tier::per_second(1_000_000_000)])?;
+/// tollgate with `algorithm`, at limitador's limit: a billion per minute.
+async fn tollgate(port: u16, algorithm: Algorithm, callers: usize, seconds: u64) -> Result<Run> {
+    let system = format!("tollgate ({algorithm:?})");
+    let rule = Rule::new("bench", algorithm, [Tier::per_minute(1_000_000_000)])?;
     let store = RedisStore::open(&format!("redis://127.0.0.1:{port}"))?;
     let limiter = Arc::new(
         RedisLimiter::builder(rule, store)
             .timeout(Duration::from_secs(5))
             .build()?,
     );
-    drive(
-        "tollgate (GCRA)",
-        port,
-        callers,
-        seconds,
-        move |caller, n| {
-            let limiter = limiter.clone();
-            async move {
-                let decision = limiter.check(key(caller, n), 1).await.unwrap();
-                assert!(decision.allowed() && decision.source() == tollgate::Source::Redis);
-            }
-        },
-    )
+    drive(&system, port, callers, seconds, move |caller, n| {
+        let limiter = limiter.clone();
+        async move {
+            let decision = limiter.check(key(caller, n), 1).await.unwrap();
+            assert!(decision.allowed() && decision.source() == tollgate::Source::Redis);
+        }
+    })
     .await
 }
 
@@ -224,8 +240,9 @@ async fn limitador(port: u16, callers: usize, seconds: u64) -> Result<Run> {
 /// redis-benchmark running a trivial script: what Redis itself allows.
 fn ceiling(port: u16, callers: usize, seconds: u64) -> Result<Run> {
     let sha = cli(port, &["script", "load", "return 1"])?;
-    let requests = (if callers == 1 { 40_000 } else { 120_000 }) * seconds;
+    let requests = (if callers == 1 { 12_000 } else { 60_000 }) * seconds;
     cli(port, &["config", "resetstat"])?;
+    let cpu_before = redis_cpu(port)?;
     let out = Command::new("redis-benchmark")
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args([
@@ -247,6 +264,7 @@ fn ceiling(port: u16, callers: usize, seconds: u64) -> Result<Run> {
         .collect();
     let stats = info(port)?;
     let decisions = requests as f64;
+    let redis_cpu_us = (redis_cpu(port)? - cpu_before) * 1e6 / decisions;
     Ok(Run {
         system: "ceiling: redis-benchmark EVALSHA `return 1`".into(),
         decisions_per_second: fields[0],
@@ -254,6 +272,7 @@ fn ceiling(port: u16, callers: usize, seconds: u64) -> Result<Run> {
         p99_us: fields[5] * 1_000.0,
         scripts: stats.get("evalsha").unwrap_or(&0.0) / decisions,
         commands: stats.get("total_commands_processed").unwrap_or(&0.0) / decisions,
+        redis_cpu_us,
     })
 }
 
@@ -267,42 +286,64 @@ fn argument(name: &str, default: &str) -> String {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<()> {
-    let seconds: u64 = argument("--seconds", "5").parse()?;
+    let seconds: u64 = argument("--seconds", "3").parse()?;
     let callers: Vec<usize> = argument("--callers", "1,16,256")
         .split(',')
         .map(str::parse)
         .collect::<Result<_, _>>()?;
     let systems = argument("--systems", "tollgate,limitador,ceiling");
+    let rounds: usize = argument("--rounds", "3").parse()?;
     let server = start_redis()?;
     println!(
-        "| callers | system | decisions/s | p50 | p99 | scripts/decision | commands/decision | throughput vs limitador | vs ceiling |"
+        "| callers | system | decisions/s | p50 | p99 | calls/decision | commands/decision | Redis CPU/decision | throughput vs limitador | vs ceiling |"
     );
-    println!("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for &n in &callers {
-        let mut runs = Vec::new();
-        if systems.contains("tollgate") {
-            runs.push(tollgate(server.port, n, seconds).await?);
+        // Rounds interleave the systems, so that a machine slowing down for a while slows
+        // each of them; each system reports its median round.
+        let mut rounds_of: Vec<Vec<Run>> = Vec::new();
+        for _ in 0..rounds {
+            let mut runs = Vec::new();
+            if systems.contains("tollgate") {
+                for algorithm in [Algorithm::Gcra, Algorithm::FixedWindow] {
+                    runs.push(tollgate(server.port, algorithm, n, seconds).await?);
+                }
+            }
+            if systems.contains("limitador") {
+                runs.push(limitador(server.port, n, seconds).await?);
+            }
+            if systems.contains("ceiling") {
+                runs.push(ceiling(server.port, n, seconds)?);
+            }
+            for (i, run) in runs.into_iter().enumerate() {
+                match rounds_of.get_mut(i) {
+                    Some(all) => all.push(run),
+                    None => rounds_of.push(vec![run]),
+                }
+            }
         }
-        if systems.contains("limitador") {
-            runs.push(limitador(server.port, n, seconds).await?);
-        }
-        if systems.contains("ceiling") {
-            runs.push(ceiling(server.port, n, seconds)?);
-        }
+        let medians: Vec<Run> = rounds_of
+            .into_iter()
+            .map(|mut all| {
+                all.sort_by(|a, b| a.decisions_per_second.total_cmp(&b.decisions_per_second));
+                all.swap_remove(all.len() / 2)
+            })
+            .collect();
         let rate_of = |name: &str| {
-            let found = runs.iter().find(|r| r.system.starts_with(name));
+            let found = medians.iter().find(|r| r.system.starts_with(name));
             found.map_or(f64::NAN, |r| r.decisions_per_second)
         };
         let (peer, roof) = (rate_of("limitador"), rate_of("ceiling"));
-        for run in &runs {
+        for run in &medians {
             println!(
-                "| {n} | {} | {:.0} | {:.0} µs | {:.0} µs | {:.2} | {:.2} | {:.2}x | {:.0}% |",
+                "| {n} | {} | {:.0} | {:.0} µs | {:.0} µs | {:.2} | {:.2} | {:.1} µs | {:.2}x | {:.0}% |",
                 run.system,
                 run.decisions_per_second,
                 run.p50_us,
                 run.p99_us,
                 run.scripts,
                 run.commands,
+                run.redis_cpu_us,
                 run.decisions_per_second / peer,
                 100.0 * run.decisions_per_second / roof,
             );

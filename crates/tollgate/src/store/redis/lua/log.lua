@@ -3,11 +3,6 @@
 -- A member is "time:n", n counting the members of that time, so members never collide. Older
 -- members than the window are dropped and the set expires when its newest permit leaves.
 
--- A time as Redis reads it, every digit kept.
-local function stamp(x)
-  return string.format('%d', x)
-end
-
 local function log(keys, args, decide)
   local a, tiers = attempt_of(args[1]), tiers_of(args[2])
   local now, cost = a.now, a.cost
@@ -24,19 +19,20 @@ local function log(keys, args, decide)
     for i = 1, #tiers do
       local key = keys[i]
       local at = max(now, newest[i])
-      local at_stamp = stamp(at)
+      local at_stamp = decimal(at)
       local seen = call('ZCOUNT', key, at_stamp, at_stamp)
       local batch = {}
       for j = 1, cost do
         batch[#batch + 1] = at
-        batch[#batch + 1] = at_stamp .. ':' .. stamp(seen + j)
+        batch[#batch + 1] = at_stamp .. ':' .. decimal(seen + j)
         if #batch >= 1000 or j == cost then
           call('ZADD', key, unpack(batch))
           batch = {}
         end
       end
-      call('ZREMRANGEBYSCORE', key, '-inf', stamp(now - tiers[i].period))
-      call('PEXPIRE', key, ceil_div(at + tiers[i].period - now, 1000) + a.ttl_padding)
+      call('ZREMRANGEBYSCORE', key, '-inf', decimal(now - tiers[i].period))
+      local ttl = ceil_div(at + tiers[i].period - now, 1000) + a.ttl_padding
+      call('PEXPIRE', key, decimal(ttl))
     end
   end
   return pack(tiers.reply_format, unpack(verdicts))

@@ -1,6 +1,6 @@
 -- Sliding log (src/algorithm/sliding_log.rs), kept as one sorted set per tier (keys[i]): a
 -- member per admitted permit, scored by its time. The k-th most recent member is the k-th
--- most recent entry of the Rust ring, so both decide alike. stamp() is the driver's (log.lua).
+-- most recent entry of the Rust ring, so both decide alike.
 
 -- The k-th most recent permit's time (1-based), if there is one among the last `limit`.
 local function recent(t, key, k)
@@ -13,7 +13,7 @@ end
 local function decide(t, key, a)
   local limit, period, cost, now = t.limit, t.period, a.cost, a.now
   local newest = recent(t, key, 1) or 0
-  local used = call('ZCOUNT', key, '(' .. stamp(now - period), '+inf')
+  local used = call('ZCOUNT', key, '(' .. decimal(now - period), '+inf')
   local reset_after = 0
   if used > 0 then reset_after = newest + period - now end
   local blocking = recent(t, key, limit + 1 - cost)

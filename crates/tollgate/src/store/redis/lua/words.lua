@@ -44,7 +44,7 @@ local function words(keys, args, decide, first_seen, expires_at)
     for i = 1, #tiers do expires = max(expires, expires_at(tiers[i], w)) end
     local ttl = ceil_div(expires - a.now, 1000)
     if ttl > 0 then
-      call('SET', key, state, 'PX', ttl + a.ttl_padding)
+      call('SET', key, state, 'PX', decimal(ttl + a.ttl_padding))
     elseif stored then
       call('DEL', key)
     end
