@@ -179,12 +179,8 @@ impl RedisStore {
     /// # Errors
     /// [`Error::Store`] saying why not.
     pub async fn ping(&self) -> Result<(), Error> {
-        let ping = redis::cmd("PING");
-        let reply: redis::RedisResult<String> = match &self.connection {
-            Connection::Single(pool) => ping.query_async(&mut pool.pick()).await,
-            Connection::Cluster(c) => ping.query_async(&mut c.clone()).await,
-        };
-        reply.map(drop).map_err(store_error)
+        let pong = self.query::<String>(&redis::cmd("PING")).await;
+        pong.map(drop).map_err(store_error)
     }
 
     /// Decides a check of `cost` for `key` in one round trip. `now` is the caller's time, or
