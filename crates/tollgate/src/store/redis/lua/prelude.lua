@@ -30,9 +30,16 @@ local function bind()
 end
 
 -- An integer as Redis reads it, every digit kept, formatted as an integer (cheaper than the
--- %.17g Redis applies to numbers given to redis.call).
+-- %.17g Redis applies to numbers given to redis.call). Kept by value: under load, checks of
+-- one millisecond write the same TTLs. Bounded: cleared when full.
+local decimals, decimals_count = {}, 0
 local function decimal(x)
-  return string.format('%d', x)
+  local text = decimals[x]
+  if text then return text end
+  text = string.format('%d', x)
+  if decimals_count >= 1000 then decimals, decimals_count = {}, 0 end
+  decimals[x], decimals_count = text, decimals_count + 1
+  return text
 end
 
 local function ceil_div(a, b)
@@ -101,15 +108,27 @@ local function tiers_of(packed)
 end
 
 -- The check of args[1]: now, cost, max_delay (nil for none), ttl_padding, and commit (whether
--- an admitted cost is written; the drivers ask several tiers first without writing).
+-- an admitted cost is written; the drivers ask several tiers first without writing). Kept by
+-- its packed argument, which on the server's time is the same for every check of a cost: only
+-- now and commit change, and the library runs one call at a time.
+local attempts, attempts_count = {}, 0
 local function attempt_of(packed)
-  if not floor then bind() end
-  local now, cost, max_delay, ttl_padding = unpack_packed('<dddd', packed)
-  if now < 0 then
-    local time = call('TIME')
-    now = time[1] * 1000000 + time[2]
+  local a = attempts[packed]
+  if not a then
+    if not floor then bind() end
+    local now, cost, max_delay, ttl_padding = unpack_packed('<dddd', packed)
+    if max_delay < 0 then max_delay = nil end
+    a = {server_time = now < 0, at = max(now, 1), cost = cost, max_delay = max_delay,
+      ttl_padding = ttl_padding}
+    if attempts_count >= 1000 then attempts, attempts_count = {}, 0 end
+    attempts[packed], attempts_count = a, attempts_count + 1
   end
-  if max_delay < 0 then max_delay = nil end
-  return {now = max(now, 1), cost = cost, max_delay = max_delay, ttl_padding = ttl_padding,
-    commit = true}
+  if a.server_time then
+    local time = call('TIME')
+    a.now = max(time[1] * 1000000 + time[2], 1)
+  else
+    a.now = a.at
+  end
+  a.commit = true
+  return a
 end

@@ -18,36 +18,40 @@ local function ask(tiers, w, a, decide, verdicts, commit)
   return all
 end
 
+-- Writes the words `w` to `key` if they differ from `stored`, to expire at `expires` (µs).
+local function write(key, stored, tiers, w, a, expires)
+  local state = pack(tiers.state_format, unpack(w, 1, tiers.words))
+  if state == (stored or tiers.zero_state) then return end
+  local ttl = floor((expires - a.now + 999) / 1000)
+  if ttl > 0 then
+    call('SET', key, state, 'PX', decimal(ttl + a.ttl_padding))
+  elseif stored then
+    call('DEL', key)
+  end
+end
+
 local function words(keys, args, decide, first_seen, expires_at)
   local a, tiers = attempt_of(args[1]), tiers_of(args[2])
-  local key, format, n = keys[1], tiers.state_format, tiers.words
+  local key = keys[1]
   local stored = call('GET', key)
-  local w = {unpack_packed(format, stored or tiers.zero_state)}
+  local w = {unpack_packed(tiers.state_format, stored or tiers.zero_state)}
 
-  local verdicts, allowed
   local wants_write = a.cost > 0
   if #tiers == 1 then
-    verdicts = {decide(tiers[1], w, a)}
-    allowed = verdicts[1] == 1
-  else
-    verdicts = {}
-    allowed = ask(tiers, w, a, decide, verdicts, not wants_write)
-    if allowed and wants_write then allowed = ask(tiers, w, a, decide, verdicts, true) end
+    local t = tiers[1]
+    local allowed, limit, remaining, reset_after, retry_after, delay = decide(t, w, a)
+    if allowed ~= 1 and wants_write then first_seen(t, w, a.now) end
+    write(key, stored, tiers, w, a, expires_at(t, w))
+    return pack(tiers.reply_format, allowed, limit, remaining, reset_after, retry_after, delay)
   end
+  local verdicts = {}
+  local allowed = ask(tiers, w, a, decide, verdicts, not wants_write)
+  if allowed and wants_write then allowed = ask(tiers, w, a, decide, verdicts, true) end
   if not allowed and wants_write then
     for i = 1, #tiers do first_seen(tiers[i], w, a.now) end
   end
-
-  local state = pack(format, unpack(w, 1, n))
-  if state ~= (stored or tiers.zero_state) then
-    local expires = 0
-    for i = 1, #tiers do expires = max(expires, expires_at(tiers[i], w)) end
-    local ttl = ceil_div(expires - a.now, 1000)
-    if ttl > 0 then
-      call('SET', key, state, 'PX', decimal(ttl + a.ttl_padding))
-    elseif stored then
-      call('DEL', key)
-    end
-  end
+  local expires = 0
+  for i = 1, #tiers do expires = max(expires, expires_at(tiers[i], w)) end
+  write(key, stored, tiers, w, a, expires)
   return pack(tiers.reply_format, unpack(verdicts))
 end
