@@ -8,7 +8,7 @@ local function decide(t, w, a)
   local reset_after = start + period - a.now
   local after = count + a.cost
   if after <= limit then
-    if writes(a) then w[o + 1], w[o + 2] = start, after end
+    if a.writes then w[o + 1], w[o + 2] = start, after end
     return allow(limit, limit - after, reset_after)
   end
   return deny(limit, max(limit - count, 0), reset_after, reset_after)

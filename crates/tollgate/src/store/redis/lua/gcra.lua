@@ -8,7 +8,7 @@ local function decide(t, w, a)
   if tat < now then tat, fraction = now, 0 end
   local allowed, limit, remaining, reset_after, retry_after =
     bucket(t, t.burst, (tat - now) * n + fraction, a.cost)
-  if allowed == 1 and writes(a) then
+  if allowed == 1 and a.writes then
     local ticks = fraction + units(t, a.cost)
     w[o + 1] = tat + floor(ticks / n)
     if t.words > 1 then w[o + 2] = ticks % n end

@@ -11,7 +11,7 @@ local function decide(t, w, a)
     local wait = start + period - now
     return deny(limit, max(limit - used, 0), wait, wait)
   end
-  if writes(a) then w[o + 1], w[o + 2] = after, start end
+  if a.writes then w[o + 1], w[o + 2] = after, start end
   local reset_after = 0
   if running or a.cost > 0 then reset_after = start + period - now end
   return allow(limit, limit - after, reset_after)

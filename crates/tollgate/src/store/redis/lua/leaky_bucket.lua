@@ -12,7 +12,7 @@ local function decide(t, w, a)
       return deny(limit, remaining, delay, delay - a.max_delay)
     end
   end
-  if allowed == 1 and writes(a) then
+  if allowed == 1 and a.writes then
     w[o + 1], w[o + 2] = level + units(t, a.cost), max(a.now, last)
   end
   return allowed, limit, remaining, reset_after, retry_after, delay

@@ -54,10 +54,6 @@ local function deny(limit, remaining, reset_after, retry_after)
   return 0, limit, remaining, reset_after, max(retry_after, 1), 0
 end
 
-local function writes(attempt)
-  return attempt.commit and attempt.cost > 0
-end
-
 -- Exact rates (src/algorithm/rate.rs): a permit is per_permit units, a microsecond per_micro.
 local function units(t, permits) return permits * t.per_permit end
 local function permits(t, u) return floor(u / t.per_permit) end
@@ -71,7 +67,8 @@ local function bucket(t, burst, level, cost)
   local capacity = burst * per_permit
   local after = level + cost * per_permit
   if after <= capacity then
-    return 1, burst, floor((capacity - after) / per_permit), ceil_div(after, per_micro), 0, 0
+    return 1, burst, floor((capacity - after) / per_permit),
+      floor((after + per_micro - 1) / per_micro), 0, 0
   end
   return deny(burst, floor(max(capacity - level, 0) / per_permit), ceil_div(level, per_micro),
     ceil_div(after - capacity, per_micro))
@@ -107,10 +104,10 @@ local function tiers_of(packed)
   return tiers
 end
 
--- The check of args[1]: now, cost, max_delay (nil for none), ttl_padding, and commit (whether
--- an admitted cost is written; the drivers ask several tiers first without writing). Kept by
+-- The check of args[1]: now, cost, max_delay (nil for none), ttl_padding, and writes (whether
+-- an admitted cost is written: the drivers ask several tiers first without writing). Kept by
 -- its packed argument, which on the server's time is the same for every check of a cost: only
--- now and commit change, and the library runs one call at a time.
+-- now and writes change, and the library runs one call at a time.
 local attempts, attempts_count = {}, 0
 local function attempt_of(packed)
   local a = attempts[packed]
@@ -125,10 +122,10 @@ local function attempt_of(packed)
   end
   if a.server_time then
     local time = call('TIME')
-    a.now = max(time[1] * 1000000 + time[2], 1)
+    a.now = time[1] * 1000000 + time[2]
   else
     a.now = a.at
   end
-  a.commit = true
+  a.writes = a.cost > 0
   return a
 end

@@ -49,7 +49,7 @@ local function decide(t, w, a)
   local win = windows(t, w, now)
   if estimate(win, period, now) + a.cost <= limit then
     win.current = win.current + a.cost
-    if writes(a) then w[o + 1], w[o + 2], w[o + 3] = win.start, win.previous, win.current end
+    if a.writes then w[o + 1], w[o + 2], w[o + 3] = win.start, win.previous, win.current end
     return allow(limit, remaining(limit, estimate(win, period, now)),
       max(reset_at(win, period) - now, 0))
   end

@@ -29,7 +29,7 @@ local function decide(t, w, a)
     end
     return deny(limit, max(limit - used, 0), reset_after, next_at * length - now)
   end
-  if writes(a) then
+  if a.writes then
     for i = max(newest + 1, current - (count - 1), 0), current do w[o + 2 + i % count] = 0 end
     w[o + 2 + current % count] = w[o + 2 + current % count] + cost
     w[o + 1] = current

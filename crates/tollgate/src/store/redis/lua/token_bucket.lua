@@ -14,7 +14,7 @@ local function decide(t, w, a)
   end
   local allowed, limit, remaining, reset_after, retry_after =
     bucket(t, burst, capacity - tokens, a.cost)
-  if allowed == 1 and writes(a) then
+  if allowed == 1 and a.writes then
     w[o + 1], w[o + 2] = tokens - units(t, a.cost), max(a.now, last)
   end
   return allowed, limit, remaining, reset_after, retry_after, 0

@@ -28,7 +28,7 @@ local function decide(t, w, a)
   local spent = min(a.cost, stored)
   local wait = ramp_cost(t, stored, spent) + (a.cost - spent) * t.p1
   local next_after = next_free + ceil(wait)
-  if writes(a) then w[o + 1], w[o + 2] = stored - spent, next_after end
+  if a.writes then w[o + 1], w[o + 2] = stored - spent, next_after end
   local remaining = 0
   if next_after <= now then remaining = limit end
   return 1, limit, remaining, next_after - now, 0, delay

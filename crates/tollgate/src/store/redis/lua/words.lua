@@ -7,7 +7,7 @@
 
 -- Asks every tier, writing admitted costs if `commit`; puts the verdicts in `verdicts`.
 local function ask(tiers, w, a, decide, verdicts, commit)
-  a.commit = commit
+  a.writes = commit and a.cost > 0
   local all = true
   for i = 1, #tiers do
     local v = 6 * (i - 1)
