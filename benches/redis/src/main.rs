@@ -10,7 +10,7 @@
 //! Run: `benches/redis/run` (or `cargo run --release -- --seconds 3 --rounds 3 --callers
 //! 1,16,256`); `--systems tollgate` measures one system alone, e.g. under a profiler. Each
 //! system's row is its median round, rounds interleaving the systems. `--connections N` sets
-//! tollgate's pipelined connections (default 2, as the library's).
+//! tollgate's pipelined connections (default: the library's, one).
 
 use std::collections::HashMap;
 use std::net::TcpListener;
@@ -192,11 +192,15 @@ fn key(caller: usize, n: u64) -> String {
 
 /// tollgate with `algorithm`, at limitador's limit: a billion per minute.
 async fn tollgate(port: u16, algorithm: Algorithm, callers: usize, seconds: u64) -> Result<Run> {
-    let connections: usize = argument("--connections", "2").parse()?;
+    let connections: usize = argument("--connections", "0").parse()?;
     let system = format!("tollgate ({algorithm:?})");
     let rule = Rule::new("bench", algorithm, [Tier::per_minute(1_000_000_000)])?;
     let store = RedisStore::open(&format!("redis://127.0.0.1:{port}"))?;
-    let store = store.with_connections(connections)?;
+    let store = if connections > 0 {
+        store.with_connections(connections)?
+    } else {
+        store
+    };
     let limiter = Arc::new(
         RedisLimiter::builder(rule, store)
             .timeout(Duration::from_secs(5))

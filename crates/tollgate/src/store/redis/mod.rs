@@ -45,9 +45,8 @@ enum Connection {
     Cluster(ClusterConnection),
 }
 
-/// A few multiplexed connections to one server, taken in turn: while the server works through
-/// the checks one brought, the replies on another are read and new checks written. Each
-/// connects on first use and reconnects by itself.
+/// Multiplexed connections to one server (one unless configured), taken in turn; concurrent
+/// checks are pipelined on each. Each connects on first use and reconnects by itself.
 struct Pool {
     client: redis::Client,
     managers: Vec<ConnectionManager>,
@@ -91,9 +90,9 @@ impl fmt::Debug for RedisStore {
 /// Added to every TTL when scripts decide at the caller's time (see [`RedisStore::check`]).
 const CALLER_TIME_TTL_PADDING_MS: u64 = 60_000;
 
-/// Pipelined connections to one server: two, so that one carries checks to the server while
-/// the other brings replies back (measured in BENCHMARKS.md).
-const DEFAULT_CONNECTIONS: usize = 2;
+/// Pipelined connections to one server: one, whose batches of checks Redis decides with the
+/// fewest reads and writes; more split the batches (measured in BENCHMARKS.md).
+const DEFAULT_CONNECTIONS: usize = 1;
 
 /// How long establishing a connection may take before it counts as a failure.
 const CONNECTION_TIMEOUT: Duration = Duration::from_millis(500);
@@ -138,8 +137,8 @@ impl RedisStore {
         Ok(Self::new(Connection::Single(Arc::new(pool))))
     }
 
-    /// The same store with `connections` pipelined connections to its server (default 2;
-    /// at least 1), for a process whose checks outrun them. A cluster keeps one connection
+    /// The same store with `connections` pipelined connections to its server (default 1;
+    /// at least 1), for a process whose checks outrun one. A cluster keeps one connection
     /// per node whatever this says.
     ///
     /// # Errors
