@@ -1,6 +1,7 @@
 //! Load harness for Redis-backed limiting, side by side in one run on one local Redis that it
-//! starts itself: tollgate's Redis store, limitador's Redis storage, and the ceiling —
-//! `redis-benchmark` sending a trivial `EVALSHA`.
+//! starts itself: tollgate's Redis store, limitador's Redis storage, the ceiling —
+//! `redis-benchmark` sending a trivial `EVALSHA` — and the same trivial `EVALSHA` sent by
+//! redis-rs, the client tollgate is built on.
 //!
 //! For each number of concurrent callers: decisions per second, p50 and p99 latency, and the
 //! Redis commands per decision (function and script calls, i.e. round trips; and every command including
@@ -244,6 +245,40 @@ async fn limitador(port: u16, callers: usize, seconds: u64) -> Result<Run> {
     .await
 }
 
+/// Scripts sent the way tollgate sends its checks: by redis-rs, on one multiplexed connection
+/// that every caller shares, each call with one key (cycling as tollgate's do).
+const FLOORS: [(&str, &str); 2] = [
+    // The ceiling's trivial script: what any client on redis-rs can reach.
+    ("client floor: redis-rs EVALSHA `return 1`", "return 1"),
+    // What every exact check on the server's clock must do, deciding nothing: read the clock,
+    // read the key's state, write it back with its TTL.
+    (
+        "check floor: redis-rs EVALSHA of TIME, GET, SET PX",
+        "local t = redis.call('TIME') redis.call('GET', KEYS[1]) \
+         redis.call('SET', KEYS[1], t[1], 'PX', 60000) return 1",
+    ),
+];
+
+async fn floor(
+    port: u16,
+    (system, code): (&str, &str),
+    callers: usize,
+    seconds: u64,
+) -> Result<Run> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
+    let connection = client.get_multiplexed_async_connection().await?;
+    let script = redis::Script::new(code);
+    drive(system, port, callers, seconds, move |caller, n| {
+        let (mut connection, script) = (connection.clone(), script.clone());
+        async move {
+            let invocation = script.key(key(caller, n));
+            let one: i64 = invocation.invoke_async(&mut connection).await.unwrap();
+            assert_eq!(one, 1);
+        }
+    })
+    .await
+}
+
 /// redis-benchmark running a trivial script: what Redis itself allows.
 fn ceiling(port: u16, callers: usize, seconds: u64) -> Result<Run> {
     let sha = cli(port, &["script", "load", "return 1"])?;
@@ -298,7 +333,7 @@ async fn main() -> Result<()> {
         .split(',')
         .map(str::parse)
         .collect::<Result<_, _>>()?;
-    let systems = argument("--systems", "tollgate,limitador,ceiling");
+    let systems = argument("--systems", "tollgate,limitador,floor,ceiling");
     let rounds: usize = argument("--rounds", "3").parse()?;
     let server = start_redis()?;
     println!(
@@ -318,6 +353,11 @@ async fn main() -> Result<()> {
             }
             if systems.contains("limitador") {
                 runs.push(limitador(server.port, n, seconds).await?);
+            }
+            if systems.contains("floor") {
+                for system in FLOORS {
+                    runs.push(floor(server.port, system, n, seconds).await?);
+                }
             }
             if systems.contains("ceiling") {
                 runs.push(ceiling(server.port, n, seconds)?);
