@@ -131,6 +131,37 @@ async fn after_any_traffic_every_key_has_a_ttl() {
     }
 }
 
+/// A window's writes all expire at its end, so they keep the TTL its first write set (Redis
+/// keeps a TTL for less than it sets one); the next window's first write sets a new one.
+#[tokio::test]
+async fn writes_within_a_window_keep_its_ttl() {
+    let server = RedisServer::start();
+    let rule = Rule::new("window-ttl", Algorithm::FixedWindow, [Tier::per_minute(5)]).unwrap();
+    let clock = ManualClock::new();
+    let limiter = RedisLimiter::builder(rule, RedisStore::open(&server.url()).unwrap())
+        .clock(clock.clone())
+        .store_time(StoreTime::Local)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let key = String::from_utf8(limiter.redis_keys("tenant").remove(0)).unwrap();
+    let ttl = || server.cli(&["pttl", &key]).parse::<u64>().unwrap() - PADDING;
+    clock.advance(Duration::from_secs(10));
+    assert!(limiter.check("tenant", 1).await.unwrap().allowed());
+    assert!(ttl() <= 50 * SECOND);
+    // 30 s into the window: a TTL set anew would be 30 s; the first one still has almost 50.
+    clock.advance(Duration::from_secs(20));
+    assert!(limiter.check("tenant", 1).await.unwrap().allowed());
+    let kept = ttl();
+    assert!(kept > 40 * SECOND && kept <= 50 * SECOND, "{kept}");
+    // 5 s into the next window: it ends in 55 s.
+    clock.advance(Duration::from_secs(35));
+    let decision = limiter.check("tenant", 1).await.unwrap();
+    assert_eq!(decision.remaining(), 4);
+    let renewed = ttl();
+    assert!(renewed > 50 * SECOND && renewed <= 55 * SECOND, "{renewed}");
+}
+
 /// Checks once, runs `flush` on the server, and checks again: the second check is decided by
 /// Redis on the state the first left.
 async fn survives(server: &RedisServer, flush: &str) {

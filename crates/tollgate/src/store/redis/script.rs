@@ -40,7 +40,9 @@ impl Driver {
     /// The Lua call that decides a check with the algorithm defined just before it.
     fn entry(self, keys: &str, args: &str) -> String {
         match self {
-            Self::Words => format!("words({keys}, {args}, decide, first_seen, expires_at)"),
+            Self::Words => {
+                format!("words({keys}, {args}, decide, first_seen, expires_at, windowed)")
+            }
             Self::Log => format!("log({keys}, {args}, decide)"),
         }
     }

@@ -30,3 +30,6 @@ local function expires_at(t, w)
   if w[o + 2] == 0 then return 0 end
   return w[o + 2] + micros(t, max(units(t, t.burst) - w[o + 1], 0))
 end
+
+-- A write moves when the state expires.
+local windowed = false

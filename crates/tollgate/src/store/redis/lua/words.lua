@@ -3,7 +3,8 @@
 -- seen. Mirrors Rule::evaluate: one tier decides and writes at once; several are all asked
 -- without writing first, and write only if all admit. The key is written only when its state
 -- changed, with one SET that also sets when it expires: when its state becomes equivalent to
--- a key never seen.
+-- a key never seen. An algorithm is `windowed` when its writes within one window all expire
+-- at one time: those keep the TTL the first set.
 
 -- Asks every tier, writing admitted costs if `commit`; puts the verdicts in `verdicts`.
 local function ask(tiers, w, a, decide, verdicts, commit)
@@ -19,18 +20,24 @@ local function ask(tiers, w, a, decide, verdicts, commit)
 end
 
 -- Writes the words `w` to `key` if they differ from `stored`, to expire at `expires` (µs).
-local function write(key, stored, tiers, w, a, expires)
+-- `kept` is when the stored words expire, where worked out: when it is `expires`, the
+-- key keeps its TTL, which costs Redis less than setting one.
+local function write(key, stored, tiers, w, a, expires, kept)
   local state = pack(tiers.state_format, unpack(w, 1, tiers.words))
   if state == (stored or tiers.zero_state) then return end
   local ttl = floor((expires - a.now + 999) / 1000)
   if ttl > 0 then
-    call('SET', key, state, 'PX', decimal(ttl + a.ttl_padding))
+    if expires == kept then
+      call('SET', key, state, 'KEEPTTL')
+    else
+      call('SET', key, state, 'PX', decimal(ttl + a.ttl_padding))
+    end
   elseif stored then
     call('DEL', key)
   end
 end
 
-local function words(keys, args, decide, first_seen, expires_at)
+local function words(keys, args, decide, first_seen, expires_at, windowed)
   local a, tiers = attempt_of(args[1]), tiers_of(args[2])
   local key = keys[1]
   local stored = call('GET', key)
@@ -39,10 +46,15 @@ local function words(keys, args, decide, first_seen, expires_at)
   local wants_write = a.cost > 0
   if #tiers == 1 then
     local t = tiers[1]
+    local kept = windowed and stored and expires_at(t, w)
     local allowed, limit, remaining, reset_after, retry_after, delay = decide(t, w, a)
     if allowed ~= 1 and wants_write then first_seen(t, w, a.now) end
-    write(key, stored, tiers, w, a, expires_at(t, w))
+    write(key, stored, tiers, w, a, expires_at(t, w), kept)
     return pack(tiers.reply_format, allowed, limit, remaining, reset_after, retry_after, delay)
+  end
+  local kept = windowed and stored and 0
+  if kept then
+    for i = 1, #tiers do kept = max(kept, expires_at(tiers[i], w)) end
   end
   local verdicts = {}
   local allowed = ask(tiers, w, a, decide, verdicts, not wants_write)
@@ -52,6 +64,6 @@ local function words(keys, args, decide, first_seen, expires_at)
   end
   local expires = 0
   for i = 1, #tiers do expires = max(expires, expires_at(tiers[i], w)) end
-  write(key, stored, tiers, w, a, expires)
+  write(key, stored, tiers, w, a, expires, kept)
   return pack(tiers.reply_format, unpack(verdicts))
 end
