@@ -1,5 +1,6 @@
 //! Exact under any concurrency: four limiter instances, each with its own connections, and 64
-//! tasks each hammer one key; the permits admitted equal the limit, not one more or fewer.
+//! tasks each hammer one key; the permits admitted equal the limit, not one more or fewer. And
+//! on a cluster whose slots move: a key's state follows its slot.
 
 mod support;
 
@@ -148,4 +149,64 @@ async fn a_cluster_admits_exactly_the_limit_on_every_slot() {
         .map(|n| n.cli(&["dbsize"]).parse().unwrap())
         .collect();
     assert!(held.iter().filter(|&&n| n > 0).count() >= 2, "{held:?}");
+}
+
+/// A resharding moves a key's slot to another master between checks: the client follows ASK
+/// while the slot migrates and MOVED once it has, and the key's state moves with it.
+#[tokio::test]
+async fn a_key_keeps_its_state_while_its_slot_moves_to_another_master() {
+    let cluster = RedisCluster::start();
+    let urls = cluster.urls();
+    let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let store = RedisStore::open_cluster(&nodes).await.unwrap();
+    let tier = Tier::per_day(LIMIT).with_burst(LIMIT);
+    let rule = Rule::new("reshard", Algorithm::Gcra, [tier]).unwrap();
+    let limiter = RedisLimiter::builder(rule, store)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let take = async || {
+        let decision = limiter.check("tenant", 1).await.unwrap();
+        assert_eq!(decision.source(), Source::Redis);
+        decision.remaining()
+    };
+    assert_eq!(take().await, LIMIT - 1);
+
+    let key = String::from_utf8(limiter.redis_keys("tenant").remove(0)).unwrap();
+    let slot = cluster.nodes[0].cli(&["cluster", "keyslot", &key]);
+    // Whether a node holds the key: EXISTS would be redirected while the slot migrates.
+    let holds = |node: &RedisServer| node.cli(&["cluster", "countkeysinslot", &slot]) == "1";
+    let id = |node: &RedisServer| node.cli(&["cluster", "myid"]);
+    let source = cluster
+        .nodes
+        .iter()
+        .position(holds)
+        .expect("a master holds it");
+    let (from, to) = (&cluster.nodes[source], &cluster.nodes[(source + 1) % 3]);
+    let importing = ["cluster", "setslot", &slot, "importing", &id(from)];
+    assert_eq!(to.cli(&importing), "OK");
+    let migrating = ["cluster", "setslot", &slot, "migrating", &id(to)];
+    assert_eq!(from.cli(&migrating), "OK");
+    // Migrating, the key still on the source: decided there.
+    assert_eq!(take().await, LIMIT - 2);
+    let port = to.port.to_string();
+    let migrate = ["migrate", "127.0.0.1", &port, "", "0", "5000", "keys", &key];
+    assert_eq!(from.cli(&migrate), "OK");
+    assert!(holds(to) && !holds(from));
+    // Migrating, the key on the target: the source answers ASK.
+    assert_eq!(take().await, LIMIT - 3);
+    let owner = id(to);
+    for node in [to, from].into_iter().chain(&cluster.nodes) {
+        assert_eq!(
+            node.cli(&["cluster", "setslot", &slot, "node", &owner]),
+            "OK"
+        );
+    }
+    // Moved: the source answers MOVED, and the client learns the new owner.
+    assert_eq!(take().await, LIMIT - 4);
+    assert_eq!(take().await, LIMIT - 5);
+    assert!(holds(to) && !holds(from));
+    let redirects = from.cli(&["info", "errorstats"]);
+    assert!(redirects.contains("errorstat_ASK:count=1"), "{redirects}");
+    assert!(redirects.contains("errorstat_MOVED:count=1"), "{redirects}");
 }
