@@ -1,5 +1,6 @@
 //! What the Redis store leaves behind: every key expires as soon as its state is as good as
-//! new, nothing is written for a look or a denied unknown key, and the memory a key takes.
+//! new, nothing is written for a look, a denied unknown key or a bad check, any bytes make a
+//! key, and the memory a key takes.
 
 mod support;
 
@@ -7,8 +8,8 @@ use std::time::Duration;
 
 use support::RedisServer;
 use tollgate::{
-    Algorithm, LeakyBucket, ManualClock, RedisLimiter, RedisStore, Rule, Source, StoreTime,
-    SubWindows, Tier, TokenBucket, WarmUp,
+    Algorithm, Error, LeakyBucket, MAX_KEY_LEN, ManualClock, RedisLimiter, RedisStore, Rule,
+    Source, StoreTime, SubWindows, Tier, TokenBucket, WarmUp,
 };
 
 const SECOND: u64 = 1_000;
@@ -129,6 +130,46 @@ async fn after_any_traffic_every_key_has_a_ttl() {
         let ttl: i64 = server.cli(&["pttl", key]).parse().unwrap();
         assert_ne!(ttl, -1, "{key} has no TTL");
     }
+}
+
+/// A key is any bytes: invalid UTF-8, braces (which delimit the hash tag) and NUL each keep a
+/// state of their own. A key too long or a cost no tier can ever admit is an error, and no
+/// command reaches the server.
+#[tokio::test]
+async fn any_bytes_are_a_key_and_bad_checks_reach_no_server() {
+    let server = RedisServer::start();
+    // Per hour: no permit comes back during the test.
+    let rule = Rule::new("bytes", Algorithm::Gcra, [Tier::per_hour(2)]).unwrap();
+    let limiter = RedisLimiter::builder(rule, RedisStore::open(&server.url()).unwrap())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let keys: [&[u8]; 6] = [b"\xff\xfe", b"a}{b", b"a}{c", b"{a}", b"a\0c", b"}"];
+    for key in keys {
+        assert!(limiter.check(key, 2).await.unwrap().allowed(), "{key:?}");
+        assert!(!limiter.check(key, 1).await.unwrap().allowed(), "{key:?}");
+    }
+    assert_eq!(server.cli(&["dbsize"]), keys.len().to_string());
+
+    let commands = || server.cli(&["info", "commandstats"]);
+    let before = commands();
+    let too_long = vec![7u8; MAX_KEY_LEN + 1];
+    let err = limiter.check(&too_long, 1).await.unwrap_err();
+    assert!(matches!(err, Error::KeyTooLong { .. }), "{err}");
+    let err = limiter.check("tenant", 3).await.unwrap_err();
+    assert!(
+        matches!(err, Error::CostExceedsCapacity { tier: 0, .. }),
+        "{err}"
+    );
+    // Only the INFO that read the counts ran since.
+    let ran = |stats: &str| {
+        stats
+            .lines()
+            .filter(|l| !l.starts_with("cmdstat_info:"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert_eq!(ran(&commands()), ran(&before));
 }
 
 /// A window's writes all expire at its end, so they keep the TTL its first write set (Redis
