@@ -37,6 +37,13 @@ local function write(key, stored, tiers, w, a, expires, kept)
   end
 end
 
+-- When the words `w` of every tier are as good as new (µs).
+local function latest(tiers, w, expires_at)
+  local at = 0
+  for i = 1, #tiers do at = max(at, expires_at(tiers[i], w)) end
+  return at
+end
+
 local function words(keys, args, decide, first_seen, expires_at, windowed)
   local a, tiers = attempt_of(args[1]), tiers_of(args[2])
   local key = keys[1]
@@ -52,18 +59,13 @@ local function words(keys, args, decide, first_seen, expires_at, windowed)
     write(key, stored, tiers, w, a, expires_at(t, w), kept)
     return pack(tiers.reply_format, allowed, limit, remaining, reset_after, retry_after, delay)
   end
-  local kept = windowed and stored and 0
-  if kept then
-    for i = 1, #tiers do kept = max(kept, expires_at(tiers[i], w)) end
-  end
+  local kept = windowed and stored and latest(tiers, w, expires_at)
   local verdicts = {}
   local allowed = ask(tiers, w, a, decide, verdicts, not wants_write)
   if allowed and wants_write then allowed = ask(tiers, w, a, decide, verdicts, true) end
   if not allowed and wants_write then
     for i = 1, #tiers do first_seen(tiers[i], w, a.now) end
   end
-  local expires = 0
-  for i = 1, #tiers do expires = max(expires, expires_at(tiers[i], w)) end
-  write(key, stored, tiers, w, a, expires, kept)
+  write(key, stored, tiers, w, a, latest(tiers, w, expires_at), kept)
   return pack(tiers.reply_format, unpack(verdicts))
 end
