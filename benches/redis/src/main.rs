@@ -24,7 +24,7 @@ use hdrhistogram::Histogram;
 use limitador::AsyncRateLimiter;
 use limitador::limit::{Context as Ctx, Expression, Limit};
 use limitador::storage::redis::AsyncRedisStorage;
-use tollgate::{Algorithm, RedisLimiter, RedisStore, Rule, Tier};
+use tollgate::{Algorithm, Limiter, RedisStore, Rule, Tier};
 
 /// One measured run.
 struct Run {
@@ -202,11 +202,8 @@ async fn tollgate(port: u16, algorithm: Algorithm, callers: usize, seconds: u64)
     } else {
         store
     };
-    let limiter = Arc::new(
-        RedisLimiter::builder(rule, store)
-            .timeout(Duration::from_secs(5))
-            .build()?,
-    );
+    let store = store.timeout(Duration::from_secs(5));
+    let limiter = Arc::new(Limiter::builder(rule).store(store).build()?);
     drive(&system, port, callers, seconds, move |caller, n| {
         let limiter = limiter.clone();
         async move {

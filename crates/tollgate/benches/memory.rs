@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use governor::{Quota, RateLimiter};
-use tollgate::{Algorithm, LeakyBucket, Limiter, Rule, SubWindows, Tier, TokenBucket, WarmUp};
+use tollgate::{
+    Algorithm, LeakyBucket, Limiter, MemoryStore, Rule, SubWindows, Tier, TokenBucket, WarmUp,
+};
 
 const RATE: u64 = 1_000_000_000;
 const KEYS: usize = 1_000_000;
@@ -69,7 +71,11 @@ fn algorithms() -> Vec<(&'static str, Algorithm, Tier)> {
 
 fn limiter(algorithm: Algorithm, tier: Tier) -> Limiter {
     let rule = Rule::new("bench", algorithm, [tier]).expect("valid rule");
-    Limiter::builder(rule).max_keys(2 * KEYS).build()
+    let store = MemoryStore::builder().max_keys(2 * KEYS).build();
+    Limiter::builder(rule)
+        .store(store)
+        .build()
+        .expect("fits the store")
 }
 
 fn quota() -> Quota {
@@ -116,7 +122,7 @@ fn one_key_one_thread(c: &mut Criterion) {
     for (name, algorithm, tier) in algorithms() {
         let limiter = limiter(algorithm, tier);
         group.bench_function(BenchmarkId::new("tollgate", name), |b| {
-            b.iter(|| limiter.check(black_box(&key), 1))
+            b.iter(|| limiter.check_now(black_box(&key), 1))
         });
     }
     let governor = RateLimiter::keyed(quota());
@@ -143,7 +149,7 @@ fn one_key_two_threads(c: &mut Criterion) {
         group.bench_function(BenchmarkId::new("tollgate", name), |b| {
             b.iter_custom(|iters| {
                 two_threads(iters, &|| {
-                    black_box(limiter.check(black_box(&key), 1)).ok();
+                    black_box(limiter.check_now(black_box(&key), 1)).ok();
                 })
             })
         });
@@ -174,13 +180,13 @@ fn million_keys(c: &mut Criterion) {
     for (name, algorithm, tier) in algorithms() {
         let limiter = limiter(algorithm, tier);
         for k in &keys {
-            limiter.check(k, 1).unwrap();
+            limiter.check_now(k, 1).unwrap();
         }
         group.bench_function(BenchmarkId::new("tollgate", name), |b| {
             let mut i = 0;
             b.iter(|| {
                 i = (i + STRIDE) % KEYS;
-                limiter.check(black_box(&keys[i]), 1)
+                limiter.check_now(black_box(&keys[i]), 1)
             })
         });
     }

@@ -35,6 +35,23 @@ pub enum Error {
         /// The most that tier admits at once.
         capacity: u64,
     },
+    /// A rule that cannot be enforced as defined, or not on this store.
+    #[error(transparent)]
+    Rule(#[from] RuleError),
+    /// A batch names a rule the limiter does not have.
+    #[error("unknown rule `{rule}`")]
+    UnknownRule {
+        /// The name given.
+        rule: String,
+    },
+    /// A batch holds more items than [`MAX_BATCH`](crate::MAX_BATCH).
+    #[error("a batch of {len} items exceeds the maximum of {max}")]
+    TooManyItems {
+        /// Items in the batch.
+        len: usize,
+        /// The maximum.
+        max: usize,
+    },
     /// The key is longer than [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes.
     #[error("key of {len} bytes exceeds the maximum of {max} bytes")]
     KeyTooLong {

@@ -1,9 +1,12 @@
 //! tollgate: rate limiting with every classic algorithm, exact under any concurrency.
 //!
 //! A [`Rule`] names an [`Algorithm`] and one or more [`Tier`]s (e.g. 10 per second *and* 50
-//! per 10 seconds); a check consumes from every tier or from none. A [`Limiter`] enforces one
-//! rule over arbitrary byte keys in process memory: [`Limiter::check`] answers at once with a
-//! [`Decision`], [`Limiter::acquire`] waits until admitted or until its timeout.
+//! per 10 seconds); a check consumes from every tier or from none. A [`Limiter`] enforces
+//! rules over a [`Store`]: process memory ([`MemoryStore`], the default), or with the `redis`
+//! feature, Redis and Redis Cluster in strict, hybrid or lease mode, with a failure policy per
+//! rule. [`Limiter::check`] answers with a [`Decision`]; [`Limiter::acquire`] waits until
+//! admitted or until its timeout; [`Limiter::check_batch`] decides several keys under several
+//! rules all-or-nothing. On the memory store, [`Limiter::check_now`] answers without a future.
 //!
 //! ```
 //! use std::time::Duration;
@@ -15,9 +18,10 @@
 //!     [Tier::per_second(10), Tier::new(50, Duration::from_secs(10))],
 //! )?;
 //! let limiter = Limiter::new(rule);
-//! let decision = limiter.check("tenant-42", 1)?;
+//! let decision = limiter.check_now("tenant-42", 1)?;
 //! assert!(decision.allowed());
 //! assert_eq!(decision.remaining(), 9);
+//! assert_eq!((decision.rule(), decision.window()), ("api", Duration::from_secs(1)));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
@@ -29,15 +33,20 @@ mod clock;
 mod decision;
 mod error;
 mod limiter;
-mod redis_limiter;
 mod rule;
 mod store;
 
 pub use algorithm::{Algorithm, LeakyBucket, SubWindows, TokenBucket, WarmUp};
 pub use clock::{Clock, MAX_TIMESTAMP, ManualClock, SystemClock};
-pub use decision::{Decision, Source};
+pub use decision::{Decision, Decisions, Source};
 pub use error::{Error, RuleError};
-pub use limiter::{Limiter, LimiterBuilder, MAX_KEY_LEN};
-pub use redis_limiter::{FailurePolicy, RedisLimiter, RedisLimiterBuilder, StoreTime};
-pub use rule::{Rule, Tier};
-pub use store::RedisStore;
+pub use limiter::{Item, Limiter, LimiterBuilder, MAX_BATCH, MAX_KEY_LEN};
+pub use rule::{FailurePolicy, Rule, Tier};
+pub use store::{
+    AnyPlan, AnyStore, LocalStore, MemoryPlan, MemoryStore, MemoryStoreBuilder, Planned, Store,
+};
+#[cfg(feature = "redis")]
+pub use store::{
+    HybridConfig, HybridPlan, HybridStats, HybridStore, LeaseConfig, LeasePlan, LeaseStats,
+    LeaseStore, RedisPlan, RedisStore, StoreTime,
+};

@@ -1,64 +1,117 @@
-//! The API a Rust service calls: one rule, limited in process memory.
+//! The API a Rust service calls: rules enforced over any store.
 
+use std::collections::HashMap;
+use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
-use crate::algorithm::Attempt;
 use crate::clock::{Clock, MAX_TIMESTAMP, SystemClock};
-use crate::decision::Decision;
-use crate::error::Error;
+use crate::decision::{Decision, Decisions};
+use crate::error::{Error, RuleError};
 use crate::rule::Rule;
-use crate::store::{MemoryConfig, MemoryStore};
+use crate::store::{LocalStore, MemoryStore, Planned, Store};
 
 /// The longest key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 4_096;
 
-/// Limits the keys of one [`Rule`] in process memory.
+/// The most items one batch may hold.
+pub const MAX_BATCH: usize = 1_024;
+
+/// Enforces one or more [`Rule`]s over a [`Store`]: process memory by default, or Redis
+/// (strict, hybrid or lease) with the `redis` feature.
 ///
-/// [`check`](Self::check) answers at once and never blocks; [`acquire`](Self::acquire) waits
-/// until admitted or until its timeout. Keys are arbitrary bytes. Thread-safe: share one
-/// limiter (e.g. in an `Arc`) between threads and tasks; it is deliberately not `Clone`, since
-/// independent copies would not share counts.
-#[derive(Debug)]
-pub struct Limiter<C: Clock = SystemClock> {
-    rule: Rule,
-    store: MemoryStore,
+/// [`check`](Self::check) asks every rule about one key and admits only if all admit;
+/// [`check_batch`](Self::check_batch) asks about several keys under several rules at once,
+/// all-or-nothing; [`acquire`](Self::acquire) waits until admitted or until its timeout. On a
+/// store that decides in process, [`check_now`](Self::check_now) answers without a future.
+///
+/// Thread-safe: share one limiter (e.g. in an `Arc`). Limiters built on clones of one store
+/// share its state, so a rule set can be rebuilt (a hot reload) without losing counts.
+pub struct Limiter<S: Store = MemoryStore, C: Clock = SystemClock> {
+    rules: Box<[RulePlan<S::Plan>]>,
+    by_name: HashMap<&'static str, usize>,
+    store: S,
     clock: C,
 }
 
-impl Limiter {
-    /// A limiter for `rule` on the system clock, holding at most a million keys.
-    pub fn new(rule: Rule) -> Self {
-        Self::builder(rule).build()
-    }
+struct RulePlan<P> {
+    rule: Rule,
+    plan: P,
+}
 
-    /// Configures a limiter for `rule`.
-    pub fn builder(rule: Rule) -> LimiterBuilder {
-        LimiterBuilder {
+impl<S: Store, C: Clock + fmt::Debug> fmt::Debug for Limiter<S, C>
+where
+    S: fmt::Debug,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let rules: Vec<&str> = self.rules.iter().map(|r| r.rule.name()).collect();
+        f.debug_struct("Limiter")
+            .field("rules", &rules)
+            .field("store", &self.store)
+            .field("clock", &self.clock)
+            .finish()
+    }
+}
+
+/// One item of a batch: `cost` permits of `key` under the limiter's rule named `rule`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Item<'a> {
+    /// The rule's name.
+    pub rule: &'a str,
+    /// The key, any bytes up to [`MAX_KEY_LEN`].
+    pub key: &'a [u8],
+    /// Permits asked for; 0 looks without consuming.
+    pub cost: u64,
+}
+
+impl<'a> Item<'a> {
+    /// `cost` permits of `key` under the rule named `rule`.
+    pub fn new(rule: &'a str, key: &'a (impl AsRef<[u8]> + ?Sized), cost: u64) -> Self {
+        Self {
             rule,
-            clock: SystemClock::new(),
-            config: MemoryConfig::default(),
+            key: key.as_ref(),
+            cost,
         }
     }
 }
 
-impl<C: Clock> Limiter<C> {
-    /// Decides whether `key` may take `cost` permits now, and takes them if so. A cost of 0
-    /// looks without taking. Never blocks.
+impl Limiter {
+    /// A limiter for `rule` in process memory (at most a million keys), on the system clock.
+    pub fn new(rule: Rule) -> Self {
+        Self::builder(rule)
+            .build()
+            .expect("every rule fits the default memory store")
+    }
+
+    /// Configures a limiter for `rule` (more rules, the store, the clock).
+    pub fn builder(rule: Rule) -> LimiterBuilder {
+        LimiterBuilder {
+            rules: vec![rule],
+            store: MemoryStore::new(),
+            clock: SystemClock::new(),
+        }
+    }
+}
+
+impl<S: Store, C: Clock> Limiter<S, C> {
+    /// Decides whether `key` may take `cost` permits now under every rule of this limiter, and
+    /// takes them from all if so. A cost of 0 looks without taking. The decision is the
+    /// binding rule's.
     ///
     /// # Errors
     /// [`Error::CostExceedsCapacity`] when a tier can never admit `cost`;
-    /// [`Error::KeyTooLong`] beyond [`MAX_KEY_LEN`] bytes. A denial is not an error.
-    #[inline]
-    pub fn check(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, Error> {
+    /// [`Error::KeyTooLong`] beyond [`MAX_KEY_LEN`] bytes. A denial is not an error, and
+    /// neither is a failing store: the rule's failure policy decides.
+    pub async fn check(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, Error> {
         let key = key.as_ref();
-        validate(&self.rule, key, cost)?;
-        Ok(self.attempt(key, cost, None))
+        self.validate_key(key, cost)?;
+        self.decide_key(key, cost, None).await
     }
 
-    /// Waits until `key` may take `cost` permits, takes them, and returns the decision; fails
-    /// with [`Error::Timeout`] as soon as it is clear that `timeout` is not enough. A shaping
-    /// algorithm (leaky bucket shaper, warm-up) reserves its turn and this waits out the delay.
+    /// Waits until `key` may take `cost` permits under every rule, takes them, and returns the
+    /// decision; fails with [`Error::Timeout`] as soon as it is clear that `timeout` is not
+    /// enough. A shaping algorithm (leaky bucket shaper, warm-up) reserves its turn and this
+    /// waits out the delay.
     ///
     /// Waiting callers are not queued: when permits free up, whoever checks first takes them.
     ///
@@ -71,14 +124,48 @@ impl<C: Clock> Limiter<C> {
         timeout: Duration,
     ) -> Result<Decision, Error> {
         let key = key.as_ref();
-        validate(&self.rule, key, cost)?;
-        let attempt = |patience| std::future::ready(self.attempt(key, cost, Some(patience)));
+        self.validate_key(key, cost)?;
+        let attempt = |patience| self.decide_key(key, cost, Some(patience));
         wait_until_admitted(&self.clock, timeout, attempt).await
     }
 
-    /// The rule this limiter enforces.
+    /// Decides `items` all-or-nothing: the batch is admitted only if every item is, and then
+    /// each takes its cost; otherwise none does (see [`Decisions`]). Items of the same rule
+    /// and key count as one item of their total cost. Atomic on every store, but for keys of
+    /// different slots of a Redis Cluster (see [`RedisStore`](crate::RedisStore)).
+    ///
+    /// # Errors
+    /// [`Error::UnknownRule`] for a rule this limiter does not have, [`Error::TooManyItems`]
+    /// beyond [`MAX_BATCH`], and as [`check`](Self::check).
+    pub async fn check_batch(&self, items: &[Item<'_>]) -> Result<Decisions, Error> {
+        let batch = self.batch(items)?;
+        let decisions = self
+            .store
+            .check(&batch.planned, now(&self.clock), None)
+            .await?;
+        Ok(batch.spread(decisions))
+    }
+
+    /// The rules of this limiter, in order.
+    pub fn rules(&self) -> impl ExactSizeIterator<Item = &Rule> {
+        self.rules.iter().map(|r| &r.rule)
+    }
+
+    /// The first rule of this limiter: its only one when built with one.
     pub fn rule(&self) -> &Rule {
-        &self.rule
+        &self.rules[0].rule
+    }
+
+    /// How the store planned the rule named `name`, e.g. a
+    /// [`RedisPlan`](crate::RedisPlan) that names its keys.
+    pub fn plan(&self, name: &str) -> Option<&S::Plan> {
+        let &index = self.by_name.get(name)?;
+        Some(&self.rules[index].plan)
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
     }
 
     /// The clock this limiter reads.
@@ -86,39 +173,151 @@ impl<C: Clock> Limiter<C> {
         &self.clock
     }
 
-    /// Keys whose state is held now.
-    pub fn keys(&self) -> usize {
-        self.store.len()
+    /// Finishes the store's shared business (pending counts, unused leases) before exit.
+    pub async fn shutdown(&self) {
+        self.store.shutdown().await;
     }
 
-    /// Keys forgotten while their state still mattered, because the store was full.
-    pub fn evictions(&self) -> u64 {
-        self.store.evictions()
+    /// Every rule about `key`, in one call of the store.
+    async fn decide_key(
+        &self,
+        key: &[u8],
+        cost: u64,
+        max_delay: Option<u64>,
+    ) -> Result<Decision, Error> {
+        let now = now(&self.clock);
+        if let [only] = &*self.rules {
+            let item = only.planned(key, cost);
+            let decisions = self
+                .store
+                .check(std::slice::from_ref(&item), now, max_delay);
+            return Ok(decisions.await?[0]);
+        }
+        let items: Vec<_> = self.rules.iter().map(|r| r.planned(key, cost)).collect();
+        let decisions = self.store.check(&items, now, max_delay).await?;
+        Ok(decisions.binding().expect("a limiter has a rule"))
     }
 
-    /// Decides one check now; `max_delay` as in [`Attempt`].
+    /// Rejects a key or a cost that no check of this limiter's rules can accept.
     #[inline]
-    pub(crate) fn attempt(&self, key: &[u8], cost: u64, max_delay: Option<u64>) -> Decision {
-        let attempt = Attempt {
-            now: now(&self.clock),
-            cost,
-            max_delay,
-            commit: true,
-        };
-        self.store.check(&self.rule, key, attempt)
+    fn validate_key(&self, key: &[u8], cost: u64) -> Result<(), Error> {
+        validate_key(key)?;
+        self.rules.iter().try_for_each(|r| r.rule.check_cost(cost))
+    }
+
+    /// `items` resolved to their rules' plans, duplicates merged, each validated.
+    fn batch<'a>(&'a self, items: &[Item<'a>]) -> Result<Batch<'a, S::Plan>, Error> {
+        if items.len() > MAX_BATCH {
+            return Err(Error::TooManyItems {
+                len: items.len(),
+                max: MAX_BATCH,
+            });
+        }
+        let mut planned: Vec<Planned<'a, S::Plan>> = Vec::with_capacity(items.len());
+        let mut positions = Vec::with_capacity(items.len());
+        for item in items {
+            validate_key(item.key)?;
+            let &index = self
+                .by_name
+                .get(item.rule)
+                .ok_or_else(|| Error::UnknownRule {
+                    rule: item.rule.into(),
+                })?;
+            let rule = &self.rules[index];
+            let same = planned
+                .iter()
+                .position(|p| std::ptr::eq(p.rule, &rule.rule) && p.key == item.key);
+            match same {
+                Some(at) => {
+                    planned[at].cost = planned[at].cost.saturating_add(item.cost);
+                    positions.push(at);
+                }
+                None => {
+                    positions.push(planned.len());
+                    planned.push(rule.planned(item.key, item.cost));
+                }
+            }
+        }
+        for p in &planned {
+            p.rule.check_cost(p.cost)?;
+        }
+        Ok(Batch { planned, positions })
     }
 }
 
-/// Rejects a key or a cost that no check of `rule` can accept.
+impl<S: LocalStore, C: Clock> Limiter<S, C> {
+    /// Decides whether `key` may take `cost` permits now under every rule, as
+    /// [`check`](Self::check) does, without a future: for stores that decide in this process
+    /// (memory, hybrid). Never blocks.
+    ///
+    /// # Errors
+    /// As [`check`](Self::check).
+    #[inline]
+    pub fn check_now(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, Error> {
+        let key = key.as_ref();
+        if let [only] = &*self.rules {
+            validate_key(key)?;
+            only.rule.check_cost(cost)?;
+            let item = only.planned(key, cost);
+            return Ok(self.store.check_one_now(&item, now(&self.clock), None));
+        }
+        self.validate_key(key, cost)?;
+        let items: Vec<_> = self.rules.iter().map(|r| r.planned(key, cost)).collect();
+        let decisions = self.store.check_now(&items, now(&self.clock), None);
+        Ok(decisions.binding().expect("a limiter has a rule"))
+    }
+
+    /// Decides `items` all-or-nothing, as [`check_batch`](Self::check_batch) does, without a
+    /// future.
+    ///
+    /// # Errors
+    /// As [`check_batch`](Self::check_batch).
+    pub fn check_batch_now(&self, items: &[Item<'_>]) -> Result<Decisions, Error> {
+        let batch = self.batch(items)?;
+        let decisions = self.store.check_now(&batch.planned, now(&self.clock), None);
+        Ok(batch.spread(decisions))
+    }
+}
+
+impl<P> RulePlan<P> {
+    #[inline]
+    fn planned<'a>(&'a self, key: &'a [u8], cost: u64) -> Planned<'a, P> {
+        Planned {
+            rule: &self.rule,
+            plan: &self.plan,
+            key,
+            cost,
+        }
+    }
+}
+
+/// A batch as the store sees it, and where each item the caller gave went.
+struct Batch<'a, P> {
+    planned: Vec<Planned<'a, P>>,
+    /// For each item given, its index in `planned`.
+    positions: Vec<usize>,
+}
+
+impl<P> Batch<'_, P> {
+    /// One decision per item given, from the store's decisions of the merged items.
+    fn spread(&self, decisions: Decisions) -> Decisions {
+        if self.positions.len() == self.planned.len() {
+            return decisions;
+        }
+        Decisions::many(self.positions.iter().map(|&at| decisions[at]).collect())
+    }
+}
+
+/// Rejects a key longer than [`MAX_KEY_LEN`].
 #[inline]
-pub(crate) fn validate(rule: &Rule, key: &[u8], cost: u64) -> Result<(), Error> {
+fn validate_key(key: &[u8]) -> Result<(), Error> {
     if key.len() > MAX_KEY_LEN {
         return Err(Error::KeyTooLong {
             len: key.len(),
             max: MAX_KEY_LEN,
         });
     }
-    rule.check_cost(cost)
+    Ok(())
 }
 
 /// Now, kept within the range the algorithms accept (0 means "never" in state words).
@@ -130,20 +329,20 @@ pub(crate) fn now(clock: &impl Clock) -> u64 {
 /// Repeats `attempt(patience)` until it admits, sleeping on `clock` for the delay a shaper
 /// gave or the wait a denial asked for; gives up as soon as that wait exceeds what is left of
 /// `timeout`, without sleeping first. `patience` is the µs left before the deadline.
-pub(crate) async fn wait_until_admitted<F, Fut>(
+async fn wait_until_admitted<F, Fut>(
     clock: &impl Clock,
     timeout: Duration,
     mut attempt: F,
 ) -> Result<Decision, Error>
 where
     F: FnMut(u64) -> Fut,
-    Fut: Future<Output = Decision>,
+    Fut: Future<Output = Result<Decision, Error>>,
 {
     let timeout_micros = u64::try_from(timeout.as_micros()).unwrap_or(u64::MAX);
     let deadline = now(clock).saturating_add(timeout_micros);
     loop {
         let patience = deadline.saturating_sub(now(clock));
-        let decision = attempt(patience).await;
+        let decision = attempt(patience).await?;
         if decision.allowed() {
             if decision.delay_micros() > 0 {
                 clock.sleep(decision.delay()).await;
@@ -161,49 +360,60 @@ where
 
 /// Configures a [`Limiter`].
 #[derive(Debug)]
-pub struct LimiterBuilder<C: Clock = SystemClock> {
-    rule: Rule,
+pub struct LimiterBuilder<S: Store = MemoryStore, C: Clock = SystemClock> {
+    rules: Vec<Rule>,
+    store: S,
     clock: C,
-    config: MemoryConfig,
 }
 
-impl<C: Clock> LimiterBuilder<C> {
-    /// Reads time from `clock` (e.g. a [`ManualClock`](crate::ManualClock) in tests).
-    pub fn clock<D: Clock>(self, clock: D) -> LimiterBuilder<D> {
+impl<S: Store, C: Clock> LimiterBuilder<S, C> {
+    /// Adds a rule: [`Limiter::check`] asks every rule about its key.
+    pub fn rule(mut self, rule: Rule) -> Self {
+        self.rules.push(rule);
+        self
+    }
+
+    /// Keeps state in `store` instead of a new memory store of its own.
+    pub fn store<T: Store>(self, store: T) -> LimiterBuilder<T, C> {
         LimiterBuilder {
-            rule: self.rule,
-            clock,
-            config: self.config,
-        }
-    }
-
-    /// Holds at most about `max_keys` keys (default a million): rounded up to a multiple of
-    /// the shard count, each shard holding its share. A new key in a full shard evicts the
-    /// keys closest to idle.
-    pub fn max_keys(mut self, max_keys: usize) -> Self {
-        self.config.max_keys = max_keys;
-        self
-    }
-
-    /// Splits the keys over `shards` independently locked shards (rounded up to a power of
-    /// two; default eight per CPU, at least 16).
-    pub fn shards(mut self, shards: usize) -> Self {
-        self.config.shards = shards;
-        self
-    }
-
-    /// Drops idle keys at most this often, when new keys arrive (default one second).
-    pub fn sweep_interval(mut self, interval: Duration) -> Self {
-        self.config.sweep_interval = interval;
-        self
-    }
-
-    /// Builds the limiter.
-    pub fn build(self) -> Limiter<C> {
-        Limiter {
-            store: MemoryStore::new(&self.rule, self.config),
-            rule: self.rule,
+            rules: self.rules,
+            store,
             clock: self.clock,
         }
+    }
+
+    /// Reads time from `clock` (e.g. a [`ManualClock`](crate::ManualClock) in tests).
+    pub fn clock<D: Clock>(self, clock: D) -> LimiterBuilder<S, D> {
+        LimiterBuilder {
+            rules: self.rules,
+            store: self.store,
+            clock,
+        }
+    }
+
+    /// Plans every rule on the store and builds the limiter.
+    ///
+    /// # Errors
+    /// [`Error::Rule`] for two rules of one name, or a rule the store cannot hold.
+    pub fn build(self) -> Result<Limiter<S, C>, Error> {
+        let mut by_name = HashMap::with_capacity(self.rules.len());
+        let mut rules = Vec::with_capacity(self.rules.len());
+        for rule in self.rules {
+            if by_name.insert(rule.name(), rules.len()).is_some() {
+                return Err(Error::Rule(RuleError {
+                    rule: rule.name().into(),
+                    field: "name".into(),
+                    reason: "two rules of one limiter have this name".into(),
+                }));
+            }
+            let plan = self.store.plan(&rule)?;
+            rules.push(RulePlan { rule, plan });
+        }
+        Ok(Limiter {
+            rules: rules.into(),
+            by_name,
+            store: self.store,
+            clock: self.clock,
+        })
     }
 }

@@ -1,7 +1,8 @@
 //! Rules and their tiers, validated once when the rule is built.
 
+use std::collections::HashSet;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::algorithm::{Algorithm, Attempt, Decide, Invalid, Rate};
@@ -113,6 +114,23 @@ impl Tier {
     }
 }
 
+/// What a rule does when its shared store fails: answers with an error, or not within the
+/// timeout. Stores that keep all their state in this process never fail.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum FailurePolicy {
+    /// Admit without counting: availability before protection (the default, as in Envoy).
+    #[default]
+    Open,
+    /// Deny until the store answers again: protection before availability.
+    Closed,
+    /// Limit in this process, with `share` (above 0, at most 1) of every tier's limit and
+    /// burst: each instance enforces its share, e.g. `1 / instances`.
+    Local {
+        /// The fraction of each limit this instance enforces alone.
+        share: f64,
+    },
+}
+
 /// A named limit: an algorithm and one or more tiers that must all admit a check.
 ///
 /// A check consumes from every tier or from none. Cheap to clone.
@@ -121,15 +139,42 @@ pub struct Rule {
     inner: Arc<RuleInner>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct RuleInner {
-    name: String,
+    label: &'static Label,
     algorithm: Algorithm,
     tiers: Box<[Tier]>,
     /// `offsets[i]..offsets[i + 1]` are tier `i`'s state words.
     offsets: Box<[usize]>,
     /// The largest cost every tier can admit.
     capacity: u64,
+    /// Whether a key's expired state must be read as new (see [`Decide::forgets`]).
+    forgets: bool,
+    failure: FailurePolicy,
+    /// The rule scaled to its local share, when its failure policy is [`FailurePolicy::Local`].
+    local: Option<Rule>,
+    shadow: bool,
+}
+
+/// What a decision says of its rule: the name and each tier's window (µs).
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Label {
+    pub(crate) name: Box<str>,
+    pub(crate) windows: Box<[u64]>,
+}
+
+/// Labels live as long as the process, so that a decision names its rule with one pointer
+/// and no reference count. Each distinct label is kept once.
+fn intern(label: Label) -> &'static Label {
+    static LABELS: Mutex<Option<HashSet<&'static Label>>> = Mutex::new(None);
+    let mut labels = LABELS.lock().unwrap_or_else(|e| e.into_inner());
+    let labels = labels.get_or_insert_with(HashSet::new);
+    if let Some(&known) = labels.get(&label) {
+        return known;
+    }
+    let leaked: &'static Label = Box::leak(Box::new(label));
+    labels.insert(leaked);
+    leaked
 }
 
 impl Rule {
@@ -182,20 +227,87 @@ impl Rule {
             .map(|t| algorithm.capacity(t))
             .min()
             .unwrap_or(0);
+        let windows = tiers.iter().map(Tier::period_micros).collect();
+        let forgets = algorithm.forgets();
         Ok(Self {
             inner: Arc::new(RuleInner {
-                name,
+                label: intern(Label {
+                    name: name.into(),
+                    windows,
+                }),
                 algorithm,
                 tiers,
                 offsets: offsets.into(),
                 capacity,
+                forgets,
+                failure: FailurePolicy::Open,
+                local: None,
+                shadow: false,
             }),
         })
     }
 
-    /// The rule's name.
-    pub fn name(&self) -> &str {
-        &self.inner.name
+    /// The same rule with `policy` for when its shared store fails.
+    ///
+    /// # Errors
+    /// A [`RuleError`] when a local share is not in (0, 1], or the rule scaled to it is not
+    /// valid (e.g. a warm-up too short for the smaller limits).
+    pub fn on_failure(self, policy: FailurePolicy) -> Result<Self, RuleError> {
+        let local = match policy {
+            FailurePolicy::Local { share } if !(share > 0.0 && share <= 1.0) => {
+                return Err(RuleError {
+                    rule: self.name().into(),
+                    field: "on_failure.share".into(),
+                    reason: format!("{share} must be above 0 and at most 1"),
+                });
+            }
+            FailurePolicy::Local { share } => Some(self.scaled(share)?),
+            _ => None,
+        };
+        let mut inner = Arc::unwrap_or_clone(self.inner);
+        inner.failure = policy;
+        inner.local = local;
+        Ok(Self {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// The same rule in shadow mode (or not): it is evaluated and counts what it admits, but
+    /// its denials never deny a check; [`Decision::shadowed`](crate::Decision::shadowed) says
+    /// when it would have.
+    pub fn shadow(self, shadow: bool) -> Self {
+        let mut inner = Arc::unwrap_or_clone(self.inner);
+        inner.shadow = shadow;
+        Self {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// What the rule does when its shared store fails.
+    pub fn failure_policy(&self) -> FailurePolicy {
+        self.inner.failure
+    }
+
+    /// The rule scaled to its local share, under [`FailurePolicy::Local`].
+    #[cfg(feature = "redis")]
+    pub(crate) fn local(&self) -> Option<&Rule> {
+        self.inner.local.as_ref()
+    }
+
+    /// Whether the rule is in shadow mode.
+    pub fn is_shadow(&self) -> bool {
+        self.inner.shadow
+    }
+
+    /// The rule's name. Names are kept for the life of the process, one copy each.
+    pub fn name(&self) -> &'static str {
+        &self.inner.label.name
+    }
+
+    /// The rule's label, which decisions carry.
+    #[inline]
+    pub(crate) fn label(&self) -> &'static Label {
+        self.inner.label
     }
 
     /// The algorithm.
@@ -225,27 +337,41 @@ impl Rule {
         Self::new(self.name(), self.algorithm().clone(), tiers)
     }
 
-    /// A fingerprint of everything that shapes this rule's state (algorithm, parameters, tiers),
-    /// the same in every process: stored state is only ever read back by the same definition.
+    /// A fingerprint of what this rule's state words mean (the algorithm, its parameters and
+    /// each tier's period and layout), the same in every process. Limits and bursts are left
+    /// out, so that a rule whose limit is edited keeps its keys' state; a changed layout
+    /// starts afresh rather than misreading the old state.
     pub(crate) fn fingerprint(&self) -> u32 {
-        // FNV-1a over the definition, folded to 32 bits.
+        // FNV-1a over the layout, folded to 32 bits.
         let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        let mut feed = |bytes: &[u8]| {
-            for &b in bytes {
+        let mut feed = |n: u64| {
+            for b in n.to_le_bytes() {
                 hash = (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
             }
         };
         let algorithm = self.algorithm();
-        feed(algorithm.name().as_bytes());
+        for b in algorithm.name().bytes() {
+            feed(u64::from(b));
+        }
+        feed(self.tiers().len() as u64);
         for tier in self.tiers() {
-            for n in [tier.limit, tier.period_micros, tier.burst()] {
-                feed(&n.to_le_bytes());
-            }
-            for p in algorithm.script_parameters(tier) {
-                feed(&p.to_bits().to_le_bytes());
-            }
+            algorithm.layout(tier, &mut feed);
         }
         (hash ^ (hash >> 32)) as u32
+    }
+
+    /// Rewrites `from`, a key's state under `previous` (an earlier version of this rule with
+    /// the same fingerprint but other limits), as this rule's state `to`.
+    pub(crate) fn adopt(&self, previous: &Rule, from: &[u64], to: &mut [u64]) {
+        let algorithm = self.algorithm();
+        for (i, (old, new)) in previous.tiers().iter().zip(self.tiers()).enumerate() {
+            algorithm.adopt(
+                old,
+                &from[previous.tier_words(i)],
+                new,
+                &mut to[self.tier_words(i)],
+            );
+        }
     }
 
     /// The largest cost every tier can admit; a larger one is an error, not a denial.
@@ -273,16 +399,19 @@ impl Rule {
         state: &mut [u64],
         attempt: Attempt,
     ) -> Decision {
+        if self.inner.forgets && self.expires_at(algorithm, state) <= attempt.now {
+            state.fill(0);
+        }
         let tiers = self.tiers();
         if let [tier] = tiers {
             let verdict = algorithm.decide(tier, state, &attempt);
             if !verdict.allowed && attempt.writes() {
                 algorithm.first_seen(tier, state, attempt.now);
             }
-            return Decision::single(verdict);
+            return Decision::of(self, 0, verdict);
         }
         let mut decide = |attempt: &Attempt| {
-            Decision::merge(tiers.len(), |i| {
+            Decision::merge(self, |i| {
                 algorithm.decide(&tiers[i], &mut state[self.tier_words(i)], attempt)
             })
         };
@@ -294,11 +423,17 @@ impl Rule {
             return decide(&attempt);
         }
         if attempt.writes() {
-            for (i, tier) in tiers.iter().enumerate() {
-                algorithm.first_seen(tier, &mut state[self.tier_words(i)], attempt.now);
-            }
+            self.first_seen(algorithm, state, attempt.now);
         }
         probe
+    }
+
+    /// Records in every tier that a key was first seen at `now`, consuming nothing (see
+    /// [`Decide::first_seen`]).
+    pub(crate) fn first_seen<A: Decide>(&self, algorithm: &A, state: &mut [u64], now: u64) {
+        for (i, tier) in self.tiers().iter().enumerate() {
+            algorithm.first_seen(tier, &mut state[self.tier_words(i)], now);
+        }
     }
 
     /// When a key's `state` becomes equivalent to a key never seen, in every tier.
@@ -326,7 +461,7 @@ impl Rule {
             .find(|&(_, capacity)| cost > capacity)
             .expect("some tier's capacity is below the cost");
         Err(Error::CostExceedsCapacity {
-            rule: self.inner.name.clone(),
+            rule: self.name().into(),
             tier,
             cost,
             capacity,

@@ -9,7 +9,8 @@ use std::thread;
 use std::time::Duration;
 
 use tollgate::{
-    Algorithm, Decision, LeakyBucket, Limiter, ManualClock, Rule, SubWindows, Tier, TokenBucket,
+    Algorithm, Decision, LeakyBucket, Limiter, ManualClock, MemoryStore, Rule, SubWindows, Tier,
+    TokenBucket,
 };
 
 const THREADS: usize = 8;
@@ -17,7 +18,10 @@ const CHECKS_PER_THREAD: usize = 400;
 const LIMIT: u64 = 1_000;
 
 /// Runs `THREADS x CHECKS_PER_THREAD` checks of cost 1, all released at once on `keys`.
-fn hammer(limiter: &Arc<Limiter<ManualClock>>, keys: &[&'static str]) -> Vec<(usize, Decision)> {
+fn hammer(
+    limiter: &Arc<Limiter<MemoryStore, ManualClock>>,
+    keys: &[&'static str],
+) -> Vec<(usize, Decision)> {
     let barrier = Arc::new(Barrier::new(THREADS));
     let workers: Vec<_> = (0..THREADS)
         .map(|t| {
@@ -28,7 +32,7 @@ fn hammer(limiter: &Arc<Limiter<ManualClock>>, keys: &[&'static str]) -> Vec<(us
                 (0..CHECKS_PER_THREAD)
                     .map(|i| {
                         let key = (t + i) % keys.len();
-                        (key, limiter.check(keys[key], 1).unwrap())
+                        (key, limiter.check_now(keys[key], 1).unwrap())
                     })
                     .collect::<Vec<_>>()
             })
@@ -40,9 +44,14 @@ fn hammer(limiter: &Arc<Limiter<ManualClock>>, keys: &[&'static str]) -> Vec<(us
         .collect()
 }
 
-fn frozen(algorithm: Algorithm, tiers: Vec<Tier>) -> Arc<Limiter<ManualClock>> {
+fn frozen(algorithm: Algorithm, tiers: Vec<Tier>) -> Arc<Limiter<MemoryStore, ManualClock>> {
     let rule = Rule::new("stress", algorithm, tiers).unwrap();
-    Arc::new(Limiter::builder(rule).clock(ManualClock::new()).build())
+    Arc::new(
+        Limiter::builder(rule)
+            .clock(ManualClock::new())
+            .build()
+            .unwrap(),
+    )
 }
 
 fn assert_exact(name: &str, decisions: &[Decision], capacity: u64) {
@@ -130,5 +139,5 @@ fn many_keys_each_admit_exactly_their_limit() {
             .collect();
         assert_exact(name, &of_key, 50);
     }
-    assert_eq!(limiter.keys(), keys.len());
+    assert_eq!(limiter.store().keys(), keys.len());
 }

@@ -3,20 +3,26 @@
 use std::time::Duration;
 
 use tollgate::{
-    Algorithm, Clock, Error, LeakyBucket, Limiter, MAX_KEY_LEN, ManualClock, Rule, SystemClock,
-    Tier, TokenBucket, WarmUp,
+    Algorithm, Clock, Error, LeakyBucket, Limiter, MAX_KEY_LEN, ManualClock, MemoryStore, Rule,
+    SystemClock, Tier, TokenBucket, WarmUp,
 };
 
-fn manual(algorithm: Algorithm, tiers: impl IntoIterator<Item = Tier>) -> Limiter<ManualClock> {
+fn manual(
+    algorithm: Algorithm,
+    tiers: impl IntoIterator<Item = Tier>,
+) -> Limiter<MemoryStore, ManualClock> {
     let rule = Rule::new("api", algorithm, tiers).unwrap();
-    Limiter::builder(rule).clock(ManualClock::new()).build()
+    Limiter::builder(rule)
+        .clock(ManualClock::new())
+        .build()
+        .unwrap()
 }
 
 #[test]
 fn limiters_are_shareable_between_threads() {
     fn shareable<T: Send + Sync>() {}
     shareable::<Limiter>();
-    shareable::<Limiter<ManualClock>>();
+    shareable::<Limiter<MemoryStore, ManualClock>>();
 }
 
 #[test]
@@ -30,20 +36,20 @@ fn two_tiers_report_the_binding_one_and_consume_from_both_or_neither() {
     let mut admitted = 0;
     for _ in 0..5 {
         for _ in 0..20 {
-            admitted += u64::from(limiter.check("tenant", 1).unwrap().allowed());
+            admitted += u64::from(limiter.check_now("tenant", 1).unwrap().allowed());
         }
         clock.advance(Duration::from_secs(1));
     }
     assert_eq!(admitted, 50);
     // The per-second tier has room again; the ten-second one denies, and nothing is taken.
-    let denied = limiter.check("tenant", 1).unwrap();
+    let denied = limiter.check_now("tenant", 1).unwrap();
     assert_eq!(
         (denied.allowed(), denied.tier(), denied.limit()),
         (false, 1, 50)
     );
     assert_eq!(denied.retry_after(), Some(Duration::from_secs(5)));
     clock.advance(Duration::from_secs(5));
-    let fresh = limiter.check("tenant", 1).unwrap();
+    let fresh = limiter.check_now("tenant", 1).unwrap();
     assert_eq!(
         (fresh.allowed(), fresh.tier(), fresh.remaining()),
         (true, 0, 9)
@@ -61,16 +67,18 @@ fn keys_are_arbitrary_bytes() {
         &[0u8; MAX_KEY_LEN],
     ];
     for key in keys {
-        assert!(limiter.check(key, 1).unwrap().allowed(), "{key:?}");
-        assert!(!limiter.check(key, 1).unwrap().allowed(), "{key:?}");
+        assert!(limiter.check_now(key, 1).unwrap().allowed(), "{key:?}");
+        assert!(!limiter.check_now(key, 1).unwrap().allowed(), "{key:?}");
     }
-    assert_eq!(limiter.keys(), keys.len());
+    assert_eq!(limiter.store().keys(), keys.len());
 }
 
 #[test]
 fn a_huge_key_is_an_error_and_stores_nothing() {
     let limiter = manual(Algorithm::FixedWindow, [Tier::per_second(1)]);
-    let err = limiter.check(vec![7u8; MAX_KEY_LEN + 1], 1).unwrap_err();
+    let err = limiter
+        .check_now(vec![7u8; MAX_KEY_LEN + 1], 1)
+        .unwrap_err();
     assert_eq!(
         err,
         Error::KeyTooLong {
@@ -78,7 +86,7 @@ fn a_huge_key_is_an_error_and_stores_nothing() {
             max: MAX_KEY_LEN
         }
     );
-    assert_eq!(limiter.keys(), 0);
+    assert_eq!(limiter.store().keys(), 0);
 }
 
 #[test]
@@ -87,8 +95,8 @@ fn an_absurd_cost_is_an_error_that_names_the_tier_not_a_denial() {
         Algorithm::TokenBucket(TokenBucket::default()),
         [Tier::per_second(10).with_burst(20), Tier::per_minute(100)],
     );
-    assert!(limiter.check("k", 20).unwrap().allowed());
-    let err = limiter.check("k", u64::MAX).unwrap_err();
+    assert!(limiter.check_now("k", 20).unwrap().allowed());
+    let err = limiter.check_now("k", u64::MAX).unwrap_err();
     assert!(matches!(
         err,
         Error::CostExceedsCapacity {
@@ -99,8 +107,8 @@ fn an_absurd_cost_is_an_error_that_names_the_tier_not_a_denial() {
     ));
     assert!(err.to_string().contains("can ever admit"), "{err}");
     // Nothing was consumed by the rejected check.
-    assert_eq!(limiter.check("k", 0).unwrap().remaining(), 0);
-    assert_eq!(limiter.check("other", 0).unwrap().remaining(), 20);
+    assert_eq!(limiter.check_now("k", 0).unwrap().remaining(), 0);
+    assert_eq!(limiter.check_now("other", 0).unwrap().remaining(), 20);
 }
 
 #[test]
@@ -173,7 +181,7 @@ async fn acquire_waits_for_the_next_permit() {
 #[tokio::test]
 async fn acquire_gives_up_at_once_when_the_timeout_cannot_be_met() {
     let limiter = manual(Algorithm::Gcra, [Tier::per_second(10).with_burst(1)]);
-    limiter.check("k", 1).unwrap();
+    limiter.check_now("k", 1).unwrap();
     let before = limiter.clock().now_micros();
     let err = limiter
         .acquire("k", 1, Duration::from_millis(50))
@@ -207,7 +215,7 @@ async fn acquire_on_a_shaper_waits_out_the_delay_it_was_given() {
     // timeout is not admitted, and takes nothing.
     let err = limiter.acquire("k", 8, Duration::from_millis(50)).await;
     assert!(matches!(err, Err(Error::Timeout { .. })));
-    assert_eq!(limiter.check("k", 0).unwrap().remaining(), 9);
+    assert_eq!(limiter.check_now("k", 0).unwrap().remaining(), 9);
 }
 
 #[tokio::test]

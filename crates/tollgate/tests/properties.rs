@@ -5,29 +5,35 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tollgate::{
-    Algorithm, Clock, LeakyBucket, Limiter, ManualClock, Rule, SubWindows, Tier, TokenBucket,
-    WarmUp,
+    Algorithm, Clock, LeakyBucket, Limiter, ManualClock, MemoryStore, Rule, SubWindows, Tier,
+    TokenBucket, WarmUp,
 };
 
 /// One admitted check: when (µs since the epoch) and how many permits.
 type Admission = (u64, u64);
 
-fn limiter(algorithm: Algorithm, tier: Tier) -> Limiter<ManualClock> {
+fn limiter(algorithm: Algorithm, tier: Tier) -> Limiter<MemoryStore, ManualClock> {
     let rule = Rule::new("prop", algorithm, [tier]).expect("valid rule");
     Limiter::builder(rule)
+        .store(MemoryStore::builder().shards(1).build())
         .clock(ManualClock::new())
-        .shards(1)
         .build()
+        .unwrap()
 }
 
 /// Runs `arrivals` (gap before, cost) against `limiter`; returns what was admitted.
-fn run(limiter: &Limiter<ManualClock>, arrivals: &[(u64, u64)]) -> Vec<Admission> {
+fn run(limiter: &Limiter<MemoryStore, ManualClock>, arrivals: &[(u64, u64)]) -> Vec<Admission> {
     let clock = limiter.clock();
     let mut admitted = Vec::new();
     for &(gap, cost) in arrivals {
         clock.advance(Duration::from_micros(gap));
         let cost = cost.min(limiter.rule().capacity());
-        if limiter.check(b"key", cost).expect("valid check").allowed() && cost > 0 {
+        if limiter
+            .check_now(b"key", cost)
+            .expect("valid check")
+            .allowed()
+            && cost > 0
+        {
             admitted.push((clock.now_micros(), cost));
         }
     }
@@ -121,7 +127,7 @@ proptest! {
                 // The previous permits' emission time, rounded up, then any extra slack.
                 let gap = (previous_cost * period).div_ceil(limit) + slack;
                 clock.advance(Duration::from_micros(gap));
-                let decision = limiter.check(b"key", cost).unwrap();
+                let decision = limiter.check_now(b"key", cost).unwrap();
                 prop_assert!(decision.allowed(), "{} denied a conforming stream", limiter.rule().algorithm().name());
                 prop_assert_eq!(decision.delay(), Duration::ZERO);
                 previous_cost = cost;
@@ -142,7 +148,7 @@ proptest! {
                 .iter()
                 .map(|&(gap, cost)| {
                     limiter.clock().advance(Duration::from_micros(gap));
-                    limiter.check(b"key", cost.min(burst)).unwrap()
+                    limiter.check_now(b"key", cost.min(burst)).unwrap()
                 })
                 .collect::<Vec<_>>()
         };

@@ -7,16 +7,16 @@ use std::time::Duration;
 
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use support::RedisServer;
-use tollgate::{Algorithm, Error, RedisLimiter, RedisStore, Rule, Source, Tier};
+use tollgate::{Algorithm, Error, Limiter, RedisStore, Rule, Source, Tier};
 
 fn rule() -> Rule {
     Rule::new("conn", Algorithm::Gcra, [Tier::per_second(5)]).unwrap()
 }
 
-async fn checked_by_redis(store: RedisStore) -> RedisLimiter {
+async fn checked_by_redis(store: RedisStore) -> Limiter<RedisStore> {
     store.ping().await.expect("store answers");
-    let limiter = RedisLimiter::builder(rule(), store)
-        .timeout(Duration::from_secs(5))
+    let limiter = Limiter::builder(rule())
+        .store(store.timeout(Duration::from_secs(5)))
         .build()
         .unwrap();
     let decision = limiter.check("tenant", 1).await.unwrap();
@@ -29,7 +29,7 @@ async fn password_and_database_in_the_url() {
     let server = RedisServer::start_with(&["--requirepass", "s3cret"]);
     let url = format!("redis://:s3cret@127.0.0.1:{}/3", server.port);
     let limiter = checked_by_redis(RedisStore::open(&url).unwrap()).await;
-    let key = String::from_utf8(limiter.redis_keys("tenant").remove(0)).unwrap();
+    let key = String::from_utf8(support::redis_keys(&limiter, "tenant").remove(0)).unwrap();
     let in_db = |db: &str| {
         server.cli(&[
             "-a",

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use support::RedisServer;
 use tollgate::{
-    Algorithm, Clock, Decision, Error, LeakyBucket, Limiter, ManualClock, RedisLimiter, RedisStore,
-    Rule, StoreTime, SubWindows, Tier, TokenBucket, WarmUp,
+    Algorithm, Clock, Decision, Error, LeakyBucket, Limiter, ManualClock, RedisStore, Rule,
+    StoreTime, SubWindows, Tier, TokenBucket, WarmUp,
 };
 
 /// xorshift64*: a reproducible stream of arrival sequences.
@@ -29,8 +29,12 @@ impl Random {
 }
 
 fn rules() -> Vec<Rule> {
-    let rule = |algorithm: Algorithm, tiers: Vec<Tier>| {
-        Rule::new(format!("diff-{}", algorithm.name()), algorithm, tiers).unwrap()
+    // Each rule its own name: rules of one name and layout share their keys' state.
+    let mut made = 0;
+    let mut rule = |algorithm: Algorithm, tiers: Vec<Tier>| {
+        made += 1;
+        let name = format!("diff-{}-{made}", algorithm.name());
+        Rule::new(name, algorithm, tiers).unwrap()
     };
     let ms = Duration::from_millis;
     let mut rules = Vec::new();
@@ -121,18 +125,21 @@ async fn memory_and_redis_scripts_decide_identically_on_every_timeline() {
 }
 
 async fn differential(server: &RedisServer) {
-    let store = RedisStore::open(&server.url()).unwrap();
+    let store = RedisStore::open(&server.url())
+        .unwrap()
+        .store_time(StoreTime::Local)
+        .timeout(Duration::from_secs(5));
     let mut random = Random(0x9e37_79b9_7f4a_7c15);
     let mut checks = 0;
     for rule in rules() {
         let (memory_clock, redis_clock) = (ManualClock::new(), ManualClock::new());
         let memory = Limiter::builder(rule.clone())
             .clock(memory_clock.clone())
-            .build();
-        let redis = RedisLimiter::builder(rule.clone(), store.clone())
+            .build()
+            .unwrap();
+        let redis = Limiter::builder(rule.clone())
+            .store(store.clone())
             .clock(redis_clock.clone())
-            .store_time(StoreTime::Local)
-            .timeout(Duration::from_secs(5))
             .build()
             .unwrap();
         for step in 0..400 {
@@ -152,7 +159,7 @@ async fn differential(server: &RedisServer) {
                     redis.acquire(&key, cost, timeout).await,
                 )
             } else {
-                (memory.check(&key, cost), redis.check(&key, cost).await)
+                (memory.check_now(&key, cost), redis.check(&key, cost).await)
             };
             assert_eq!(
                 seen(&expected),

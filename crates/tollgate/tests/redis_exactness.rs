@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use support::{RedisCluster, RedisServer};
 use tollgate::{
-    Algorithm, LeakyBucket, ManualClock, RedisLimiter, RedisStore, Rule, Source, StoreTime,
-    SubWindows, Tier, TokenBucket,
+    Algorithm, LeakyBucket, Limiter, ManualClock, RedisStore, Rule, Source, StoreTime, SubWindows,
+    Tier, TokenBucket,
 };
 
 const INSTANCES: usize = 4;
@@ -59,13 +59,17 @@ fn exact_rules() -> Vec<(Rule, StoreTime)> {
 /// Permits admitted for each of `keys` when `INSTANCES x TASKS` tasks check them, cost 1 or 2.
 async fn hammer(stores: &[RedisStore], rule: &Rule, time: StoreTime, keys: &[String]) -> Vec<u64> {
     let clock = ManualClock::new();
-    let limiters: Vec<Arc<RedisLimiter<ManualClock>>> = stores
+    let limiters: Vec<Arc<Limiter<RedisStore, ManualClock>>> = stores
         .iter()
         .map(|store| {
-            let limiter = RedisLimiter::builder(rule.clone(), store.clone())
+            let limiter = Limiter::builder(rule.clone())
+                .store(
+                    store
+                        .clone()
+                        .store_time(time)
+                        .timeout(Duration::from_secs(10)),
+                )
                 .clock(clock.clone())
-                .store_time(time)
-                .timeout(Duration::from_secs(10))
                 .build()
                 .unwrap();
             Arc::new(limiter)
@@ -161,8 +165,8 @@ async fn a_key_keeps_its_state_while_its_slot_moves_to_another_master() {
     let store = RedisStore::open_cluster(&nodes).await.unwrap();
     let tier = Tier::per_day(LIMIT).with_burst(LIMIT);
     let rule = Rule::new("reshard", Algorithm::Gcra, [tier]).unwrap();
-    let limiter = RedisLimiter::builder(rule, store)
-        .timeout(Duration::from_secs(5))
+    let limiter = Limiter::builder(rule)
+        .store(store.timeout(Duration::from_secs(5)))
         .build()
         .unwrap();
     let take = async || {
@@ -172,7 +176,7 @@ async fn a_key_keeps_its_state_while_its_slot_moves_to_another_master() {
     };
     assert_eq!(take().await, LIMIT - 1);
 
-    let key = String::from_utf8(limiter.redis_keys("tenant").remove(0)).unwrap();
+    let key = String::from_utf8(support::redis_keys(&limiter, "tenant").remove(0)).unwrap();
     let slot = cluster.nodes[0].cli(&["cluster", "keyslot", &key]);
     // Whether a node holds the key: EXISTS would be redirected while the slot migrates.
     let holds = |node: &RedisServer| node.cli(&["cluster", "countkeysinslot", &slot]) == "1";

@@ -10,22 +10,23 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use support::RedisServer;
-use tollgate::{Algorithm, FailurePolicy, RedisLimiter, RedisStore, Rule, Source, Tier};
+use tollgate::{Algorithm, FailurePolicy, Limiter, RedisStore, Rule, Source, Tier};
 
 const TIMEOUT: Duration = Duration::from_millis(20);
 /// Scheduling slack on a shared two-core machine; a hang would exceed it by far.
 const MARGIN: Duration = Duration::from_millis(500);
 
+type RedisLimiter = Limiter<RedisStore>;
+
 fn limiter(url: &str, policy: FailurePolicy) -> Arc<RedisLimiter> {
-    let rule = Rule::new("faults", Algorithm::FixedWindow, [Tier::per_minute(10)]).unwrap();
-    let store = RedisStore::open(url).unwrap();
-    let limiter = RedisLimiter::builder(rule, store)
-        .on_failure(policy)
-        .timeout(TIMEOUT)
-        .circuit_breaker(3, Duration::from_millis(200))
-        .build()
+    let rule = Rule::new("faults", Algorithm::FixedWindow, [Tier::per_minute(10)])
+        .and_then(|rule| rule.on_failure(policy))
         .unwrap();
-    Arc::new(limiter)
+    let store = RedisStore::open(url)
+        .unwrap()
+        .timeout(TIMEOUT)
+        .circuit_breaker(3, Duration::from_millis(200));
+    Arc::new(Limiter::builder(rule).store(store).build().unwrap())
 }
 
 /// Background load: 16 tasks checking distinct keys until stopped; records every source seen
@@ -185,5 +186,79 @@ async fn a_redis_that_never_started_is_a_policy_decision_not_an_error() {
         let decision = limiter.check("k", 1).await.unwrap();
         assert!(started.elapsed() <= TIMEOUT + MARGIN);
         assert_eq!(decision.source(), Source::FailClosed);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_cancelled_by_its_caller_does_not_keep_the_breaker_open() {
+    let server = RedisServer::start();
+    let rule = Rule::new("probe", Algorithm::FixedWindow, [Tier::per_minute(10)]).unwrap();
+    let store = RedisStore::open(&server.url())
+        .unwrap()
+        .timeout(Duration::from_millis(300))
+        .circuit_breaker(1, Duration::from_millis(100));
+    let limiter = Limiter::builder(rule).store(store).build().unwrap();
+    assert_eq!(limiter.check("k", 1).await.unwrap().source(), Source::Redis);
+    server.pause();
+    // One failure opens the breaker.
+    assert_eq!(
+        limiter.check("k", 1).await.unwrap().source(),
+        Source::FailOpen
+    );
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    // The cooldown is over: this check probes the frozen server, and its caller gives up
+    // first (a client that went away, an outer timeout).
+    let cancelled = tokio::time::timeout(Duration::from_millis(30), limiter.check("k", 1)).await;
+    assert!(cancelled.is_err(), "the probe was still waiting");
+    server.resume();
+    // The next check probes again and finds the server back.
+    assert_eq!(wait_for_redis(&limiter, "after").await, Source::Redis);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cost_above_the_local_share_is_denied_until_redis_returns_never_a_panic() {
+    // Nothing listens on this port.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let algorithms = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SubWindows(tollgate::SubWindows { count: 6 }),
+        Algorithm::SlidingLog,
+        Algorithm::IntervalBucket,
+        Algorithm::TokenBucket(tollgate::TokenBucket::default()),
+        Algorithm::LeakyBucket(tollgate::LeakyBucket::Meter),
+        Algorithm::Gcra,
+    ];
+    for algorithm in algorithms {
+        let name = algorithm.name();
+        // 10 per minute; a quarter of it is 3 (rounded up).
+        let rule = Rule::new(name, algorithm, [Tier::per_minute(10)])
+            .and_then(|rule| rule.on_failure(FailurePolicy::Local { share: 0.25 }))
+            .unwrap();
+        let store = RedisStore::open(&url).unwrap().timeout(TIMEOUT);
+        let limiter = Limiter::builder(rule).store(store).build().unwrap();
+        let denied = limiter.check("k", 5).await.unwrap();
+        assert_eq!(
+            (denied.allowed(), denied.source()),
+            (false, Source::Fallback),
+            "{name}"
+        );
+        assert_eq!(denied.limit(), 3, "{name}");
+        assert!(denied.retry_after().is_some(), "{name}");
+        // What the share can hold is decided locally as ever.
+        let admitted = limiter.check("k", 3).await.unwrap();
+        assert_eq!(
+            (admitted.allowed(), admitted.source()),
+            (true, Source::Fallback),
+            "{name}"
+        );
+        assert!(!limiter.check("k", 1).await.unwrap().allowed(), "{name}");
+        // A cost above the rule itself is still an error, Redis or not.
+        assert!(limiter.check("k", 11).await.is_err(), "{name}");
     }
 }

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use support::RedisServer;
 use tollgate::{
-    Algorithm, Error, LeakyBucket, MAX_KEY_LEN, ManualClock, RedisLimiter, RedisStore, Rule,
-    Source, StoreTime, SubWindows, Tier, TokenBucket, WarmUp,
+    Algorithm, Error, LeakyBucket, Limiter, MAX_KEY_LEN, ManualClock, RedisStore, Rule, Source,
+    StoreTime, SubWindows, Tier, TokenBucket, WarmUp,
 };
 
 const SECOND: u64 = 1_000;
@@ -54,14 +54,22 @@ fn cases() -> Vec<(Algorithm, Tier, u64)> {
     ]
 }
 
-fn limiter(server: &RedisServer, algorithm: Algorithm, tier: Tier) -> RedisLimiter<ManualClock> {
+fn limiter(
+    server: &RedisServer,
+    algorithm: Algorithm,
+    tier: Tier,
+) -> Limiter<RedisStore, ManualClock> {
     let rule = Rule::new(format!("keys-{}", algorithm.name()), algorithm, [tier]).unwrap();
     let clock = ManualClock::new();
     clock.advance(Duration::from_secs(10));
-    RedisLimiter::builder(rule, RedisStore::open(&server.url()).unwrap())
+    Limiter::builder(rule)
+        .store(
+            RedisStore::open(&server.url())
+                .unwrap()
+                .store_time(StoreTime::Local)
+                .timeout(Duration::from_secs(5)),
+        )
         .clock(clock)
-        .store_time(StoreTime::Local)
-        .timeout(Duration::from_secs(5))
         .build()
         .unwrap()
 }
@@ -76,8 +84,7 @@ async fn keys_expire_when_their_state_is_as_good_as_new() {
         let limiter = limiter(&server, algorithm, tier);
         // A look at an unknown key writes nothing.
         assert!(limiter.check("tenant", 0).await.unwrap().allowed());
-        let keys: Vec<String> = limiter
-            .redis_keys("tenant")
+        let keys: Vec<String> = support::redis_keys(&limiter, "tenant")
             .into_iter()
             .map(|k| String::from_utf8(k).unwrap())
             .collect();
@@ -140,8 +147,12 @@ async fn any_bytes_are_a_key_and_bad_checks_reach_no_server() {
     let server = RedisServer::start();
     // Per hour: no permit comes back during the test.
     let rule = Rule::new("bytes", Algorithm::Gcra, [Tier::per_hour(2)]).unwrap();
-    let limiter = RedisLimiter::builder(rule, RedisStore::open(&server.url()).unwrap())
-        .timeout(Duration::from_secs(5))
+    let limiter = Limiter::builder(rule)
+        .store(
+            RedisStore::open(&server.url())
+                .unwrap()
+                .timeout(Duration::from_secs(5)),
+        )
         .build()
         .unwrap();
     let keys: [&[u8]; 6] = [b"\xff\xfe", b"a}{b", b"a}{c", b"{a}", b"a\0c", b"}"];
@@ -179,13 +190,17 @@ async fn writes_within_a_window_keep_its_ttl() {
     let server = RedisServer::start();
     let rule = Rule::new("window-ttl", Algorithm::FixedWindow, [Tier::per_minute(5)]).unwrap();
     let clock = ManualClock::new();
-    let limiter = RedisLimiter::builder(rule, RedisStore::open(&server.url()).unwrap())
+    let limiter = Limiter::builder(rule)
+        .store(
+            RedisStore::open(&server.url())
+                .unwrap()
+                .store_time(StoreTime::Local)
+                .timeout(Duration::from_secs(5)),
+        )
         .clock(clock.clone())
-        .store_time(StoreTime::Local)
-        .timeout(Duration::from_secs(5))
         .build()
         .unwrap();
-    let key = String::from_utf8(limiter.redis_keys("tenant").remove(0)).unwrap();
+    let key = String::from_utf8(support::redis_keys(&limiter, "tenant").remove(0)).unwrap();
     let ttl = || server.cli(&["pttl", &key]).parse::<u64>().unwrap() - PADDING;
     clock.advance(Duration::from_secs(10));
     assert!(limiter.check("tenant", 1).await.unwrap().allowed());
@@ -237,9 +252,13 @@ async fn instances_whose_clocks_disagree_agree_on_the_server_time() {
     let server = RedisServer::start();
     let rule = Rule::new("skew", Algorithm::FixedWindow, [Tier::per_hour(10)]).unwrap();
     let instance = |clock: ManualClock| {
-        RedisLimiter::builder(rule.clone(), RedisStore::open(&server.url()).unwrap())
+        Limiter::builder(rule.clone())
+            .store(
+                RedisStore::open(&server.url())
+                    .unwrap()
+                    .timeout(Duration::from_secs(5)),
+            )
             .clock(clock)
-            .timeout(Duration::from_secs(5))
             .build()
             .unwrap()
     };
@@ -254,7 +273,7 @@ async fn instances_whose_clocks_disagree_agree_on_the_server_time() {
     }
     assert_eq!(ahead.check("tenant", 0).await.unwrap().remaining(), 6);
     // On the server's time a key lives exactly as long as its window: at most an hour.
-    let key = String::from_utf8(behind.redis_keys("tenant").remove(0)).unwrap();
+    let key = String::from_utf8(support::redis_keys(&behind, "tenant").remove(0)).unwrap();
     let ttl: u64 = server.cli(&["pttl", &key]).parse().unwrap();
     assert!(ttl > 0 && ttl <= 3_600_000, "{ttl}");
 }

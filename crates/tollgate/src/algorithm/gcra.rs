@@ -39,7 +39,9 @@ impl Decide for Gcra {
     fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
         let rate = tier.rate();
         let now = attempt.now;
-        let (tat, fraction) = (state[0], state.get(1).copied().unwrap_or(0));
+        // A fraction kept under an earlier rate of this rule counts as under a microsecond.
+        let fraction = state.get(1).map_or(0, |&f| f.min(rate.per_micro - 1));
+        let tat = state[0];
         // Once the TAT has passed, the bucket is empty and the schedule restarts from now.
         let (tat, fraction) = if tat >= now {
             (tat, fraction)

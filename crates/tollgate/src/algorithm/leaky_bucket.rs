@@ -78,6 +78,14 @@ impl Decide for LeakyBucket {
         [shaper, 0.0, 0.0, 0.0, 0.0]
     }
 
+    fn layout(&self, tier: &Tier, feed: &mut dyn FnMut(u64)) {
+        // The level is kept in units of the rate: a new rate is a new layout.
+        let rate = tier.rate();
+        for n in [tier.period_micros(), rate.per_permit, rate.per_micro] {
+            feed(n);
+        }
+    }
+
     fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {
         state[1] + tier.rate().micros(state[0])
     }

@@ -29,11 +29,11 @@ pub(crate) use rate::Rate;
 
 use crate::decision::Verdict;
 use crate::rule::Tier;
-use fixed_window::FixedWindow;
+pub(crate) use fixed_window::FixedWindow;
 use gcra::Gcra;
 use interval_bucket::IntervalBucket;
 use sliding_log::SlidingLog;
-use sliding_window::SlidingWindow;
+pub(crate) use sliding_window::SlidingWindow;
 
 /// The rate-limiting algorithm of a rule, with its parameters.
 #[derive(Debug, Clone, PartialEq)]
@@ -129,6 +129,15 @@ impl Decide for Algorithm {
     fn script_parameters(&self, tier: &Tier) -> [f64; 5] {
         self.imp().script_parameters(tier)
     }
+    fn layout(&self, tier: &Tier, feed: &mut dyn FnMut(u64)) {
+        self.imp().layout(tier, feed)
+    }
+    fn adopt(&self, old: &Tier, from: &[u64], new: &Tier, to: &mut [u64]) {
+        self.imp().adopt(old, from, new, to)
+    }
+    fn forgets(&self) -> bool {
+        self.imp().forgets()
+    }
 }
 
 /// A computation generic over the algorithm; see [`Algorithm::dispatch`].
@@ -192,6 +201,13 @@ pub(crate) trait Decide {
     /// state only when admitted and [`Attempt::writes`]. Never admits a cost above `capacity`.
     fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict;
 
+    /// Whether an expired state differs from a key never seen (a bucket that starts partly
+    /// empty, once refilled). Rules of such an algorithm treat a key's state as new once every
+    /// tier has expired, so that the decision does not depend on when a store drops it.
+    fn forgets(&self) -> bool {
+        false
+    }
+
     /// Called when a check that would write was denied: an algorithm whose fresh state
     /// depends on when the key appeared (a token bucket that starts partly empty) records that
     /// moment, so the key starts refilling. Consumes nothing.
@@ -203,8 +219,23 @@ pub(crate) trait Decide {
 
     /// The algorithm's parameters for one tier as its Redis script reads them (`p1`..`p5`).
     /// Doubles computed here reach the script unchanged, so both compute with the same ones.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     fn script_parameters(&self, _tier: &Tier) -> [f64; 5] {
         [0.0; 5]
+    }
+
+    /// Feeds what gives this tier's state words their meaning: by default the period and the
+    /// number of words, so that a new limit or burst keeps the state (see
+    /// [`Rule::fingerprint`](crate::Rule)).
+    fn layout(&self, tier: &Tier, feed: &mut dyn FnMut(u64)) {
+        feed(tier.period_micros());
+        feed(self.words(tier) as u64);
+    }
+
+    /// Rewrites one tier's state `from`, kept under `old`, for `new`: two tiers of the same
+    /// layout. By default the words mean the same under both and are copied.
+    fn adopt(&self, _old: &Tier, from: &[u64], _new: &Tier, to: &mut [u64]) {
+        to.copy_from_slice(from);
     }
 }
 

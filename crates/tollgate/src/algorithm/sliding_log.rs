@@ -99,6 +99,24 @@ impl Decide for SlidingLog {
         Verdict::allow(limit, limit - used - cost, reset_after)
     }
 
+    fn layout(&self, tier: &Tier, feed: &mut dyn FnMut(u64)) {
+        // A log of timestamps whatever the limit: a new limit keeps the most recent ones.
+        feed(tier.period_micros());
+    }
+
+    fn adopt(&self, old: &Tier, from: &[u64], new: &Tier, to: &mut [u64]) {
+        let log = Log {
+            state: from,
+            limit: old.limit(),
+        };
+        let kept = log.logged().min(old.limit()).min(new.limit());
+        to.fill(0);
+        to[0] = kept;
+        for (i, k) in (1..=kept).rev().enumerate() {
+            to[1 + i] = log.recent(k).expect("kept entries are logged");
+        }
+    }
+
     fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {
         let log = Log {
             state,

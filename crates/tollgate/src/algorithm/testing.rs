@@ -18,7 +18,10 @@ pub(crate) struct Key {
 
 impl Key {
     pub(crate) fn new(algorithm: Algorithm, tiers: impl IntoIterator<Item = Tier>) -> Self {
-        let rule = Rule::new("test", algorithm, tiers).expect("valid rule");
+        Self::with_rule(Rule::new("test", algorithm, tiers).expect("valid rule"))
+    }
+
+    pub(crate) fn with_rule(rule: Rule) -> Self {
         Self {
             state: vec![0; rule.words()],
             rule,

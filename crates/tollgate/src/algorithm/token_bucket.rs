@@ -10,8 +10,8 @@ use crate::rule::Tier;
 /// Parameters of [`Algorithm::TokenBucket`](super::Algorithm::TokenBucket).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct TokenBucket {
-    /// Tokens in a key's bucket when it is first seen (and again after it was idle long enough
-    /// to refill completely and be forgotten); defaults to a full bucket.
+    /// Tokens in a key's bucket when it is first seen, and again once it has stayed full for a
+    /// whole period and is forgotten; defaults to a full bucket.
     pub initial_tokens: Option<u64>,
 }
 
@@ -48,11 +48,11 @@ impl Decide for TokenBucket {
         let (rate, burst) = (tier.rate(), tier.burst());
         let capacity = rate.units(burst);
         let [tokens, last] = [state[0], state[1]];
-        let tokens = if last == 0 {
-            rate.units(self.initial_tokens.unwrap_or(burst))
+        let (tokens, last) = if last == 0 {
+            (rate.units(self.initial_tokens.unwrap_or(burst)), 0)
         } else {
             let refill = rate.drained(attempt.now.saturating_sub(last));
-            tokens.saturating_add(refill).min(capacity)
+            (tokens.saturating_add(refill).min(capacity), last)
         };
         // The bucket's emptiness is a leaky bucket's level: one arithmetic for both.
         let verdict = rate.bucket(burst, capacity - tokens, attempt.cost);
@@ -68,6 +68,10 @@ impl Decide for TokenBucket {
         [initial, 0.0, 0.0, 0.0, 0.0]
     }
 
+    fn forgets(&self) -> bool {
+        self.initial_tokens.is_some()
+    }
+
     fn first_seen(&self, tier: &Tier, state: &mut [u64], now: u64) {
         if let (Some(initial), 0) = (self.initial_tokens, state[1]) {
             state[0] = tier.rate().units(initial);
@@ -75,11 +79,25 @@ impl Decide for TokenBucket {
         }
     }
 
+    fn layout(&self, tier: &Tier, feed: &mut dyn FnMut(u64)) {
+        // The level is kept in units of the rate: a new rate is a new layout.
+        let rate = tier.rate();
+        for n in [tier.period_micros(), rate.per_permit, rate.per_micro] {
+            feed(n);
+        }
+    }
+
     fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {
         let rate = tier.rate();
-        match state[1] {
-            0 => 0,
+        let full = match state[1] {
+            0 => return 0,
             last => last + rate.micros(rate.units(tier.burst()).saturating_sub(state[0])),
+        };
+        // A full bucket differs from a new one that starts partly empty: it is forgotten once
+        // it has stayed full for a whole period.
+        match self.initial_tokens {
+            Some(initial) if initial < tier.burst() => full + tier.period_micros(),
+            _ => full,
         }
     }
 }
@@ -89,7 +107,7 @@ mod tests {
     use super::TokenBucket;
     use crate::algorithm::Algorithm;
     use crate::algorithm::testing::{Key, SECOND};
-    use crate::rule::Tier;
+    use crate::rule::{Rule, Tier};
 
     fn bucket(tier: Tier, initial_tokens: Option<u64>) -> Key {
         Key::new(
@@ -135,8 +153,46 @@ mod tests {
     fn initial_tokens_start_a_new_key_partly_empty() {
         let mut key = bucket(Tier::per_second(10), Some(2));
         assert_eq!(key.admitted(5, 1), 2);
+        // 300 ms refill three tokens, on top of the bucket it has.
+        key.advance(300_000);
+        assert_eq!(key.admitted(20, 1), 3);
+    }
+
+    #[test]
+    fn a_key_is_new_again_only_once_every_tier_has_stayed_full_for_its_period() {
+        let rule = Rule::new(
+            "t",
+            Algorithm::TokenBucket(TokenBucket {
+                initial_tokens: Some(1),
+            }),
+            [Tier::per_second(10), Tier::new(10, 10 * SECOND_DURATION)],
+        )
+        .unwrap();
+        let mut key = Key::with_rule(rule);
+        assert_eq!(key.admitted(5, 1), 1);
+        // The per-second tier has long been full, the ten-second one not yet for a period.
+        key.advance(10 * SECOND);
+        assert_eq!(key.check(0).remaining(), 10);
+        key.advance(10 * SECOND);
+        assert_eq!(key.check(0).remaining(), 1);
+    }
+
+    const SECOND_DURATION: std::time::Duration = std::time::Duration::from_secs(1);
+
+    #[test]
+    fn a_bucket_full_for_a_whole_period_is_a_new_key_again_whether_or_not_it_was_dropped() {
+        let mut key = bucket(Tier::per_second(10), Some(2));
+        assert_eq!(key.admitted(5, 1), 2);
+        // Full after a second, and still remembered.
         key.advance(SECOND);
-        assert_eq!(key.admitted(20, 1), 10);
+        assert_eq!(key.check(0).remaining(), 10);
+        // Full for a whole second more: forgotten, kept or dropped alike.
+        key.advance(SECOND);
+        assert_eq!(key.check(0).remaining(), 2);
+        assert_eq!(key.admitted(20, 1), 2);
+        key.advance(3 * SECOND);
+        key.state.fill(0);
+        assert_eq!(key.admitted(20, 1), 2);
     }
 
     #[test]

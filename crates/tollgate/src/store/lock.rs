@@ -25,6 +25,12 @@ impl<T> ShardLock<T> {
         self.lock_contended()
     }
 
+    /// Takes the lock if it is free now; never waits.
+    #[inline]
+    pub(crate) fn try_lock(&self) -> Option<SpinMutexGuard<'_, T>> {
+        self.0.try_lock()
+    }
+
     #[cold]
     fn lock_contended(&self) -> SpinMutexGuard<'_, T> {
         let mut spins = 0;

@@ -1,284 +1,404 @@
-//! The in-memory store: the state words of every key of one rule, in a sharded hash table.
+//! The in-memory store: the state words of every key of every rule, in one bounded, sharded
+//! table (see [`table`](super::table)).
 //!
-//! A check hashes the key once, locks one shard (of many; never a global lock), finds or
-//! creates the key's words and runs the rule over them. A key is inserted only when its state
-//! is no longer all zeros, so looks and denials of unknown keys allocate nothing.
-//!
-//! Memory is bounded: each shard holds at most `max_keys / shards` keys. When a new key finds
-//! its shard full, keys whose state has become equivalent to "never seen" are dropped first,
-//! then the ones closest to that point (forgetting them changes the least). A shard also drops
-//! idle keys every `sweep_interval` when new keys arrive; no background thread.
-//!
-//! Keys up to 22 bytes and states up to 4 words live inside the table itself: a 16-byte key
-//! with one GCRA word takes 32 bytes plus the table's control byte and load-factor slack.
+//! Each rule layout gets a slot in the table, by name and [fingerprint](Rule::fingerprint),
+//! so rules share one bound, and a rule whose limit is edited (a hot reload) keeps its keys'
+//! state. A check hashes the key once, locks one shard and runs the rule over the key's words
+//! in place; a key is inserted only when its state is no longer all zeros, so looks and
+//! denials of unknown keys allocate nothing. A batch of several keys locks their shards in one
+//! global order, asks every item without writing, and writes only if all admit.
 
 use std::fmt;
-use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::future::{Future, ready};
+use std::sync::{Arc, RwLockReadGuard};
 
-use crossbeam_utils::CachePadded;
-use hashbrown::HashTable;
-
-use super::lock::ShardLock;
+use super::slots::{Slots, Versions};
+use super::table::{Bounds, Class, Entry, Locked, Score, Shard, Table, Words};
+use super::{LocalStore, Planned, Store};
 use crate::algorithm::{Attempt, Decide, Visit};
-use crate::decision::Decision;
+use crate::decision::{Decision, Decisions};
+use crate::error::{Error, RuleError};
+use crate::limiter::MAX_KEY_LEN;
 use crate::rule::Rule;
 
-/// Settings of a memory store.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct MemoryConfig {
-    /// The most keys held, spread evenly over the shards.
-    pub(crate) max_keys: usize,
-    /// Shards (rounded up to a power of two); more shards, less contention between keys.
-    pub(crate) shards: usize,
-    /// How often a shard drops idle keys, at most.
-    pub(crate) sweep_interval: Duration,
-}
-
-impl Default for MemoryConfig {
-    fn default() -> Self {
-        let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
-        Self {
-            max_keys: 1_000_000,
-            shards: (threads * 8).clamp(16, 1_024),
-            sweep_interval: Duration::from_secs(1),
-        }
-    }
-}
-
-const INLINE_KEY: usize = 22;
-
-/// A key's bytes, inline when short so most entries need no allocation of their own.
+/// Keys of every rule in process memory: concurrent, sharded, bounded by a key count and by
+/// bytes, with idle keys dropped as new ones arrive. Cheap to clone: clones share the table,
+/// so many limiters (and every version of a hot-reloaded rule set) can share one store.
 #[derive(Clone)]
-enum KeyBytes {
-    Inline { len: u8, bytes: [u8; INLINE_KEY] },
-    Heap(Box<[u8]>),
+pub struct MemoryStore {
+    inner: Arc<Inner>,
 }
 
-const _: () = assert!(std::mem::size_of::<KeyBytes>() == 24);
-
-impl KeyBytes {
-    #[inline]
-    fn new(key: &[u8]) -> Self {
-        if key.len() <= INLINE_KEY {
-            let mut bytes = [0; INLINE_KEY];
-            bytes[..key.len()].copy_from_slice(key);
-            Self::Inline {
-                len: key.len() as u8,
-                bytes,
-            }
-        } else {
-            Self::Heap(key.into())
-        }
-    }
-
-    /// Whether this is `key`. Compared in place with fixed-size reads: this runs on every
-    /// check.
-    #[inline(always)]
-    fn is(&self, key: &[u8]) -> bool {
-        fn ends<const N: usize>(stored: &[u8; INLINE_KEY], key: &[u8]) -> bool {
-            let len = key.len();
-            stored[..N] == key[..N] && stored[len - N..len] == key[len - N..]
-        }
-        match self {
-            Self::Inline { len, bytes } if usize::from(*len) == key.len() => match key.len() {
-                16.. => ends::<16>(bytes, key),
-                8.. => ends::<8>(bytes, key),
-                4.. => ends::<4>(bytes, key),
-                len => bytes[..len] == *key,
-            },
-            Self::Inline { .. } => false,
-            Self::Heap(bytes) => **bytes == *key,
-        }
-    }
-
-    #[inline]
-    fn as_bytes(&self) -> &[u8] {
-        match self {
-            Self::Inline { len, bytes } => &bytes[..usize::from(*len)],
-            Self::Heap(bytes) => bytes,
-        }
-    }
-}
-
-/// Storage for one key's state words: inline arrays for small states, a box otherwise.
-trait Words: AsRef<[u64]> + AsMut<[u64]> + Send + 'static {
-    fn zeroed(len: usize) -> Self;
-}
-
-impl<const N: usize> Words for [u64; N] {
-    fn zeroed(_len: usize) -> Self {
-        [0; N]
-    }
-}
-
-impl Words for Box<[u64]> {
-    fn zeroed(len: usize) -> Self {
-        vec![0; len].into_boxed_slice()
-    }
-}
-
-struct Entry<W> {
-    key: KeyBytes,
-    words: W,
-}
-
-struct Shard<W> {
-    entries: HashTable<Entry<W>>,
-    /// When (µs) this shard next drops idle keys.
-    next_sweep: u64,
-}
-
-type Shards<W> = Box<[CachePadded<ShardLock<Shard<W>>>]>;
-
-/// The table, specialised to the rule's state size.
-enum Slots {
-    One(Shards<[u64; 1]>),
-    Two(Shards<[u64; 2]>),
-    Four(Shards<[u64; 4]>),
-    Many(Shards<Box<[u64]>>),
-}
-
-/// Every key's state for one rule. Thread-safe: a key's check holds its shard's lock.
-pub(crate) struct MemoryStore {
+struct Inner {
+    table: Table,
     slots: Slots,
-    hasher: foldhash::fast::RandomState,
-    mask: usize,
-    shard_capacity: usize,
-    sweep_interval: u64,
-    evictions: AtomicU64,
+}
+
+/// What a rule is in this store: its slot and where its keys' words live.
+#[derive(Debug, Clone)]
+pub struct MemoryPlan {
+    slot: u32,
+    words: usize,
+    class: Class,
 }
 
 impl fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryStore")
-            .field("shards", &(self.mask + 1))
-            .field("shard_capacity", &self.shard_capacity)
-            .field("keys", &self.len())
+            .field("keys", &self.keys())
+            .field("bytes", &self.bytes())
             .field("evictions", &self.evictions())
             .finish()
     }
 }
 
-fn shards<W>(count: usize) -> Shards<W> {
-    (0..count)
-        .map(|_| {
-            CachePadded::new(ShardLock::new(Shard {
-                entries: HashTable::new(),
-                next_sweep: 0,
-            }))
-        })
-        .collect()
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Configures a [`MemoryStore`].
+#[derive(Debug, Clone)]
+pub struct MemoryStoreBuilder {
+    bounds: Bounds,
+}
+
+impl MemoryStoreBuilder {
+    /// Holds at most `max_keys` keys across all rules (default a million). A new key beyond
+    /// it evicts one whose state matters least.
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.bounds.max_keys = max_keys;
+        self
+    }
+
+    /// Holds at most `max_bytes` of keys and state across all rules (default 512 MiB; the
+    /// tables' own slack comes on top, up to about half again).
+    pub fn max_bytes(mut self, max_bytes: usize) -> Self {
+        self.bounds.max_bytes = max_bytes;
+        self
+    }
+
+    /// Splits the keys over `shards` independently locked shards (rounded up to a power of
+    /// two; default eight per CPU, at least 16).
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.bounds.shards = shards;
+        self
+    }
+
+    /// Builds the store.
+    pub fn build(self) -> MemoryStore {
+        MemoryStore {
+            inner: Arc::new(Inner {
+                table: Table::new(self.bounds),
+                slots: Slots::default(),
+            }),
+        }
+    }
 }
 
 impl MemoryStore {
-    /// An empty store sized for `rule`'s state.
-    pub(crate) fn new(rule: &Rule, config: MemoryConfig) -> Self {
-        let count = config.shards.max(1).next_power_of_two();
-        let slots = match rule.words() {
-            1 => Slots::One(shards(count)),
-            2 => Slots::Two(shards(count)),
-            3 | 4 => Slots::Four(shards(count)),
-            _ => Slots::Many(shards(count)),
-        };
-        Self {
-            slots,
-            hasher: foldhash::fast::RandomState::default(),
-            mask: count - 1,
-            shard_capacity: config.max_keys.div_ceil(count).max(1),
-            sweep_interval: u64::try_from(config.sweep_interval.as_micros()).unwrap_or(u64::MAX),
-            evictions: AtomicU64::new(0),
+    /// A store of at most a million keys and 512 MiB.
+    pub fn new() -> Self {
+        Self::builder().build()
+    }
+
+    /// Configures a store.
+    pub fn builder() -> MemoryStoreBuilder {
+        let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
+        MemoryStoreBuilder {
+            bounds: Bounds {
+                max_keys: 1_000_000,
+                max_bytes: 512 << 20,
+                shards: (threads * 8).clamp(16, 1_024),
+            },
         }
     }
 
-    /// Decides `attempt` for `key` under `rule` (the rule this store was made for).
+    /// Keys held now, across all rules.
+    pub fn keys(&self) -> usize {
+        self.inner.table.len()
+    }
+
+    /// Bytes of keys and state held now (not counting the tables' slack).
+    pub fn bytes(&self) -> usize {
+        self.inner.table.bytes()
+    }
+
+    /// Keys forgotten while their state still mattered, to stay within the bounds.
+    pub fn evictions(&self) -> u64 {
+        self.inner.table.evictions()
+    }
+
+    fn registry(&self) -> RwLockReadGuard<'_, Versions> {
+        self.inner.slots.read()
+    }
+
+    /// Decides one item: one shard lock, the algorithm dispatched statically.
     #[inline]
-    pub(crate) fn check(&self, rule: &Rule, key: &[u8], attempt: Attempt) -> Decision {
-        let hash = self.hasher.hash_one(key);
-        match &self.slots {
-            Slots::One(shards) => self.check_in(shards, rule, hash, key, attempt),
-            Slots::Two(shards) => self.check_in(shards, rule, hash, key, attempt),
-            Slots::Four(shards) => self.check_in(shards, rule, hash, key, attempt),
-            Slots::Many(shards) => self.check_in(shards, rule, hash, key, attempt),
+    fn check_one(&self, item: &Planned<'_, MemoryPlan>, attempt: Attempt) -> Decision {
+        let table = &self.inner.table;
+        let hash = table.hash(item.plan.slot, item.key);
+        let shard = table.shard(hash);
+        match item.plan.class {
+            Class::One => self.check_in(&table.one[shard], item, hash, attempt),
+            Class::Two => self.check_in(&table.two[shard], item, hash, attempt),
+            Class::Four => self.check_in(&table.four[shard], item, hash, attempt),
+            Class::Many => self.check_in(&table.many[shard], item, hash, attempt),
         }
     }
 
     #[inline]
     fn check_in<W: Words>(
         &self,
-        shards: &Shards<W>,
-        rule: &Rule,
+        shard: &super::lock::ShardLock<Shard<W>>,
+        item: &Planned<'_, MemoryPlan>,
         hash: u64,
-        key: &[u8],
         attempt: Attempt,
     ) -> Decision {
-        // High bits pick the shard; hashbrown uses the low bits and the top seven.
-        let shard = &shards[(hash >> 32) as usize & self.mask];
-        rule.algorithm().dispatch(Check {
+        item.rule.algorithm().dispatch(Check {
             store: self,
             shard,
-            rule,
+            item,
             hash,
-            key,
             attempt,
         })
     }
 
-    /// Keys held now.
-    pub(crate) fn len(&self) -> usize {
-        fn count<W>(shards: &Shards<W>) -> usize {
-            shards.iter().map(|s| s.lock().entries.len()).sum()
+    /// The words of `key` in `shard`, rewritten first if they were kept under an earlier
+    /// version of `rule` (only states of many words, like the sliding log's, change size).
+    #[inline]
+    fn entry<'s, W: Words>(
+        &self,
+        shard: &'s mut Shard<W>,
+        hash: u64,
+        item: &Planned<'_, MemoryPlan>,
+    ) -> Option<&'s mut W> {
+        let slot = item.plan.slot;
+        let entry = shard.entries.find_mut(hash, |e| e.key.is(slot, item.key))?;
+        if W::EXACT && entry.words.as_ref().len() != item.plan.words {
+            self.adopt(entry, item);
         }
-        match &self.slots {
-            Slots::One(s) => count(s),
-            Slots::Two(s) => count(s),
-            Slots::Four(s) => count(s),
-            Slots::Many(s) => count(s),
-        }
+        Some(&mut entry.words)
     }
 
-    /// Keys dropped while their state still mattered, because their shard was full.
-    pub(crate) fn evictions(&self) -> u64 {
-        self.evictions.load(Ordering::Relaxed)
+    #[cold]
+    fn adopt<W: Words>(&self, entry: &mut Entry<W>, item: &Planned<'_, MemoryPlan>) {
+        let old_len = entry.words.as_ref().len();
+        let mut words = W::zeroed(item.plan.words);
+        if let Some(previous) = self.registry().version(item.plan.slot, old_len) {
+            item.rule
+                .adopt(previous, entry.words.as_ref(), words.as_mut());
+        }
+        self.inner
+            .table
+            .resized(entry.words.heap_bytes(), words.heap_bytes());
+        entry.words = words;
     }
 
-    /// Drops idle keys when due, then, if the shard is still full, the keys closest to idle.
-    fn make_room<W>(&self, shard: &mut Shard<W>, now: u64, expires_at: impl Fn(&W) -> u64) {
-        let full = shard.entries.len() >= self.shard_capacity;
-        if full || now >= shard.next_sweep {
-            shard.entries.retain(|e| expires_at(&e.words) > now);
-            shard.next_sweep = now.saturating_add(self.sweep_interval);
-        }
-        if shard.entries.len() < self.shard_capacity {
+    /// Keeps `words`, the new state of `item`'s key, unless it is as good as new.
+    fn keep<W: Words>(
+        &self,
+        shard: &mut Shard<W>,
+        hash: u64,
+        item: &Planned<'_, MemoryPlan>,
+        words: W,
+        now: u64,
+    ) {
+        if words.as_ref().iter().all(|&w| w == 0) {
             return;
         }
-        // Evict a sixteenth at once so that a flood of new keys costs amortised O(1).
-        let evict = (self.shard_capacity / 16).clamp(1, shard.entries.len());
-        let mut expiries: Vec<u64> = shard.entries.iter().map(|e| expires_at(&e.words)).collect();
-        let (_, &mut cutoff, _) = expiries.select_nth_unstable(evict - 1);
-        let mut left = evict;
-        shard.entries.retain(|e| {
-            let drop = left > 0 && expires_at(&e.words) <= cutoff;
-            left -= usize::from(drop);
-            !drop
-        });
-        self.evictions
-            .fetch_add((evict - left) as u64, Ordering::Relaxed);
+        let scorer = Scorer {
+            registry: self.registry(),
+        };
+        let entry = Entry::new(item.plan.slot, item.key, words);
+        self.inner.table.insert(shard, hash, entry, now, &scorer);
+    }
+
+    /// Decides a batch of several items all-or-nothing; see [`Decisions`].
+    fn check_many(
+        &self,
+        items: &[Planned<'_, MemoryPlan>],
+        now: u64,
+        max_delay: Option<u64>,
+    ) -> Decisions {
+        let table = &self.inner.table;
+        let hashes: Vec<u64> = items
+            .iter()
+            .map(|i| table.hash(i.plan.slot, i.key))
+            .collect();
+        let wanted = |class: Class| -> Vec<usize> {
+            items
+                .iter()
+                .zip(&hashes)
+                .filter(|(item, _)| item.plan.class == class)
+                .map(|(_, &hash)| table.shard(hash))
+                .collect()
+        };
+        let mut locked = Batch {
+            store: self,
+            one: Locked::lock(&table.one, wanted(Class::One)),
+            two: Locked::lock(&table.two, wanted(Class::Two)),
+            four: Locked::lock(&table.four, wanted(Class::Four)),
+            many: Locked::lock(&table.many, wanted(Class::Many)),
+        };
+        let attempt = |cost, commit| Attempt {
+            now,
+            cost,
+            max_delay,
+            commit,
+        };
+        let mut decisions: Vec<Decision> = items
+            .iter()
+            .zip(&hashes)
+            .map(|(item, &hash)| {
+                let look = attempt(item.cost, false);
+                locked
+                    .with(item, hash, now, |rule, state| {
+                        rule.evaluate(rule.algorithm(), state, look)
+                    })
+                    .shadow(item.rule.is_shadow())
+            })
+            .collect();
+        let admitted = decisions.iter().all(Decision::allowed);
+        for ((item, &hash), decision) in items.iter().zip(&hashes).zip(&mut decisions) {
+            if item.cost == 0 || decision.shadowed() {
+                continue;
+            }
+            if admitted {
+                let commit = attempt(item.cost, true);
+                *decision = locked.with(item, hash, now, |rule, state| {
+                    rule.evaluate(rule.algorithm(), state, commit)
+                });
+            } else {
+                locked.with(item, hash, now, |rule, state| {
+                    rule.first_seen(rule.algorithm(), state, now);
+                    *decision
+                });
+            }
+        }
+        Decisions::many(decisions)
     }
 }
 
-/// One check, generic over the algorithm so that the whole path is statically dispatched.
-struct Check<'s, W> {
+impl Store for MemoryStore {
+    type Plan = MemoryPlan;
+
+    fn plan(&self, rule: &Rule) -> Result<MemoryPlan, Error> {
+        let words = rule.words();
+        let bounds = self.inner.table.bounds();
+        let largest = Table::entry_bytes(words, MAX_KEY_LEN);
+        if largest > bounds.max_bytes {
+            return Err(Error::Rule(RuleError {
+                rule: rule.name().into(),
+                field: "tiers".into(),
+                reason: format!(
+                    "a key of this rule can take {largest} bytes, more than the store's \
+                     max_bytes of {}",
+                    bounds.max_bytes
+                ),
+            }));
+        }
+        // A log's state grows with its limit, so every version of it must live in one class.
+        let class = match rule.algorithm() {
+            crate::Algorithm::SlidingLog => Class::Many,
+            _ => Class::of(words),
+        };
+        let slot = self.inner.slots.slot(rule)?;
+        Ok(MemoryPlan { slot, words, class })
+    }
+
+    fn check(
+        &self,
+        items: &[Planned<'_, MemoryPlan>],
+        now: u64,
+        max_delay: Option<u64>,
+    ) -> impl Future<Output = Result<Decisions, Error>> + Send {
+        ready(Ok(self.check_now(items, now, max_delay)))
+    }
+
+    fn shutdown(&self) -> impl Future<Output = ()> + Send {
+        ready(())
+    }
+}
+
+impl LocalStore for MemoryStore {
+    #[inline]
+    fn check_one_now(
+        &self,
+        item: &Planned<'_, MemoryPlan>,
+        now: u64,
+        max_delay: Option<u64>,
+    ) -> Decision {
+        let attempt = Attempt {
+            now,
+            cost: item.cost,
+            max_delay,
+            commit: true,
+        };
+        self.check_one(item, attempt).shadow(item.rule.is_shadow())
+    }
+
+    fn check_now(
+        &self,
+        items: &[Planned<'_, MemoryPlan>],
+        now: u64,
+        max_delay: Option<u64>,
+    ) -> Decisions {
+        match items {
+            [item] => Decisions::one(self.check_one_now(item, now, max_delay)),
+            items => self.check_many(items, now, max_delay),
+        }
+    }
+}
+
+/// Judges entries for the table from the registry: a state as good as new may go; otherwise
+/// the more allowance a key has left (a fraction of its binding tier's limit), the less its
+/// state matters, so used-up keys stay.
+struct Scorer<'a> {
+    registry: RwLockReadGuard<'a, Versions>,
+}
+
+impl Score for Scorer<'_> {
+    fn score(&self, slot: u32, words: &mut [u64], now: u64) -> Option<f64> {
+        // A rule whose layout is no longer planned has no use for its state.
+        let newest = self.registry.newest(slot)?;
+        let rule = if newest.words() <= words.len() {
+            newest
+        } else {
+            // Kept under an earlier version whose state was smaller.
+            match self.registry.version(slot, words.len()) {
+                Some(rule) => rule,
+                None => return Some(1.0),
+            }
+        };
+        let state = &mut words[..rule.words()];
+        let algorithm = rule.algorithm();
+        if rule.expires_at(algorithm, state) <= now {
+            return None;
+        }
+        let look = Attempt {
+            now,
+            cost: 0,
+            max_delay: None,
+            commit: false,
+        };
+        let binding = rule.evaluate(algorithm, state, look);
+        Some(binding.remaining() as f64 / binding.limit().max(1) as f64)
+    }
+}
+
+/// One item's check, generic over the algorithm so that the whole path is statically
+/// dispatched.
+struct Check<'s, 'i, W> {
     store: &'s MemoryStore,
-    shard: &'s ShardLock<Shard<W>>,
-    rule: &'s Rule,
+    shard: &'s super::lock::ShardLock<Shard<W>>,
+    item: &'s Planned<'i, MemoryPlan>,
     hash: u64,
-    key: &'s [u8],
     attempt: Attempt,
 }
 
-impl<'a, W: Words> Visit<'a> for Check<'_, W> {
+impl<'a, W: Words> Visit<'a> for Check<'_, '_, W> {
     type Output = Decision;
 
     #[inline]
@@ -286,135 +406,64 @@ impl<'a, W: Words> Visit<'a> for Check<'_, W> {
         let Self {
             store,
             shard,
-            rule,
+            item,
             hash,
-            key,
             attempt,
         } = self;
-        let words = rule.words();
+        let (rule, words) = (item.rule, item.plan.words);
         let mut shard = shard.lock();
-        if let Some(entry) = shard.entries.find_mut(hash, |e| e.key.is(key)) {
-            return rule.evaluate(algorithm, &mut entry.words.as_mut()[..words], attempt);
+        if let Some(state) = store.entry(&mut shard, hash, item) {
+            return rule.evaluate(algorithm, &mut state.as_mut()[..words], attempt);
         }
         let mut state = W::zeroed(words);
         let decision = rule.evaluate(algorithm, &mut state.as_mut()[..words], attempt);
-        if state.as_ref().iter().any(|&word| word != 0) {
-            store.make_room(&mut shard, attempt.now, |w: &W| {
-                rule.expires_at(algorithm, &w.as_ref()[..words])
-            });
-            let entry = Entry {
-                key: KeyBytes::new(key),
-                words: state,
-            };
-            shard
-                .entries
-                .insert_unique(hash, entry, |e| store.hasher.hash_one(e.key.as_bytes()));
-        }
+        store.keep(&mut shard, hash, item, state, attempt.now);
         decision
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::algorithm::Algorithm;
-    use crate::clock::ManualClock;
-    use crate::rule::Tier;
+/// The shards of a batch, locked.
+struct Batch<'a> {
+    store: &'a MemoryStore,
+    one: Locked<'a, [u64; 1]>,
+    two: Locked<'a, [u64; 2]>,
+    four: Locked<'a, [u64; 4]>,
+    many: Locked<'a, Box<[u64]>>,
+}
 
-    const START: u64 = ManualClock::DEFAULT_START_MICROS;
-
-    fn attempt(now: u64, cost: u64) -> Attempt {
-        Attempt {
-            now,
-            cost,
-            max_delay: None,
-            commit: true,
-        }
-    }
-
-    fn store(rule: &Rule, max_keys: usize, shards: usize) -> MemoryStore {
-        MemoryStore::new(
-            rule,
-            MemoryConfig {
-                max_keys,
-                shards,
-                sweep_interval: Duration::from_secs(1),
-            },
-        )
-    }
-
-    #[test]
-    fn entries_are_small() {
-        assert_eq!(std::mem::size_of::<Entry<[u64; 1]>>(), 32);
-        assert_eq!(std::mem::size_of::<Entry<[u64; 2]>>(), 40);
-    }
-
-    #[test]
-    fn short_and_long_keys_are_distinct_and_round_trip() {
-        let keys: Vec<Vec<u8>> = (0..=40)
-            .map(|len| (0..len).map(|i| i as u8 + 1).collect())
-            .collect();
-        for (i, key) in keys.iter().enumerate() {
-            let stored = KeyBytes::new(key);
-            assert_eq!(stored.as_bytes(), &key[..]);
-            for (j, other) in keys.iter().enumerate() {
-                assert_eq!(stored.is(other), i == j, "{key:?} vs {other:?}");
+impl Batch<'_> {
+    /// Runs `f` over `item`'s state words, keeping them if the key was new and they changed.
+    fn with(
+        &mut self,
+        item: &Planned<'_, MemoryPlan>,
+        hash: u64,
+        now: u64,
+        f: impl FnOnce(&Rule, &mut [u64]) -> Decision,
+    ) -> Decision {
+        fn on<W: Words>(
+            store: &MemoryStore,
+            locked: &mut Locked<'_, W>,
+            item: &Planned<'_, MemoryPlan>,
+            hash: u64,
+            now: u64,
+            f: impl FnOnce(&Rule, &mut [u64]) -> Decision,
+        ) -> Decision {
+            let shard = locked.shard(store.inner.table.shard(hash));
+            let words = item.plan.words;
+            if let Some(state) = store.entry(shard, hash, item) {
+                return f(item.rule, &mut state.as_mut()[..words]);
             }
-            // A key differing in any one byte is another key.
-            for at in 0..key.len() {
-                let mut other = key.clone();
-                other[at] ^= 0x80;
-                assert!(!stored.is(&other));
-            }
+            let mut state = W::zeroed(words);
+            let decision = f(item.rule, &mut state.as_mut()[..words]);
+            store.keep(shard, hash, item, state, now);
+            decision
         }
-        let rule = Rule::new("r", Algorithm::FixedWindow, [Tier::per_second(1)]).unwrap();
-        let store = store(&rule, 100, 4);
-        let long = [1u8; 40];
-        assert!(store.check(&rule, &long, attempt(START, 1)).allowed());
-        assert!(!store.check(&rule, &long, attempt(START, 1)).allowed());
-        assert!(store.check(&rule, &long[..39], attempt(START, 1)).allowed());
-        assert!(store.check(&rule, b"", attempt(START, 1)).allowed());
-        assert_eq!(store.len(), 3);
-    }
-
-    #[test]
-    fn looks_and_denials_of_unknown_keys_store_nothing() {
-        let rule = Rule::new("r", Algorithm::Gcra, [Tier::per_second(5)]).unwrap();
-        let store = store(&rule, 100, 4);
-        assert!(store.check(&rule, b"k", attempt(START, 0)).allowed());
-        assert_eq!(store.len(), 0);
-    }
-
-    #[test]
-    fn idle_keys_are_swept_when_new_keys_arrive() {
-        let rule = Rule::new("r", Algorithm::Gcra, [Tier::per_second(10)]).unwrap();
-        let store = store(&rule, 1_000, 1);
-        for i in 0..100u32 {
-            store.check(&rule, &i.to_be_bytes(), attempt(START, 1));
+        let store = self.store;
+        match item.plan.class {
+            Class::One => on(store, &mut self.one, item, hash, now, f),
+            Class::Two => on(store, &mut self.two, item, hash, now, f),
+            Class::Four => on(store, &mut self.four, item, hash, now, f),
+            Class::Many => on(store, &mut self.many, item, hash, now, f),
         }
-        assert_eq!(store.len(), 100);
-        // 100 ms later every bucket has drained; two sweep intervals later a new key sweeps.
-        store.check(&rule, b"new", attempt(START + 2_000_000, 1));
-        assert_eq!(store.len(), 1);
-        assert_eq!(store.evictions(), 0);
-    }
-
-    #[test]
-    fn a_flood_of_new_keys_stays_within_max_keys_evicting_the_closest_to_idle() {
-        let rule = Rule::new("r", Algorithm::FixedWindow, [Tier::per_day(5)]).unwrap();
-        let store = store(&rule, 64, 4);
-        // A key counted in tomorrow's window (a clock ahead of ours): it matters longest.
-        let tomorrow = START + 86_400_000_000;
-        for _ in 0..5 {
-            store.check(&rule, b"precious", attempt(tomorrow, 1));
-        }
-        for i in 0..10_000u32 {
-            store.check(&rule, &i.to_be_bytes(), attempt(START, 1));
-            assert!(store.len() <= 64);
-        }
-        assert!(store.evictions() > 9_000);
-        // The key whose window ends last was never the one evicted.
-        let precious = store.check(&rule, b"precious", attempt(tomorrow, 1));
-        assert!(!precious.allowed());
     }
 }

@@ -1,11 +1,102 @@
-//! Stores keep the state words of keys; the algorithms decide over them.
+//! Stores keep the state of keys; the algorithms decide over it. One [`Store`] trait, one
+//! implementation per place state lives: process memory, and with the `redis` feature, Redis
+//! strict, hybrid and lease. Remote stores share one [guard](guard) that applies each rule's
+//! failure policy behind a timeout and a circuit breaker per backend.
 
-mod breaker;
 mod lock;
 mod memory;
+mod slots;
+mod table;
+
+#[cfg(feature = "redis")]
+mod breaker;
+#[cfg(feature = "redis")]
+pub(crate) mod guard;
+#[cfg(feature = "redis")]
+mod hybrid;
+#[cfg(feature = "redis")]
+mod lease;
+#[cfg(feature = "redis")]
 mod redis;
 
-pub(crate) use breaker::{Breaker, Gate};
-pub(crate) use memory::{MemoryConfig, MemoryStore};
-pub(crate) use redis::Plan;
-pub use redis::RedisStore;
+use std::fmt;
+use std::future::Future;
+
+#[cfg(feature = "redis")]
+pub use hybrid::{HybridConfig, HybridPlan, HybridStats, HybridStore};
+#[cfg(feature = "redis")]
+pub use lease::{LeaseConfig, LeasePlan, LeaseStats, LeaseStore};
+pub use memory::{MemoryPlan, MemoryStore, MemoryStoreBuilder};
+#[cfg(feature = "redis")]
+pub use redis::{RedisPlan, RedisStore, StoreTime};
+
+use crate::decision::{Decision, Decisions};
+use crate::error::Error;
+use crate::rule::Rule;
+
+/// One item of a batch as a store sees it: `cost` permits of `key` under `rule`, which the
+/// store planned as `plan`. Built by the [`Limiter`](crate::Limiter).
+#[derive(Debug)]
+pub struct Planned<'a, P> {
+    pub(crate) rule: &'a Rule,
+    pub(crate) plan: &'a P,
+    pub(crate) key: &'a [u8],
+    pub(crate) cost: u64,
+}
+
+/// Where the state of keys lives. A store decides a batch of items all-or-nothing, across
+/// rules: the batch is admitted only if every item is (rules in shadow mode aside), and then
+/// every item consumes its cost; otherwise none does. Items are distinct (rule, key) pairs.
+///
+/// Stores are cheap to clone (clones share their state and connections) and safe to use from
+/// any number of tasks at once. Implemented by the stores of this crate.
+pub trait Store: Clone + Send + Sync + 'static {
+    /// What the store prepares once per rule: a slot in a table, key names, arguments.
+    type Plan: fmt::Debug + Send + Sync + 'static;
+
+    /// Prepares `rule` for checks. Planning a rule again (a hot reload) is cheap, and a rule
+    /// of the same name and state layout finds its keys' state again.
+    ///
+    /// # Errors
+    /// [`Error::Rule`] when this store cannot hold the rule (an algorithm it does not support,
+    /// a state larger than its bounds).
+    fn plan(&self, rule: &Rule) -> Result<Self::Plan, Error>;
+
+    /// Decides `items` at `now` (µs since the epoch, the limiter's clock; a store may decide
+    /// on its own clock instead). `max_delay` is how long the caller accepts to wait for a
+    /// shaping algorithm (`None`: a plain check).
+    ///
+    /// # Errors
+    /// [`Error::Store`] only from a store without a failure policy; the remote stores of this
+    /// crate decide by the rule's policy instead.
+    fn check(
+        &self,
+        items: &[Planned<'_, Self::Plan>],
+        now: u64,
+        max_delay: Option<u64>,
+    ) -> impl Future<Output = Result<Decisions, Error>> + Send;
+
+    /// Finishes what the store holds for the shared state (pending counts, unused leases)
+    /// before the process exits. Checks after it still work, from process memory.
+    fn shutdown(&self) -> impl Future<Output = ()> + Send;
+}
+
+/// A store that decides in this process without waiting: the memory store, and the hybrid
+/// store, whose decisions never wait for Redis.
+pub trait LocalStore: Store {
+    /// Decides one item now, as [`Store::check`] does, without waiting.
+    fn check_one_now(
+        &self,
+        item: &Planned<'_, Self::Plan>,
+        now: u64,
+        max_delay: Option<u64>,
+    ) -> Decision;
+
+    /// Decides `items` now, as [`Store::check`] does, without waiting.
+    fn check_now(
+        &self,
+        items: &[Planned<'_, Self::Plan>],
+        now: u64,
+        max_delay: Option<u64>,
+    ) -> Decisions;
+}

@@ -234,3 +234,14 @@ impl RedisCluster {
         self.nodes.iter().map(RedisServer::url).collect()
     }
 }
+
+/// The Redis keys that hold `key`'s state under `limiter`'s first rule.
+pub fn redis_keys<C: tollgate::Clock>(
+    limiter: &tollgate::Limiter<tollgate::RedisStore, C>,
+    key: &str,
+) -> Vec<Vec<u8>> {
+    let plan = limiter
+        .plan(limiter.rule().name())
+        .expect("the limiter's rule");
+    plan.keys(key.as_bytes())
+}

@@ -1,10 +1,16 @@
 //! The Redis store, on one server or a Redis Cluster: strict limiting shared by every instance.
 //!
-//! Each check is one call of its algorithm's function (`FCALL`; the library is loaded when a
-//! server lacks it, and servers without functions get the same code by `EVALSHA`): one round
-//! trip, atomic, all tiers at once. Concurrent checks are pipelined on a few shared
-//! connections. Every key written expires when its state becomes equivalent to a key never
-//! seen.
+//! Each check of one key is one call of its algorithm's function (`FCALL`; the library is
+//! loaded when a server lacks it, and servers without functions get the same code by
+//! `EVALSHA`): one round trip, atomic, all tiers at once. A batch of several keys is one call
+//! of the batch function, all-or-nothing across them. Concurrent checks are pipelined on a
+//! shared connection. Every key written expires when its state becomes equivalent to a key
+//! never seen.
+//!
+//! On a Redis Cluster, keys of different slots cannot meet in one call: a batch whose keys
+//! span slots is first asked slot by slot without writing, and only if every slot admits is
+//! it written, slot by slot. A check that races it between the two may make a later slot deny
+//! after an earlier one consumed: never more than a limit, at worst a little less.
 //!
 //! Key names: `tg:<rule>:<fingerprint>:<key length>:{k<key>}` (and `:<tier>` for the sliding
 //! log's one sorted set per tier). The braces make the key's bytes the hash tag, so all keys of
@@ -24,19 +30,41 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 
-use self::script::Entry;
-use crate::algorithm::Decide;
-use crate::decision::{Decision, Source, Verdict};
+pub(crate) use self::script::Entry;
+use super::Planned;
+use super::guard::{Guard, GuardConfig, GuardPlan, Guarded};
+use crate::decision::{Decision, Decisions, Source, Verdict};
 use crate::error::Error;
 use crate::rule::Rule;
 
-/// Connections to one Redis server or one Redis Cluster. Cheap to clone: clones share the
-/// connections, and every limiter built on them pipelines its checks there.
+/// Whose clock the Redis functions decide at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StoreTime {
+    /// The Redis server's `TIME`: instances whose clocks disagree still agree on windows.
+    #[default]
+    Server,
+    /// The limiter's own clock, sent with each check: for tests on a manual clock. Keys then
+    /// live a minute longer by the server's clock than the limiter's clock says they must.
+    Local,
+}
+
+/// Strict limiting shared by every instance that uses the same Redis server or Redis Cluster.
+/// Exact under any concurrency: each check is one atomic call, every tier and key at once.
+///
+/// When Redis fails or does not answer within the timeout (20 ms by default), each rule's
+/// [`FailurePolicy`](crate::FailurePolicy) decides, and [`Decision::source`] says so. After 5
+/// consecutive failures a circuit breaker, one per store and its clones, stops asking Redis
+/// for a cooldown (1 s), then lets one check probe it; the first answer resumes strict
+/// limiting. A check that timed out may still be counted if Redis answers it later.
+///
+/// Cheap to clone: clones share the connections, the breaker and the fallback state.
 #[derive(Clone)]
 pub struct RedisStore {
     connection: Connection,
     /// Set once the server turned out to have no functions: checks run as scripts.
     scripts_only: Arc<AtomicBool>,
+    time: StoreTime,
+    guard: Arc<Guard>,
 }
 
 #[derive(Clone)]
@@ -83,11 +111,15 @@ impl fmt::Debug for RedisStore {
             Connection::Single(_) => "single",
             Connection::Cluster(_) => "cluster",
         };
-        f.debug_struct("RedisStore").field("kind", &kind).finish()
+        f.debug_struct("RedisStore")
+            .field("kind", &kind)
+            .field("time", &self.time)
+            .field("guard", &self.guard.config())
+            .finish()
     }
 }
 
-/// Added to every TTL when scripts decide at the caller's time (see [`RedisStore::check`]).
+/// Added to every TTL when functions decide at the caller's time (see [`StoreTime::Local`]).
 const CALLER_TIME_TTL_PADDING_MS: u64 = 60_000;
 
 /// Pipelined connections to one server: one, whose batches of checks Redis decides with the
@@ -125,37 +157,6 @@ impl RedisStore {
         Self::single(redis::Client::build_with_tls(url, certificates).map_err(store_error)?)
     }
 
-    fn new(connection: Connection) -> Self {
-        Self {
-            connection,
-            scripts_only: Arc::new(AtomicBool::new(false)),
-        }
-    }
-
-    fn single(client: redis::Client) -> Result<Self, Error> {
-        let pool = Pool::new(&client, DEFAULT_CONNECTIONS).map_err(store_error)?;
-        Ok(Self::new(Connection::Single(Arc::new(pool))))
-    }
-
-    /// The same store with `connections` pipelined connections to its server (default 1;
-    /// at least 1), for a process whose checks outrun one. A cluster keeps one connection
-    /// per node whatever this says.
-    ///
-    /// # Errors
-    /// [`Error::Store`] if the connections cannot be configured.
-    pub fn with_connections(self, connections: usize) -> Result<Self, Error> {
-        match self.connection {
-            Connection::Single(pool) => {
-                let pool = Pool::new(&pool.client, connections).map_err(store_error)?;
-                Ok(Self {
-                    connection: Connection::Single(Arc::new(pool)),
-                    scripts_only: self.scripts_only,
-                })
-            }
-            Connection::Cluster(_) => Ok(self),
-        }
-    }
-
     /// Connects to a Redis Cluster through any of its `nodes` (`redis://host:port` URLs);
     /// `MOVED` and `ASK` redirections are followed.
     ///
@@ -173,6 +174,154 @@ impl RedisStore {
         Ok(Self::new(Connection::Cluster(connection)))
     }
 
+    fn new(connection: Connection) -> Self {
+        Self {
+            connection,
+            scripts_only: Arc::new(AtomicBool::new(false)),
+            time: StoreTime::Server,
+            guard: Arc::new(Guard::new(GuardConfig::default(), "redis")),
+        }
+    }
+
+    fn single(client: redis::Client) -> Result<Self, Error> {
+        let pool = Pool::new(&client, DEFAULT_CONNECTIONS).map_err(store_error)?;
+        Ok(Self::new(Connection::Single(Arc::new(pool))))
+    }
+
+    /// The same store with `connections` pipelined connections to its server (default 1;
+    /// at least 1), for a process whose checks outrun one. A cluster keeps one connection
+    /// per node whatever this says.
+    ///
+    /// # Errors
+    /// [`Error::Store`] if the connections cannot be configured.
+    pub fn with_connections(self, connections: usize) -> Result<Self, Error> {
+        match &self.connection {
+            Connection::Single(pool) => {
+                let pool = Pool::new(&pool.client, connections).map_err(store_error)?;
+                Ok(Self {
+                    connection: Connection::Single(Arc::new(pool)),
+                    ..self
+                })
+            }
+            Connection::Cluster(_) => Ok(self),
+        }
+    }
+
+    /// Whose clock the functions decide at (default: the server's).
+    pub fn store_time(mut self, time: StoreTime) -> Self {
+        self.time = time;
+        self
+    }
+
+    /// The longest a check waits for Redis before the failure policy decides (default 20 ms).
+    /// Call it before planning rules: it starts a new breaker and fallback state.
+    pub fn timeout(self, timeout: Duration) -> Self {
+        let config = GuardConfig {
+            timeout,
+            ..self.guard.config()
+        };
+        self.guarded(config)
+    }
+
+    /// Stops asking Redis after `failures` consecutive failures, for `cooldown`, then probes
+    /// it with one check (defaults: 5 and 1 s). Call it before planning rules.
+    pub fn circuit_breaker(self, failures: u32, cooldown: Duration) -> Self {
+        let config = GuardConfig {
+            failures,
+            cooldown,
+            ..self.guard.config()
+        };
+        self.guarded(config)
+    }
+
+    fn guarded(self, config: GuardConfig) -> Self {
+        Self {
+            guard: Arc::new(Guard::new(config, "redis")),
+            ..self
+        }
+    }
+
+    /// Whether Redis is being kept away now, every check decided by its rule's failure
+    /// policy.
+    pub fn degraded(&self) -> bool {
+        self.guard.degraded()
+    }
+
+    /// Whose clock the functions decide at.
+    pub(crate) fn time(&self) -> StoreTime {
+        self.time
+    }
+
+    /// The failure handling of this store and of the hybrid and lease stores built on it.
+    pub(crate) fn guard(&self) -> &Guard {
+        &self.guard
+    }
+
+    /// Adds to window counters (see `lua/counters.lua`): `args` holds each key's delta and
+    /// TTL; the answer's values are the counts after.
+    pub(crate) async fn add(&self, keys: &[Vec<u8>], args: &[Vec<u8>]) -> Result<Answer, Error> {
+        self.counters(&script::ADD_ENTRY, keys, args, 1).await
+    }
+
+    /// Leases from window counters (see `lua/counters.lua`): `args` holds each key's want,
+    /// limit, TTL and threshold; the answer's values are each key's grant and count after.
+    pub(crate) async fn lease(&self, keys: &[Vec<u8>], args: &[Vec<u8>]) -> Result<Answer, Error> {
+        self.counters(&script::LEASE_ENTRY, keys, args, 2).await
+    }
+
+    /// Calls a counters function with `keys` and each key's packed `args`: one call on a
+    /// single server, one per slot on a cluster. The answer holds `width` values per key, in
+    /// the order of `keys`.
+    async fn counters(
+        &self,
+        entry: &Entry,
+        keys: &[Vec<u8>],
+        args: &[Vec<u8>],
+        width: usize,
+    ) -> Result<Answer, Error> {
+        let groups: Vec<Vec<usize>> = match &self.connection {
+            Connection::Single(_) => vec![(0..keys.len()).collect()],
+            Connection::Cluster(_) => by_slot(keys.iter().map(|k| slot(k))),
+        };
+        let mut answer = Answer {
+            time: 0,
+            values: vec![0.0; width * keys.len()],
+            calls: 0,
+        };
+        for group in groups {
+            let names: Vec<Vec<u8>> = group.iter().map(|&i| keys[i].clone()).collect();
+            let packed: Vec<u8> = group
+                .iter()
+                .flat_map(|&i| args[i].iter().copied())
+                .collect();
+            answer.calls += 1;
+            let reply = self
+                .invoke(entry, &names, &[&packed])
+                .await
+                .map_err(store_error)?;
+            let doubles: Vec<f64> = reply
+                .chunks_exact(8)
+                .map(|b| f64::from_le_bytes(b.try_into().expect("eight bytes")))
+                .collect();
+            if doubles.len() != 1 + width * group.len() {
+                return Err(Error::Store {
+                    message: format!(
+                        "counters replied {} values for {} keys",
+                        doubles.len(),
+                        group.len()
+                    ),
+                    transient: false,
+                });
+            }
+            answer.time = answer.time.max(doubles[0] as u64);
+            for (n, &i) in group.iter().enumerate() {
+                let values = &doubles[1 + width * n..1 + width * (n + 1)];
+                answer.values[width * i..width * (i + 1)].copy_from_slice(values);
+            }
+        }
+        Ok(answer)
+    }
+
     /// Checks that the store answers.
     ///
     /// # Errors
@@ -182,72 +331,156 @@ impl RedisStore {
         pong.map(drop).map_err(store_error)
     }
 
-    /// Decides a check of `cost` for `key` in one round trip. `now` is the caller's time, or
-    /// `None` for the server's `TIME`. With the caller's time, keys live a minute longer than
-    /// its clock says (the server expires them by its own clock, which need not agree).
-    ///
-    /// Calls the algorithm's function; a server that lacks the library gets it loaded and the
-    /// call repeated, and one without functions (before Redis 7) gets the same code as a
-    /// script, from then on.
-    pub(crate) async fn check(
-        &self,
-        plan: &Plan,
-        key: &[u8],
-        now: Option<u64>,
-        cost: u64,
-        max_delay: Option<u64>,
-    ) -> Result<Decision, RedisError> {
-        let ttl_padding = if now.is_some() {
-            CALLER_TIME_TTL_PADDING_MS
-        } else {
-            0
+    /// The caller's time and TTL padding as the functions read them: `None` for the server's
+    /// `TIME`.
+    fn header(&self, now: u64, cost: u64, max_delay: Option<u64>) -> Vec<u8> {
+        let (at, padding) = match self.time {
+            StoreTime::Server => (-1.0, 0.0),
+            StoreTime::Local => (now as f64, CALLER_TIME_TTL_PADDING_MS as f64),
         };
-        let header = packed([
-            now.map_or(-1.0, |t| t as f64),
+        packed([
+            at,
             cost as f64,
             max_delay.map_or(-1.0, |d| d as f64),
-            ttl_padding as f64,
-        ]);
-        let keys = plan.keys(key);
-        let reply = if self.scripts_only.load(Ordering::Relaxed) {
-            self.script(plan, &keys, &header).await?
-        } else {
-            let mut call = redis::cmd("FCALL");
-            call.arg(&plan.entry.function).arg(keys.len()).arg(&keys);
-            call.arg(&header[..]).arg(&plan.tier_args[..]);
-            match self.query(&call).await {
-                Err(err) if function_not_found(&err) => {
-                    self.load_library(plan, &keys, &header, &call).await?
-                }
-                Err(err) if functions_refused(&err) => {
-                    self.to_scripts(err, plan, &keys, &header).await?
-                }
-                reply => reply?,
-            }
-        };
-        if reply.len() != 6 * 8 * plan.tiers {
-            return Err(RedisError::from((
-                redis::ErrorKind::Parse,
-                "reply of unexpected length",
-            )));
-        }
-        let verdict = |i: usize| {
-            let field = |j: usize| {
-                let at = 8 * (6 * i + j);
-                f64::from_le_bytes(reply[at..at + 8].try_into().unwrap()) as u64
-            };
-            Verdict::from_reply([0, 1, 2, 3, 4, 5].map(field))
-        };
-        Ok(Decision::merge(plan.tiers, verdict).with_source(Source::Redis))
+            padding,
+        ])
     }
 
-    /// Loads the library and repeats `call`; or, when the server cannot load it, decides by
+    /// Decides `items` on Redis, with no failure policy: the guard calls this.
+    async fn remote(
+        &self,
+        items: &[Planned<'_, RedisPlan>],
+        now: u64,
+        max_delay: Option<u64>,
+    ) -> Result<Decisions, Error> {
+        if let [item] = items {
+            let decision = self.check_one(item, now, max_delay).await?;
+            return Ok(Decisions::one(decision.shadow(item.rule.is_shadow())));
+        }
+        let groups = match &self.connection {
+            Connection::Single(_) => vec![(0..items.len()).collect()],
+            Connection::Cluster(_) => slot_groups(items),
+        };
+        let mut decisions: Vec<Option<Decision>> = vec![None; items.len()];
+        if let [group] = &groups[..] {
+            self.batch(items, group, now, max_delay, false, &mut decisions)
+                .await?;
+        } else {
+            for group in &groups {
+                self.batch(items, group, now, max_delay, true, &mut decisions)
+                    .await?;
+            }
+            if decisions.iter().flatten().all(Decision::allowed) {
+                for group in &groups {
+                    self.batch(items, group, now, max_delay, false, &mut decisions)
+                        .await?;
+                }
+            }
+        }
+        let decisions = decisions
+            .into_iter()
+            .map(|d| d.expect("every item decided"));
+        Ok(Decisions::many(decisions.collect()))
+    }
+
+    /// Decides one item in one call of its algorithm's function.
+    async fn check_one(
+        &self,
+        item: &Planned<'_, RedisPlan>,
+        now: u64,
+        max_delay: Option<u64>,
+    ) -> Result<Decision, Error> {
+        let plan = item.plan;
+        let header = self.header(now, item.cost, max_delay);
+        let keys = plan.keys(item.key);
+        let args: [&[u8]; 2] = [&header, &plan.tier_args];
+        let reply = self
+            .invoke(plan.entry, &keys, &args)
+            .await
+            .map_err(store_error)?;
+        let mut verdicts = Verdicts::new(&reply, plan.tiers)?;
+        Ok(verdicts.decision(item.rule))
+    }
+
+    /// Decides `items[group]` in one call of the batch function, all-or-nothing; a `dry` call
+    /// writes nothing. Puts each item's decision in `decisions`.
+    async fn batch(
+        &self,
+        items: &[Planned<'_, RedisPlan>],
+        group: &[usize],
+        now: u64,
+        max_delay: Option<u64>,
+        dry: bool,
+        decisions: &mut [Option<Decision>],
+    ) -> Result<(), Error> {
+        let header = self.header(now, 0, max_delay);
+        let mut described = packed([f64::from(u8::from(dry))]);
+        let mut keys = Vec::new();
+        let mut tiers = 0;
+        for &i in group {
+            let Planned {
+                rule,
+                plan,
+                key,
+                cost,
+            } = &items[i];
+            let names = plan.keys(key);
+            described.extend(packed([
+                plan.algorithm as f64,
+                *cost as f64,
+                f64::from(u8::from(rule.is_shadow())),
+                names.len() as f64,
+            ]));
+            keys.extend(names);
+            tiers += plan.tiers;
+        }
+        let mut args: Vec<&[u8]> = vec![&header, &described];
+        args.extend(group.iter().map(|&i| &items[i].plan.tier_args[..]));
+        let reply = self
+            .invoke(&script::BATCH_ENTRY, &keys, &args)
+            .await
+            .map_err(store_error)?;
+        let mut verdicts = Verdicts::new(&reply, tiers)?;
+        for &i in group {
+            let rule = items[i].rule;
+            decisions[i] = Some(verdicts.decision(rule).shadow(rule.is_shadow()));
+        }
+        Ok(())
+    }
+
+    /// Calls `entry`'s function with `keys` and `args`, in one round trip. A server that lacks
+    /// the library gets it loaded and the call repeated, and one without functions (before
+    /// Redis 7) gets the same code as a script, from then on.
+    pub(crate) async fn invoke(
+        &self,
+        entry: &Entry,
+        keys: &[Vec<u8>],
+        args: &[&[u8]],
+    ) -> Result<Vec<u8>, RedisError> {
+        if self.scripts_only.load(Ordering::Relaxed) {
+            return self.script(entry, keys, args).await;
+        }
+        let mut call = redis::cmd("FCALL");
+        call.arg(&entry.function).arg(keys.len()).arg(keys);
+        for arg in args {
+            call.arg(arg);
+        }
+        match self.query(&call).await {
+            Err(err) if function_not_found(&err) => {
+                self.load_library(entry, keys, args, &call).await
+            }
+            Err(err) if functions_refused(&err) => self.to_scripts(err, entry, keys, args).await,
+            reply => reply,
+        }
+    }
+
+    /// Loads the library and repeats `call`; or, when the server cannot load it, calls the
     /// script.
     async fn load_library(
         &self,
-        plan: &Plan,
+        entry: &Entry,
         keys: &[Vec<u8>],
-        header: &[u8],
+        args: &[&[u8]],
         call: &redis::Cmd,
     ) -> Result<Vec<u8>, RedisError> {
         let mut load = redis::cmd("FUNCTION");
@@ -257,38 +490,40 @@ impl RedisStore {
             // ERR: no FUNCTION command, or a server that cannot run the library; NOPERM: a
             // user allowed scripts but not functions. Busy, loading or failing servers pass.
             Err(err) if matches!(err.code(), Some("ERR" | "NOPERM")) => {
-                self.to_scripts(err, plan, keys, header).await
+                self.to_scripts(err, entry, keys, args).await
             }
             Err(err) => Err(err),
         }
     }
 
-    /// Switches to scripts for good, because of `err`, and decides by script.
+    /// Switches to scripts for good, because of `err`, and calls the script.
     async fn to_scripts(
         &self,
         err: RedisError,
-        plan: &Plan,
+        entry: &Entry,
         keys: &[Vec<u8>],
-        header: &[u8],
+        args: &[&[u8]],
     ) -> Result<Vec<u8>, RedisError> {
         if !self.scripts_only.swap(true, Ordering::Relaxed) {
             tracing::warn!(error = %err, "redis cannot run functions; checks run as scripts");
         }
-        self.script(plan, keys, header).await
+        self.script(entry, keys, args).await
     }
 
-    /// Decides by `EVALSHA` (loading the script on `NOSCRIPT`).
+    /// Calls `entry` by `EVALSHA` (loading the script on `NOSCRIPT`).
     async fn script(
         &self,
-        plan: &Plan,
+        entry: &Entry,
         keys: &[Vec<u8>],
-        header: &[u8],
+        args: &[&[u8]],
     ) -> Result<Vec<u8>, RedisError> {
-        let mut invocation = plan.entry.script.prepare_invoke();
+        let mut invocation = entry.script.prepare_invoke();
         for name in keys {
             invocation.key(name);
         }
-        invocation.arg(header).arg(&plan.tier_args[..]);
+        for arg in args {
+            invocation.arg(arg);
+        }
         match &self.connection {
             Connection::Single(pool) => invocation.invoke_async(&mut pool.pick()).await,
             Connection::Cluster(c) => invocation.invoke_async(&mut c.clone()).await,
@@ -301,6 +536,126 @@ impl RedisStore {
             Connection::Cluster(c) => command.query_async(&mut c.clone()).await,
         }
     }
+}
+
+impl super::Store for RedisStore {
+    type Plan = RedisPlan;
+
+    fn plan(&self, rule: &Rule) -> Result<RedisPlan, Error> {
+        Ok(RedisPlan::new(rule, self.guard.plan(rule)?))
+    }
+
+    async fn check(
+        &self,
+        items: &[Planned<'_, RedisPlan>],
+        now: u64,
+        max_delay: Option<u64>,
+    ) -> Result<Decisions, Error> {
+        let remote = || self.remote(items, now, max_delay);
+        Ok(self.guard.decide(items, now, max_delay, remote).await)
+    }
+
+    async fn shutdown(&self) {}
+}
+
+/// The verdicts of a reply, six little-endian doubles per tier, read in order.
+struct Verdicts<'a> {
+    reply: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Verdicts<'a> {
+    fn new(reply: &'a [u8], tiers: usize) -> Result<Self, Error> {
+        if reply.len() != 6 * 8 * tiers {
+            return Err(Error::Store {
+                message: format!("reply of {} bytes for {tiers} tiers", reply.len()),
+                transient: false,
+            });
+        }
+        Ok(Self { reply, at: 0 })
+    }
+
+    /// The next item's decision: one verdict per tier of `rule`.
+    fn decision(&mut self, rule: &Rule) -> Decision {
+        let (reply, at) = (self.reply, self.at);
+        let verdict = |i: usize| {
+            let field = |j: usize| {
+                let at = at + 8 * (6 * i + j);
+                let bytes = reply[at..at + 8].try_into().expect("eight bytes");
+                f64::from_le_bytes(bytes) as u64
+            };
+            Verdict::from_reply([0, 1, 2, 3, 4, 5].map(field))
+        };
+        self.at += 6 * 8 * rule.tiers().len();
+        Decision::merge(rule, verdict).with_source(Source::Redis)
+    }
+}
+
+/// What a counters function answered: Redis's time (µs), the values, and the calls made.
+#[derive(Debug)]
+pub(crate) struct Answer {
+    pub(crate) time: u64,
+    pub(crate) values: Vec<f64>,
+    pub(crate) calls: u64,
+}
+
+/// The items of a batch by Redis Cluster slot, in the order their slots first appear.
+fn slot_groups(items: &[Planned<'_, RedisPlan>]) -> Vec<Vec<usize>> {
+    by_slot(items.iter().map(|item| slot(&item.plan.keys(item.key)[0])))
+}
+
+/// Positions grouped by their slot, in the order the slots first appear.
+fn by_slot(slots: impl Iterator<Item = u16>) -> Vec<Vec<usize>> {
+    let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+    for (i, slot) in slots.enumerate() {
+        match groups.iter_mut().find(|(s, _)| *s == slot) {
+            Some((_, group)) => group.push(i),
+            None => groups.push((slot, vec![i])),
+        }
+    }
+    groups.into_iter().map(|(_, group)| group).collect()
+}
+
+/// The prefix of a rule's window counters (hybrid and lease): `tg:c:<rule>:<fingerprint>:`.
+pub(crate) fn counter_prefix(rule: &Rule) -> Vec<u8> {
+    format!("tg:c:{}:{:08x}:", rule.name(), rule.fingerprint()).into_bytes()
+}
+
+/// A window counter's name: `<prefix><key length>:{k<key>}:<tier>:<window>`, the window being
+/// its start over the period; the braces keep every counter of a key in one slot.
+pub(crate) fn counter_key(prefix: &[u8], key: &[u8], tier: usize, window: u64) -> Vec<u8> {
+    let mut name = Vec::with_capacity(prefix.len() + key.len() + 40);
+    name.extend_from_slice(prefix);
+    // Writing to a Vec cannot fail.
+    let _ = write!(name, "{}:{{k", key.len());
+    name.extend_from_slice(key);
+    let _ = write!(name, "}}:{tier}:{window}");
+    name
+}
+
+/// Redis Cluster's slot of a key name: CRC16 (XMODEM) of its hash tag, modulo 16384.
+pub(crate) fn slot(name: &[u8]) -> u16 {
+    let tag = name
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &name[open + 1..];
+            let close = rest.iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(name);
+    let mut crc: u16 = 0;
+    for &byte in tag {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16_384
 }
 
 /// Whether `err` says the called function is not on the server (a new or restarted one).
@@ -323,48 +678,42 @@ fn functions_refused(err: &RedisError) -> bool {
     }
 }
 
-/// Everything about a rule that its checks send: the script, key names and tier arguments,
-/// prepared once.
+/// What a rule is on Redis: its function, key names and tier arguments, prepared once.
 #[derive(Debug, Clone)]
-pub(crate) struct Plan {
+pub struct RedisPlan {
     entry: &'static Entry,
+    /// The algorithm's index, as the batch function names it.
+    algorithm: usize,
     /// `tg:<rule>:<fingerprint>:`
     prefix: Vec<u8>,
     tiers: usize,
     /// ARGV[2]: eleven little-endian doubles per tier.
     tier_args: Vec<u8>,
+    guard: GuardPlan,
 }
 
-impl Plan {
-    pub(crate) fn new(rule: &Rule) -> Self {
+impl Guarded for RedisPlan {
+    fn guard(&self) -> &GuardPlan {
+        &self.guard
+    }
+}
+
+impl RedisPlan {
+    fn new(rule: &Rule, guard: GuardPlan) -> Self {
         let algorithm = rule.algorithm();
         let entry = script::entry(algorithm);
-        let mut tier_args = Vec::with_capacity(88 * rule.tiers().len());
-        for (i, tier) in rule.tiers().iter().enumerate() {
-            let rate = tier.rate();
-            let words = rule.tier_words(i).len() as u64;
-            // Every integer is below 2^53, so the doubles carry it exactly.
-            let integers = [
-                tier.limit(),
-                tier.period_micros(),
-                tier.burst(),
-                rate.per_permit,
-                rate.per_micro,
-                words,
-            ];
-            tier_args.extend(packed(integers.map(|n| n as f64)));
-            tier_args.extend(packed(algorithm.script_parameters(tier)));
-        }
         Self {
             entry,
+            algorithm: script::index(algorithm),
             prefix: format!("tg:{}:{:08x}:", rule.name(), rule.fingerprint()).into_bytes(),
             tiers: rule.tiers().len(),
-            tier_args,
+            tier_args: tier_args(rule),
+            guard,
         }
     }
 
-    /// The Redis keys holding `key`'s state, all with the same hash tag.
-    pub(crate) fn keys(&self, key: &[u8]) -> Vec<Vec<u8>> {
+    /// The Redis keys that hold `key`'s state, all with the same hash tag.
+    pub fn keys(&self, key: &[u8]) -> Vec<Vec<u8>> {
         let mut base = Vec::with_capacity(self.prefix.len() + key.len() + 32);
         base.extend_from_slice(&self.prefix);
         // Writing to a Vec cannot fail.
@@ -384,8 +733,32 @@ impl Plan {
     }
 }
 
-/// Doubles as the scripts unpack them: little-endian, eight bytes each.
-fn packed<const N: usize>(values: [f64; N]) -> Vec<u8> {
+/// A rule's tiers as the functions read them: eleven little-endian doubles per tier.
+fn tier_args(rule: &Rule) -> Vec<u8> {
+    let algorithm = rule.algorithm();
+    let mut args = Vec::with_capacity(88 * rule.tiers().len());
+    for (i, tier) in rule.tiers().iter().enumerate() {
+        let rate = tier.rate();
+        let words = rule.tier_words(i).len() as u64;
+        // Every integer is below 2^53, so the doubles carry it exactly.
+        let integers = [
+            tier.limit(),
+            tier.period_micros(),
+            tier.burst(),
+            rate.per_permit,
+            rate.per_micro,
+            words,
+        ];
+        args.extend(packed(integers.map(|n| n as f64)));
+        args.extend(packed(crate::algorithm::Decide::script_parameters(
+            algorithm, tier,
+        )));
+    }
+    args
+}
+
+/// Doubles as the functions unpack them: little-endian, eight bytes each.
+pub(crate) fn packed<const N: usize>(values: [f64; N]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
@@ -413,31 +786,6 @@ mod tests {
     use crate::algorithm::Algorithm;
     use crate::rule::Tier;
 
-    /// Redis Cluster's slot of a key name: CRC16 (XMODEM) of its hash tag, modulo 16384.
-    fn slot(name: &[u8]) -> u16 {
-        let tag = name
-            .iter()
-            .position(|&b| b == b'{')
-            .and_then(|open| {
-                let rest = &name[open + 1..];
-                let close = rest.iter().position(|&b| b == b'}')?;
-                (close > 0).then(|| &rest[..close])
-            })
-            .unwrap_or(name);
-        let mut crc: u16 = 0;
-        for &byte in tag {
-            crc ^= u16::from(byte) << 8;
-            for _ in 0..8 {
-                crc = if crc & 0x8000 != 0 {
-                    (crc << 1) ^ 0x1021
-                } else {
-                    crc << 1
-                };
-            }
-        }
-        crc % 16_384
-    }
-
     #[test]
     fn slots_are_computed_as_redis_does() {
         // Known values from the Redis Cluster specification and redis-cli CLUSTER KEYSLOT.
@@ -454,7 +802,7 @@ mod tests {
             [Tier::per_second(5), Tier::per_minute(50)],
         )
         .unwrap();
-        let plan = Plan::new(&rule);
+        let plan = RedisPlan::new(&rule, GuardPlan::none());
         for key in [&b"tenant-1"[..], b"", b"}{weird}", b"\xff\x00"] {
             let keys = plan.keys(key);
             assert_eq!(keys.len(), 2);
@@ -476,7 +824,7 @@ mod tests {
             [Tier::per_second(5), Tier::per_minute(9)],
         )
         .unwrap();
-        assert_eq!(Plan::new(&rule).keys(b"k").len(), 1);
+        assert_eq!(RedisPlan::new(&rule, GuardPlan::none()).keys(b"k").len(), 1);
     }
 
     #[test]
@@ -487,7 +835,7 @@ mod tests {
             [Tier::per_second(3)],
         )
         .unwrap();
-        let plan = Plan::new(&rule);
+        let plan = RedisPlan::new(&rule, GuardPlan::none());
         assert_eq!(plan.tier_args.len(), 11 * 8);
         let double =
             |i: usize| f64::from_le_bytes(plan.tier_args[8 * i..8 * i + 8].try_into().unwrap());

@@ -19,6 +19,12 @@ use redis::Script;
 use crate::algorithm::Algorithm;
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
+const BATCH: &str = include_str!("lua/batch.lua");
+const COUNTERS: &str = include_str!("lua/counters.lua");
+
+/// What an algorithm's file may leave out: whether its expired states are read as new (see
+/// `Decide::forgets`).
+const DEFAULTS: &str = "local forgets = false\n";
 
 /// How an algorithm keeps its state, and so which driver runs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,14 +47,15 @@ impl Driver {
     fn entry(self, keys: &str, args: &str) -> String {
         match self {
             Self::Words => {
-                format!("words({keys}, {args}, decide, first_seen, expires_at, windowed)")
+                format!("words({keys}, {args}, decide, first_seen, expires_at, windowed, forgets)")
             }
             Self::Log => format!("log({keys}, {args}, decide)"),
         }
     }
 }
 
-/// Every algorithm's name (as in its function's name), its code and its driver.
+/// Every algorithm's name (as in its function's name), its code and its driver, in the order
+/// of [`index`].
 const ALGORITHMS: [(&str, &str, Driver); 9] = [
     (
         "fixed_window",
@@ -89,24 +96,59 @@ const ALGORITHMS: [(&str, &str, Driver); 9] = [
     ("warm_up", include_str!("lua/warm_up.lua"), Driver::Words),
 ];
 
-/// The library of every algorithm's function, named after a hash of its code so that
-/// different versions of tollgate can share a server.
+/// The Lua call that registers the algorithm defined just before it for batches.
+fn registration(driver: Driver) -> &'static str {
+    match driver {
+        Driver::Words => {
+            "{decide = decide, first_seen = first_seen, expires_at = expires_at, \
+             windowed = windowed, forgets = forgets}"
+        }
+        Driver::Log => "{decide = decide, log = true}",
+    }
+}
+
+/// Every algorithm's block, registered for batches under its index (from 1, in the order of
+/// [`ALGORITHMS`]); with `functions`, each also registered as its library's function.
+fn algorithm_blocks(functions: bool) -> String {
+    let mut body = String::new();
+    for (i, (algorithm, code, driver)) in ALGORITHMS.into_iter().enumerate() {
+        let function = if functions {
+            let call = driver.entry("keys", "args");
+            format!(
+                "redis.register_function('__LIBRARY___{algorithm}', \
+                 function(keys, args) return {call} end)\n"
+            )
+        } else {
+            String::new()
+        };
+        body.push_str(&format!(
+            "\ndo\n{DEFAULTS}{code}\nalgorithms[{}] = {}\n{function}end\n",
+            i + 1,
+            registration(driver)
+        ));
+    }
+    body
+}
+
+/// The library of every algorithm's function and the batch function, named after a hash of
+/// its code so that different versions of tollgate can share a server.
 pub(crate) struct Library {
-    /// `tollgate_<hash>`; each function is `<name>_<algorithm>`.
+    /// `tollgate_<hash>`; each function is `<name>_<algorithm>`, and `<name>_batch`,
+    /// `<name>_add` and `<name>_lease`.
     pub(crate) name: String,
     /// The source given to `FUNCTION LOAD REPLACE`.
     pub(crate) code: String,
 }
 
 pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
-    let mut body = String::from(PRELUDE);
-    body.push_str(Driver::Words.code());
-    body.push_str(Driver::Log.code());
-    for (algorithm, code, driver) in ALGORITHMS {
-        let call = driver.entry("keys", "args");
+    let mut body = format!("{PRELUDE}{}{}", Driver::Words.code(), Driver::Log.code());
+    body.push_str(&algorithm_blocks(true));
+    body.push_str(BATCH);
+    body.push_str(COUNTERS);
+    for function in ["batch", "add", "lease"] {
         body.push_str(&format!(
-            "\ndo\n{code}\nredis.register_function('__LIBRARY___{algorithm}', \
-             function(keys, args) return {call} end)\nend\n"
+            "\nredis.register_function('__LIBRARY___{function}', \
+             function(keys, args) return {function}(keys, args) end)\n"
         ));
     }
     let hash = Script::new(&body).get_hash()[..12].to_string();
@@ -115,7 +157,7 @@ pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
     Library { name, code }
 });
 
-/// How a check of one algorithm is sent.
+/// How a call is sent: a function of [`LIBRARY`], or the same code as one script.
 #[derive(Debug)]
 pub(crate) struct Entry {
     /// Its function in [`LIBRARY`].
@@ -131,7 +173,10 @@ static ENTRIES: LazyLock<Vec<Entry>> = LazyLock::new(|| {
         .iter()
         .map(|&(algorithm, code, driver)| {
             let call = driver.entry("KEYS", "ARGV");
-            let script = format!("{PRELUDE}{}{code}\nreturn {call}\n", driver.code());
+            let script = format!(
+                "{PRELUDE}{}{DEFAULTS}{code}\nreturn {call}\n",
+                driver.code()
+            );
             Entry {
                 function: format!("{}_{algorithm}", LIBRARY.name),
                 script: Script::new(&script),
@@ -141,20 +186,54 @@ static ENTRIES: LazyLock<Vec<Entry>> = LazyLock::new(|| {
         .collect()
 });
 
-/// How checks of `algorithm` are sent.
+/// Batches: items of any algorithms, all-or-nothing in one call (`lua/batch.lua`).
+pub(crate) static BATCH_ENTRY: LazyLock<Entry> = LazyLock::new(|| {
+    let script = format!(
+        "{PRELUDE}{}{}{}{BATCH}\nreturn batch(KEYS, ARGV)\n",
+        Driver::Words.code(),
+        Driver::Log.code(),
+        algorithm_blocks(false)
+    );
+    Entry {
+        function: format!("{}_batch", LIBRARY.name),
+        script: Script::new(&script),
+        key_per_tier: false,
+    }
+});
+
+/// Counters of the hybrid and lease stores (`lua/counters.lua`): adding to them.
+pub(crate) static ADD_ENTRY: LazyLock<Entry> = LazyLock::new(|| counters("add"));
+
+/// Counters of the hybrid and lease stores (`lua/counters.lua`): leasing from them.
+pub(crate) static LEASE_ENTRY: LazyLock<Entry> = LazyLock::new(|| counters("lease"));
+
+fn counters(function: &str) -> Entry {
+    let script = format!("{PRELUDE}{COUNTERS}\nreturn {function}(KEYS, ARGV)\n");
+    Entry {
+        function: format!("{}_{function}", LIBRARY.name),
+        script: Script::new(&script),
+        key_per_tier: false,
+    }
+}
+
+/// The index of `algorithm` in [`ALGORITHMS`], as batches name it (from 1).
+pub(crate) fn index(algorithm: &Algorithm) -> usize {
+    match algorithm {
+        Algorithm::FixedWindow => 1,
+        Algorithm::SlidingWindow => 2,
+        Algorithm::SubWindows(_) => 3,
+        Algorithm::SlidingLog => 4,
+        Algorithm::TokenBucket(_) => 5,
+        Algorithm::IntervalBucket => 6,
+        Algorithm::LeakyBucket(_) => 7,
+        Algorithm::Gcra => 8,
+        Algorithm::WarmUp(_) => 9,
+    }
+}
+
+/// How checks of `algorithm` alone are sent.
 pub(crate) fn entry(algorithm: &Algorithm) -> &'static Entry {
-    let index = match algorithm {
-        Algorithm::FixedWindow => 0,
-        Algorithm::SlidingWindow => 1,
-        Algorithm::SubWindows(_) => 2,
-        Algorithm::SlidingLog => 3,
-        Algorithm::TokenBucket(_) => 4,
-        Algorithm::IntervalBucket => 5,
-        Algorithm::LeakyBucket(_) => 6,
-        Algorithm::Gcra => 7,
-        Algorithm::WarmUp(_) => 8,
-    };
-    &ENTRIES[index]
+    &ENTRIES[index(algorithm) - 1]
 }
 
 #[cfg(test)]
@@ -167,9 +246,12 @@ mod tests {
         assert_eq!(gcra.function, format!("{}_gcra", LIBRARY.name));
         assert!(entry(&Algorithm::SlidingLog).key_per_tier);
         assert!(!gcra.key_per_tier);
-        for (algorithm, _, _) in ALGORITHMS {
+        for (i, (algorithm, _, _)) in ALGORITHMS.into_iter().enumerate() {
             let registered = format!("redis.register_function('{}_{algorithm}'", LIBRARY.name);
             assert!(LIBRARY.code.contains(&registered), "{algorithm}");
+            assert!(LIBRARY.code.contains(&format!("algorithms[{}] =", i + 1)));
         }
+        assert!(LIBRARY.code.contains(&format!("'{}_batch'", LIBRARY.name)));
+        assert!(BATCH_ENTRY.script.get_hash() != gcra.script.get_hash());
     }
 }

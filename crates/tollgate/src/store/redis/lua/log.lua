@@ -3,37 +3,47 @@
 -- A member is "time:n", n counting the members of that time, so members never collide. Older
 -- members than the window are dropped and the set expires when its newest permit leaves.
 
-local function log(keys, args, decide)
-  local a, tiers = attempt_of(args[1]), tiers_of(args[2])
-  local now, cost = a.now, a.cost
-  local verdicts, newest = {}, {}
+-- Asks every tier (keys[first + i - 1] is tier i's set) without writing; puts the verdicts in
+-- `verdicts` and each tier's newest logged time in `newest`. True if every tier admits.
+local function log_ask(tiers, keys, first, a, decide, verdicts, newest)
   local allowed = true
   for i = 1, #tiers do
     local v = 6 * (i - 1)
     newest[i], verdicts[v + 1], verdicts[v + 2], verdicts[v + 3], verdicts[v + 4],
-      verdicts[v + 5], verdicts[v + 6] = decide(tiers[i], keys[i], a)
+      verdicts[v + 5], verdicts[v + 6] = decide(tiers[i], keys[first + i - 1], a)
     allowed = allowed and verdicts[v + 1] == 1
   end
+  return allowed
+end
 
-  if allowed and cost > 0 then
-    for i = 1, #tiers do
-      local key = keys[i]
-      local at = max(now, newest[i])
-      local at_stamp = decimal(at)
-      local seen = call('ZCOUNT', key, at_stamp, at_stamp)
-      local batch = {}
-      for j = 1, cost do
-        batch[#batch + 1] = at
-        batch[#batch + 1] = at_stamp .. ':' .. decimal(seen + j)
-        if #batch >= 1000 or j == cost then
-          call('ZADD', key, unpack(batch))
-          batch = {}
-        end
+-- Logs a.cost permits in every tier's set.
+local function log_commit(tiers, keys, first, a, newest)
+  local now, cost = a.now, a.cost
+  for i = 1, #tiers do
+    local key = keys[first + i - 1]
+    local at = max(now, newest[i])
+    local at_stamp = decimal(at)
+    local seen = call('ZCOUNT', key, at_stamp, at_stamp)
+    local batch = {}
+    for j = 1, cost do
+      batch[#batch + 1] = at
+      batch[#batch + 1] = at_stamp .. ':' .. decimal(seen + j)
+      if #batch >= 1000 or j == cost then
+        call('ZADD', key, unpack(batch))
+        batch = {}
       end
-      call('ZREMRANGEBYSCORE', key, '-inf', decimal(now - tiers[i].period))
-      local ttl = ceil_div(at + tiers[i].period - now, 1000) + a.ttl_padding
-      call('PEXPIRE', key, decimal(ttl))
     end
+    call('ZREMRANGEBYSCORE', key, '-inf', decimal(now - tiers[i].period))
+    local ttl = ceil_div(at + tiers[i].period - now, 1000) + a.ttl_padding
+    call('PEXPIRE', key, decimal(ttl))
+  end
+end
+
+local function log(keys, args, decide)
+  local a, tiers = attempt_of(args[1]), tiers_of(args[2])
+  local verdicts, newest = {}, {}
+  if log_ask(tiers, keys, 1, a, decide, verdicts, newest) and a.cost > 0 then
+    log_commit(tiers, keys, 1, a, newest)
   end
   return pack(tiers.reply_format, unpack(verdicts))
 end

@@ -74,6 +74,10 @@ local function bucket(t, burst, level, cost)
     ceil_div(after - capacity, per_micro))
 end
 
+-- Each algorithm's functions by its index (script.rs), for batches of several algorithms:
+-- decide, and for word states first_seen, expires_at and windowed; `log` for the sliding log.
+local algorithms = {}
+
 -- Parsed tiers by their packed arguments: a rule's never change. Bounded: cleared when full.
 local parsed, parsed_count = {}, 0
 

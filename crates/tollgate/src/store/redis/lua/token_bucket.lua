@@ -1,5 +1,17 @@
 -- Token bucket (src/algorithm/token_bucket.rs). Parameter p1: initial tokens, or -1 for a full
--- bucket. Words: tokens (rate units), time of the last admission (0 = never).
+-- bucket. Words: tokens (rate units), time of the last admission (0 = never). A bucket with
+-- fewer initial tokens than its burst expires once it has stayed full for a whole period; a
+-- key whose every tier has expired is then read as a key never seen (`forgets`).
+
+local function expires_at(t, w)
+  local o = t.offset
+  if w[o + 2] == 0 then return 0 end
+  local full = w[o + 2] + micros(t, max(units(t, t.burst) - w[o + 1], 0))
+  if t.p1 >= 0 and t.p1 < t.burst then return full + t.period end
+  return full
+end
+
+local function forgets(tiers) return tiers[1].p1 >= 0 end
 
 local function decide(t, w, a)
   local o, burst = t.offset, t.burst
@@ -23,12 +35,6 @@ end
 local function first_seen(t, w, at)
   local o = t.offset
   if t.p1 >= 0 and w[o + 2] == 0 then w[o + 1], w[o + 2] = units(t, t.p1), at end
-end
-
-local function expires_at(t, w)
-  local o = t.offset
-  if w[o + 2] == 0 then return 0 end
-  return w[o + 2] + micros(t, max(units(t, t.burst) - w[o + 1], 0))
 end
 
 -- A write moves when the state expires.

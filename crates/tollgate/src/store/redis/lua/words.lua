@@ -44,11 +44,20 @@ local function latest(tiers, w, expires_at)
   return at
 end
 
-local function words(keys, args, decide, first_seen, expires_at, windowed)
+-- A state to read as new: expired, of an algorithm whose expired state differs from a key
+-- never seen (`forgets`, see Decide::forgets).
+local function forgotten(tiers, w, a, expires_at, forgets)
+  return forgets and forgets(tiers) and latest(tiers, w, expires_at) <= a.now
+end
+
+local function words(keys, args, decide, first_seen, expires_at, windowed, forgets)
   local a, tiers = attempt_of(args[1]), tiers_of(args[2])
   local key = keys[1]
   local stored = call('GET', key)
   local w = {unpack_packed(tiers.state_format, stored or tiers.zero_state)}
+  if stored and forgotten(tiers, w, a, expires_at, forgets) then
+    w = {unpack_packed(tiers.state_format, tiers.zero_state)}
+  end
 
   local wants_write = a.cost > 0
   if #tiers == 1 then

@@ -1,0 +1,568 @@
+//! The lease store (quota pre-allocation): an instance takes a batch of permits from a key's
+//! global budget in Redis and spends it in its own memory; only when its lease runs short does
+//! a check wait for Redis, to lease more. A permit is spent only after Redis granted it, so the
+//! instances together never admit more than the limit.
+//!
+//! It leases fixed windows: each window's budget is one Redis counter of the permits granted,
+//! and permits leased but not spent expire with their window. A sliding window's, bucket's or
+//! log's budget is not a count that can be handed out ahead.
+//!
+//! The batch follows the instance's own rate: enough for `target` more of what it spent since
+//! its last lease (a busy instance leases more, an idle one little). Once fewer than
+//! `threshold` of the limit are left, Redis grants at most half of what is left (but what the
+//! check needs), so that the last permits spread over the instances that still need them.
+//! [`Store::shutdown`] gives the permits not spent back.
+
+use std::fmt;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLockReadGuard};
+use std::time::Duration;
+
+use super::guard::{GuardPlan, Guarded};
+use super::redis::{RedisStore, StoreTime, counter_key, counter_prefix, packed};
+use super::slots::{Slots, Versions};
+use super::table::{Access, Bounds, Score, Table};
+use super::{Planned, Store};
+use crate::algorithm::Algorithm;
+use crate::clock::{Clock, SystemClock};
+use crate::decision::{Decision, Decisions, Source, Verdict};
+use crate::error::{Error, RuleError};
+use crate::rule::{Rule, Tier};
+
+/// Settings of a [`LeaseStore`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LeaseConfig {
+    /// How long a lease should last at the instance's recent rate, within its window
+    /// (default 10 s): about one lease per key and instance per `target` at a steady rate.
+    pub target: Duration,
+    /// Instances expected to share the keys (default 1): a first lease is at most a tenth of
+    /// this share of the limit.
+    pub instances: u32,
+    /// The fraction of a limit below which grants shrink to half of what is left (default
+    /// 0.1).
+    pub threshold: f64,
+    /// The most keys held in this process (default a million).
+    pub max_keys: usize,
+}
+
+impl Default for LeaseConfig {
+    fn default() -> Self {
+        Self {
+            target: Duration::from_secs(10),
+            instances: 1,
+            threshold: 0.1,
+            max_keys: 1_000_000,
+        }
+    }
+}
+
+/// What a lease store did, since it was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LeaseStats {
+    /// Items decided.
+    pub decisions: u64,
+    /// Calls made to Redis to lease (one per check that ran short, per slot on a cluster).
+    pub calls: u64,
+    /// Permits granted by Redis.
+    pub leased: u64,
+    /// Permits given back by [`Store::shutdown`].
+    pub returned: u64,
+}
+
+/// Limits shared by every instance through Redis, spent from leases in each instance's
+/// memory; never more than the limit in all. See the module documentation. Cheap to clone.
+#[derive(Clone)]
+pub struct LeaseStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    redis: RedisStore,
+    config: LeaseConfig,
+    table: Table,
+    slots: Slots,
+    /// Keys that hold a lease, each once (marked `HELD`), for shutdown to give back.
+    held: Mutex<Vec<Held>>,
+    clock: SystemClock,
+    /// Redis's clock minus this process's (µs), from the last lease; 0 on the caller's time.
+    offset: AtomicI64,
+    /// The latest time a check was decided at (µs, on the counters' clock).
+    last_now: AtomicU64,
+    decisions: AtomicU64,
+    calls: AtomicU64,
+    leased: AtomicU64,
+    returned: AtomicU64,
+}
+
+struct Held {
+    rule: Rule,
+    shape: Arc<Shape>,
+    key: Box<[u8]>,
+}
+
+/// What a rule is in a lease store.
+#[derive(Debug, Clone)]
+pub struct LeasePlan {
+    shape: Arc<Shape>,
+    guard: GuardPlan,
+}
+
+#[derive(Debug)]
+struct Shape {
+    slot: u32,
+    words: usize,
+    /// `tg:c:<rule>:<fingerprint>:`
+    prefix: Vec<u8>,
+}
+
+impl Guarded for LeasePlan {
+    fn guard(&self) -> &GuardPlan {
+        &self.guard
+    }
+}
+
+// A key's words: flags, then per tier:
+const FLAGS: usize = 0;
+const KEY_WORDS: usize = 1;
+/// The start of the window leased in (µs; 0: none).
+const START: usize = 0;
+/// Permits granted to this instance in the window.
+const LEASED: usize = 1;
+/// Permits spent of them.
+const USED: usize = 2;
+/// When the last lease was granted (µs), and how many were spent then.
+const LEASED_AT: usize = 3;
+const USED_AT_LEASE: usize = 4;
+/// The window's global count as the last answer left it.
+const GLOBAL: usize = 5;
+/// The size of the last grant.
+const LAST_GRANT: usize = 6;
+/// When Redis last answered a lease (µs).
+const ASKED_AT: usize = 7;
+/// The rate this instance spends at, as last measured (see [`rate`]).
+const RATE: usize = 8;
+const TIER_WORDS: usize = 9;
+
+const HELD: u64 = 1;
+
+impl fmt::Debug for LeaseStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseStore")
+            .field("config", &self.inner.config)
+            .field("keys", &self.inner.table.len())
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+/// A lease a check needs: `need` more permits of tier `tier` of item `item`, `want` if the
+/// budget allows.
+struct Need {
+    item: usize,
+    tier: usize,
+    window: u64,
+    need: u64,
+    want: u64,
+}
+
+impl LeaseStore {
+    /// A lease store on the Redis of `redis` (its connections, clock and failure handling).
+    pub fn new(redis: &RedisStore, config: LeaseConfig) -> Self {
+        let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
+        Self {
+            inner: Arc::new(Inner {
+                redis: redis.clone(),
+                config,
+                table: Table::new(Bounds {
+                    max_keys: config.max_keys,
+                    max_bytes: usize::MAX,
+                    shards: (threads * 8).clamp(16, 1_024),
+                }),
+                slots: Slots::default(),
+                held: Mutex::new(Vec::new()),
+                clock: SystemClock::new(),
+                offset: AtomicI64::new(0),
+                last_now: AtomicU64::new(0),
+                decisions: AtomicU64::new(0),
+                calls: AtomicU64::new(0),
+                leased: AtomicU64::new(0),
+                returned: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// What the store did so far.
+    pub fn stats(&self) -> LeaseStats {
+        let i = &self.inner;
+        LeaseStats {
+            decisions: i.decisions.load(Ordering::Relaxed),
+            calls: i.calls.load(Ordering::Relaxed),
+            leased: i.leased.load(Ordering::Relaxed),
+            returned: i.returned.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Keys held in this process now.
+    pub fn keys(&self) -> usize {
+        self.inner.table.len()
+    }
+}
+
+impl Inner {
+    fn scorer(&self) -> Scorer<'_> {
+        Scorer {
+            slots: self.slots.read(),
+        }
+    }
+
+    fn accesses<'a>(items: &[Planned<'a, LeasePlan>]) -> Vec<Access<'a>> {
+        items
+            .iter()
+            .map(|i| Access {
+                slot: i.plan.shape.slot,
+                key: i.key,
+                words: i.plan.shape.words,
+            })
+            .collect()
+    }
+
+    /// Decides `items` from the leases held, all-or-nothing, spending them if admitted. When
+    /// some tier's lease is short: the leases to ask for, unless `last` (then it denies).
+    fn spend(
+        &self,
+        items: &[Planned<'_, LeasePlan>],
+        now: u64,
+        last: bool,
+    ) -> Result<Decisions, Vec<Need>> {
+        let accesses = Self::accesses(items);
+        let result = self.table.access(&accesses, now, &self.scorer(), |words| {
+            let mut needs = Vec::new();
+            let mut decisions = Vec::with_capacity(items.len());
+            for (index, (item, w)) in items.iter().zip(words.iter_mut()).enumerate() {
+                let mut verdicts = Vec::with_capacity(item.rule.tiers().len());
+                for (t, tier) in item.rule.tiers().iter().enumerate() {
+                    let tw = tier_mut(w, t);
+                    let window = roll(tier, tw, now);
+                    let available = tw[LEASED] - tw[USED];
+                    let reset = window + tier.period_micros() - now;
+                    let remaining = tier.limit().saturating_sub(tw[GLOBAL]) + available;
+                    if item.cost <= available {
+                        let left = remaining - item.cost;
+                        verdicts.push(Verdict::allow(tier.limit(), left, reset));
+                        continue;
+                    }
+                    // A window whose budget is spent is not asked again before a while.
+                    let spent = tw[GLOBAL] >= tier.limit()
+                        && now < tw[ASKED_AT].saturating_add(self.recheck());
+                    if !last && !spent {
+                        needs.push(Need {
+                            item: index,
+                            tier: t,
+                            window,
+                            need: item.cost - available,
+                            want: self.want(tier, tw, now, item.cost - available),
+                        });
+                    }
+                    verdicts.push(Verdict::deny(tier.limit(), remaining, reset, reset));
+                }
+                let decision =
+                    Decision::merge(item.rule, |i| verdicts[i]).with_source(Source::Lease);
+                decisions.push(decision.shadow(item.rule.is_shadow()));
+            }
+            if !needs.is_empty() {
+                return Err(needs);
+            }
+            if decisions.iter().all(Decision::allowed) {
+                for ((item, w), d) in items.iter().zip(words.iter_mut()).zip(&decisions) {
+                    if item.cost == 0 || d.shadowed() {
+                        continue;
+                    }
+                    for t in 0..item.rule.tiers().len() {
+                        tier_mut(w, t)[USED] += item.cost;
+                    }
+                }
+            }
+            Ok(decisions)
+        });
+        result.map(Decisions::many)
+    }
+
+    /// How long a spent budget is believed before Redis is asked again (an instance that shuts
+    /// down gives its permits back, which is rare): the target.
+    fn recheck(&self) -> u64 {
+        self.config.target.as_micros() as u64
+    }
+
+    /// How many permits to ask for, needing `need`: enough for `target` (or the rest of the
+    /// window, if shorter) at the rate this instance spends (see [`rate`]), and twice the last
+    /// lease if that went in under a second; at first a tenth of its share, at most 64; never
+    /// more than its share of the limit but what it needs.
+    fn want(&self, tier: &Tier, tw: &[u64], now: u64, need: u64) -> u64 {
+        let instances = u64::from(self.config.instances.max(1));
+        let batch = if tw[LEASED_AT] == 0 {
+            (tier.limit() / (10 * instances)).clamp(1, 64)
+        } else {
+            let left = (tw[START] + tier.period_micros()).saturating_sub(now);
+            let horizon = (self.config.target.as_micros() as u64).min(left);
+            // A quarter more: a rate measured over random arrivals is as often under as over.
+            let at_rate = u128::from(rate(tw, now)) * u128::from(horizon) * 5 / 4;
+            let at_rate = at_rate.div_ceil(1_000_000_000_000) as u64;
+            if now.saturating_sub(tw[LEASED_AT]) < 1_000_000 {
+                at_rate.max(2 * tw[LAST_GRANT])
+            } else {
+                at_rate
+            }
+        };
+        batch
+            .min(tier.limit().div_ceil(instances))
+            .max(need)
+            .min(tier.limit())
+    }
+
+    /// Asks Redis for the leases `needs` of `items` at `now`, and adds what it grants.
+    async fn take(
+        &self,
+        items: &[Planned<'_, LeasePlan>],
+        needs: &[Need],
+        now: u64,
+    ) -> Result<(), Error> {
+        let keys: Vec<Vec<u8>> = needs
+            .iter()
+            .map(|n| {
+                let item = &items[n.item];
+                let period = item.rule.tiers()[n.tier].period_micros();
+                counter_key(&item.plan.shape.prefix, item.key, n.tier, n.window / period)
+            })
+            .collect();
+        let args: Vec<Vec<u8>> = needs
+            .iter()
+            .map(|n| {
+                let tier = &items[n.item].rule.tiers()[n.tier];
+                let period = tier.period_micros();
+                let ttl = period / 1_000 + 1_000;
+                let threshold = (tier.limit() as f64 * self.config.threshold).ceil();
+                packed([
+                    n.want as f64,
+                    n.need as f64,
+                    tier.limit() as f64,
+                    ttl as f64,
+                    threshold,
+                ])
+            })
+            .collect();
+        let local = self.clock.now_micros();
+        let answer = self.redis.lease(&keys, &args).await;
+        self.calls
+            .fetch_add(answer.as_ref().map_or(1, |a| a.calls), Ordering::Relaxed);
+        let answer = answer?;
+        if self.redis.time() == StoreTime::Server {
+            let offset = answer.time as i64 - local as i64;
+            self.offset.store(offset, Ordering::Relaxed);
+        }
+        let accesses = Self::accesses(items);
+        let mut held = Vec::new();
+        self.table.access(&accesses, now, &self.scorer(), |words| {
+            for (n, granted) in needs.iter().zip(answer.values.chunks_exact(2)) {
+                let (grant, global) = (granted[0] as u64, granted[1] as u64);
+                self.leased.fetch_add(grant, Ordering::Relaxed);
+                let item = &items[n.item];
+                let w = &mut words[n.item];
+                let tw = tier_mut(w, n.tier);
+                if tw[START] != n.window {
+                    continue;
+                }
+                tw[GLOBAL] = global;
+                tw[ASKED_AT] = now;
+                if grant > 0 {
+                    tw[RATE] = rate(tw, now);
+                    tw[LEASED] += grant;
+                    tw[LEASED_AT] = now;
+                    tw[USED_AT_LEASE] = tw[USED];
+                    tw[LAST_GRANT] = grant;
+                }
+                if grant > 0 && w[FLAGS] & HELD == 0 {
+                    w[FLAGS] |= HELD;
+                    held.push(Held {
+                        rule: item.rule.clone(),
+                        shape: item.plan.shape.clone(),
+                        key: item.key.into(),
+                    });
+                }
+            }
+        });
+        self.held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(held);
+        Ok(())
+    }
+
+    /// Gives back the permits leased and not spent in the current windows.
+    async fn give_back(&self, now: u64) -> Result<(), Error> {
+        let held: Vec<Held> =
+            std::mem::take(&mut *self.held.lock().unwrap_or_else(|e| e.into_inner()));
+        let accesses: Vec<Access<'_>> = held
+            .iter()
+            .map(|h| Access {
+                slot: h.shape.slot,
+                key: &h.key,
+                words: h.shape.words,
+            })
+            .collect();
+        let mut returns = Vec::new();
+        self.table.access(&accesses, now, &self.scorer(), |words| {
+            for (h, w) in held.iter().zip(words.iter_mut()) {
+                w[FLAGS] &= !HELD;
+                for (t, tier) in h.rule.tiers().iter().enumerate() {
+                    let tw = tier_mut(w, t);
+                    let unused = tw[LEASED] - tw[USED];
+                    if unused > 0 && tw[START] + tier.period_micros() > now {
+                        let period = tier.period_micros();
+                        let key = counter_key(&h.shape.prefix, &h.key, t, tw[START] / period);
+                        returns.push((key, unused));
+                        tw[LEASED] = tw[USED];
+                    }
+                }
+            }
+        });
+        if returns.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<Vec<u8>> = returns.iter().map(|(k, _)| k.clone()).collect();
+        let args: Vec<Vec<u8>> = returns
+            .iter()
+            .map(|&(_, unused)| packed([-(unused as f64), 0.0]))
+            .collect();
+        self.redis.add(&keys, &args).await?;
+        let total: u64 = returns.iter().map(|&(_, n)| n).sum();
+        self.returned.fetch_add(total, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// Moves a tier to the window of `now`, dropping what was leased in an earlier one (its
+/// permits expired with it) but keeping how fast it spends; returns the window's start.
+fn roll(tier: &Tier, tw: &mut [u64], now: u64) -> u64 {
+    let period = tier.period_micros();
+    let window = now - now % period;
+    if tw[START] < window {
+        // The rate carries over; the new window's first lease is measured from now.
+        let rate = rate(tw, now);
+        let leased_at = if tw[LEASED_AT] == 0 { 0 } else { now };
+        tw.copy_from_slice(&[window, 0, 0, leased_at, 0, 0, 0, 0, rate]);
+    }
+    tw[START]
+}
+
+/// The rate a tier spends at, in permits per million seconds: measured since its last lease
+/// when that is a second ago at least (a burst over milliseconds says little), else as last
+/// measured.
+fn rate(tw: &[u64], now: u64) -> u64 {
+    let elapsed = now.saturating_sub(tw[LEASED_AT]);
+    if tw[LEASED_AT] == 0 || elapsed < 1_000_000 {
+        return tw[RATE];
+    }
+    let spent = tw[USED].saturating_sub(tw[USED_AT_LEASE]);
+    (u128::from(spent) * 1_000_000_000_000 / u128::from(elapsed)) as u64
+}
+
+fn tier_mut(w: &mut [u64], tier: usize) -> &mut [u64] {
+    &mut w[KEY_WORDS + TIER_WORDS * tier..KEY_WORDS + TIER_WORDS * (tier + 1)]
+}
+
+impl Store for LeaseStore {
+    type Plan = LeasePlan;
+
+    fn plan(&self, rule: &Rule) -> Result<LeasePlan, Error> {
+        if *rule.algorithm() != Algorithm::FixedWindow {
+            return Err(Error::Rule(RuleError {
+                rule: rule.name().into(),
+                field: "algorithm".into(),
+                reason: format!(
+                    "the lease store leases fixed_window budgets, a count of permits per \
+                     window; {} has no budget that can be handed out ahead (use the strict \
+                     or the hybrid store)",
+                    rule.algorithm().name()
+                ),
+            }));
+        }
+        let shape = Shape {
+            slot: self.inner.slots.slot(rule)?,
+            words: KEY_WORDS + TIER_WORDS * rule.tiers().len(),
+            prefix: counter_prefix(rule),
+        };
+        Ok(LeasePlan {
+            shape: Arc::new(shape),
+            guard: self.inner.redis.guard().plan(rule)?,
+        })
+    }
+
+    async fn check(
+        &self,
+        items: &[Planned<'_, LeasePlan>],
+        now: u64,
+        max_delay: Option<u64>,
+    ) -> Result<Decisions, Error> {
+        let inner = &*self.inner;
+        inner
+            .decisions
+            .fetch_add(items.len() as u64, Ordering::Relaxed);
+        let at = now
+            .saturating_add_signed(inner.offset.load(Ordering::Relaxed))
+            .max(1);
+        inner.last_now.fetch_max(at, Ordering::Relaxed);
+        let needs = match inner.spend(items, at, false) {
+            Ok(decisions) => return Ok(decisions),
+            Err(needs) => needs,
+        };
+        let remote = || async {
+            inner.take(items, &needs, at).await?;
+            let at = now
+                .saturating_add_signed(inner.offset.load(Ordering::Relaxed))
+                .max(1);
+            Ok(inner
+                .spend(items, at, true)
+                .unwrap_or_else(|_| unreachable!("a last spend asks for nothing")))
+        };
+        Ok(inner
+            .redis
+            .guard()
+            .decide(items, now, max_delay, remote)
+            .await)
+    }
+
+    async fn shutdown(&self) {
+        let inner = &*self.inner;
+        let now = inner.last_now.load(Ordering::Relaxed).max(1);
+        if let Err(err) = inner.give_back(now).await {
+            tracing::warn!(error = %err, "lease store could not give back its unused permits");
+        }
+    }
+}
+
+/// Judges entries for the table: keys holding permits they have not spent stay (dropping
+/// them only wastes those permits, but still); keys whose window is over may go; otherwise
+/// the more a key has left, the less it matters.
+struct Scorer<'a> {
+    slots: RwLockReadGuard<'a, Versions>,
+}
+
+impl Score for Scorer<'_> {
+    fn score(&self, slot: u32, words: &mut [u64], now: u64) -> Option<f64> {
+        let rule = self.slots.newest(slot)?;
+        let (mut least, mut live) = (1.0_f64, false);
+        for (t, tier) in rule.tiers().iter().enumerate() {
+            let tw = tier_mut(words, t);
+            if tw[START] + tier.period_micros() <= now {
+                continue;
+            }
+            live = true;
+            if tw[LEASED] > tw[USED] {
+                return Some(-1.0);
+            }
+            let left = tier.limit().saturating_sub(tw[GLOBAL]);
+            least = least.min(left as f64 / tier.limit() as f64);
+        }
+        live.then_some(least)
+    }
+}

@@ -1,0 +1,630 @@
+//! The sharded table that holds the state words of keys in process memory, for any number of
+//! rules at once: each entry is keyed by a rule's slot (a `u32` the owning store gives each
+//! rule layout) and the key's bytes.
+//!
+//! A key's operation hashes once, locks one shard (of many; never a global lock) and works on
+//! the entry's words in place. Entries are split in four classes by state size, so that states
+//! of up to four words live inside the table itself: a 16-byte key with one GCRA word takes 32
+//! bytes plus a control byte and the table's load-factor slack.
+//!
+//! Memory is bounded by a key count and by bytes (keys, words and the entry itself; not the
+//! table's slack), both exact: the table holds up to the maximum and evicts only beyond it.
+//! To make room, an insert samples a few entries of its shard and of two other shards and
+//! evicts the one whose state matters least, as its owner scores it (state as good as new
+//! first, then the freshest); a used-up key is the last to go, so a flood of new keys cannot
+//! reset it. Each insert also drops expired entries at its shard's sweep cursor. All of it is
+//! bounded work per insert, and other shards are only ever tried, never waited for.
+
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use crossbeam_utils::CachePadded;
+use hashbrown::HashTable;
+use spin::mutex::SpinMutexGuard;
+
+use super::lock::ShardLock;
+
+/// Key bytes kept inside the entry; longer keys get an allocation of their own.
+const INLINE_KEY: usize = 18;
+
+/// Buckets an insert inspects at its shard's sweep cursor, dropping expired entries.
+const SWEEP_PER_INSERT: usize = 4;
+
+/// Buckets an eviction inspects, from a random point of the shard, for its candidates.
+const EVICTION_PROBES: usize = 64;
+
+/// Occupied entries an eviction compares per shard it samples.
+const EVICTION_CANDIDATES: usize = 8;
+
+/// Shards other than its own an eviction samples, if they are free.
+const OTHER_SHARDS: usize = 2;
+
+/// Evictions one insert may make (a large state may need several small ones to go); beyond
+/// that the new state is not kept.
+const MAX_EVICTIONS_PER_INSERT: usize = 64;
+
+/// A rule slot and a key's bytes, inline when short.
+#[derive(Clone)]
+pub(crate) enum KeyBytes {
+    Inline {
+        len: u8,
+        slot: [u8; 4],
+        bytes: [u8; INLINE_KEY],
+    },
+    Heap {
+        slot: u32,
+        bytes: Box<[u8]>,
+    },
+}
+
+const _: () = assert!(std::mem::size_of::<KeyBytes>() == 24);
+
+impl KeyBytes {
+    #[inline]
+    fn new(slot: u32, key: &[u8]) -> Self {
+        if key.len() <= INLINE_KEY {
+            let mut bytes = [0; INLINE_KEY];
+            bytes[..key.len()].copy_from_slice(key);
+            Self::Inline {
+                len: key.len() as u8,
+                slot: slot.to_le_bytes(),
+                bytes,
+            }
+        } else {
+            Self::Heap {
+                slot,
+                bytes: key.into(),
+            }
+        }
+    }
+
+    /// Whether this is `key` of `slot`. Compared in place with fixed-size reads: this runs on
+    /// every check.
+    #[inline(always)]
+    pub(crate) fn is(&self, slot: u32, key: &[u8]) -> bool {
+        fn ends<const N: usize>(stored: &[u8; INLINE_KEY], key: &[u8]) -> bool {
+            let len = key.len();
+            stored[..N] == key[..N] && stored[len - N..len] == key[len - N..]
+        }
+        match self {
+            Self::Inline {
+                len,
+                slot: stored,
+                bytes,
+            } if usize::from(*len) == key.len() && u32::from_le_bytes(*stored) == slot => {
+                match key.len() {
+                    16.. => ends::<16>(bytes, key),
+                    8.. => ends::<8>(bytes, key),
+                    4.. => ends::<4>(bytes, key),
+                    len => bytes[..len] == *key,
+                }
+            }
+            Self::Inline { .. } => false,
+            Self::Heap {
+                slot: stored,
+                bytes,
+            } => *stored == slot && **bytes == *key,
+        }
+    }
+
+    pub(crate) fn slot(&self) -> u32 {
+        match self {
+            Self::Inline { slot, .. } => u32::from_le_bytes(*slot),
+            Self::Heap { slot, .. } => *slot,
+        }
+    }
+
+    pub(crate) fn key(&self) -> &[u8] {
+        match self {
+            Self::Inline { len, bytes, .. } => &bytes[..usize::from(*len)],
+            Self::Heap { bytes, .. } => bytes,
+        }
+    }
+
+    fn heap_bytes(&self) -> usize {
+        match self {
+            Self::Inline { .. } => 0,
+            Self::Heap { bytes, .. } => bytes.len(),
+        }
+    }
+}
+
+/// Storage for one key's state words: inline arrays for small states, a box otherwise.
+pub(crate) trait Words: AsRef<[u64]> + AsMut<[u64]> + Send + 'static {
+    /// Whether the storage is exactly as long as the state (else it may be longer).
+    const EXACT: bool = false;
+
+    fn zeroed(len: usize) -> Self;
+
+    /// Bytes this storage holds outside the entry.
+    fn heap_bytes(&self) -> usize {
+        0
+    }
+}
+
+impl<const N: usize> Words for [u64; N] {
+    fn zeroed(_len: usize) -> Self {
+        [0; N]
+    }
+}
+
+impl Words for Box<[u64]> {
+    const EXACT: bool = true;
+
+    fn zeroed(len: usize) -> Self {
+        vec![0; len].into_boxed_slice()
+    }
+
+    fn heap_bytes(&self) -> usize {
+        8 * self.len()
+    }
+}
+
+pub(crate) struct Entry<W> {
+    pub(crate) key: KeyBytes,
+    pub(crate) words: W,
+}
+
+impl<W: Words> Entry<W> {
+    pub(crate) fn new(slot: u32, key: &[u8], words: W) -> Self {
+        Self {
+            key: KeyBytes::new(slot, key),
+            words,
+        }
+    }
+
+    /// What this entry counts against the table's byte bound.
+    fn bytes(&self) -> usize {
+        std::mem::size_of::<Self>() + 1 + self.key.heap_bytes() + self.words.heap_bytes()
+    }
+}
+
+pub(crate) struct Shard<W> {
+    pub(crate) entries: HashTable<Entry<W>>,
+    /// The next bucket the sweep inspects.
+    cursor: usize,
+    /// State of the shard's random sampling (xorshift).
+    random: u64,
+}
+
+pub(crate) type Shards<W> = Box<[CachePadded<ShardLock<Shard<W>>>]>;
+
+/// How the table's owner judges an entry it may drop: `None` when its state is as good as
+/// new (dropping it changes nothing), else how little it matters: the entry with the highest
+/// score is evicted first. Called under the entry's shard lock.
+pub(crate) trait Score {
+    fn score(&self, slot: u32, words: &mut [u64], now: u64) -> Option<f64>;
+}
+
+/// The table's size class for a state of `words` words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Class {
+    One,
+    Two,
+    Four,
+    Many,
+}
+
+impl Class {
+    pub(crate) fn of(words: usize) -> Self {
+        match words {
+            0 | 1 => Self::One,
+            2 => Self::Two,
+            3 | 4 => Self::Four,
+            _ => Self::Many,
+        }
+    }
+}
+
+/// Bounds of a table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Bounds {
+    pub(crate) max_keys: usize,
+    pub(crate) max_bytes: usize,
+    pub(crate) shards: usize,
+}
+
+pub(crate) struct Table {
+    pub(crate) one: Shards<[u64; 1]>,
+    pub(crate) two: Shards<[u64; 2]>,
+    pub(crate) four: Shards<[u64; 4]>,
+    pub(crate) many: Shards<Box<[u64]>>,
+    hasher: foldhash::fast::RandomState,
+    mask: usize,
+    bounds: Bounds,
+    keys: AtomicUsize,
+    bytes: AtomicUsize,
+    evictions: AtomicU64,
+}
+
+fn shards<W>(count: usize) -> Shards<W> {
+    (0..count)
+        .map(|i| {
+            CachePadded::new(ShardLock::new(Shard {
+                entries: HashTable::new(),
+                cursor: 0,
+                random: 0x9e37_79b9_7f4a_7c15 ^ (i as u64).wrapping_mul(0xff51_afd7_ed55_8ccd),
+            }))
+        })
+        .collect()
+}
+
+impl Table {
+    pub(crate) fn new(bounds: Bounds) -> Self {
+        let count = bounds.shards.max(1).next_power_of_two();
+        Self {
+            one: shards(count),
+            two: shards(count),
+            four: shards(count),
+            many: shards(count),
+            hasher: foldhash::fast::RandomState::default(),
+            mask: count - 1,
+            bounds,
+            keys: AtomicUsize::new(0),
+            bytes: AtomicUsize::new(0),
+            evictions: AtomicU64::new(0),
+        }
+    }
+
+    /// The hash of `key` of `slot`: the key's, told apart between slots by an odd multiple of
+    /// the slot, so that one key under several rules spreads over the table.
+    #[inline]
+    pub(crate) fn hash(&self, slot: u32, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key) ^ u64::from(slot).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    }
+
+    /// The shard of a hash: its high bits (hashbrown uses the low bits and the top seven).
+    #[inline]
+    pub(crate) fn shard(&self, hash: u64) -> usize {
+        (hash >> 32) as usize & self.mask
+    }
+
+    /// Keys held now.
+    pub(crate) fn len(&self) -> usize {
+        self.keys.load(Ordering::Relaxed)
+    }
+
+    /// Bytes held now (entries, keys and words; not the tables' slack).
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Keys dropped while their state still mattered, to stay within the bounds.
+    pub(crate) fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn bounds(&self) -> Bounds {
+        self.bounds
+    }
+
+    /// Bytes a new entry of `words` words for a key of `key_len` bytes would take.
+    pub(crate) fn entry_bytes(words: usize, key_len: usize) -> usize {
+        let (entry, heap_words) = match Class::of(words) {
+            Class::One => (std::mem::size_of::<Entry<[u64; 1]>>(), 0),
+            Class::Two => (std::mem::size_of::<Entry<[u64; 2]>>(), 0),
+            Class::Four => (std::mem::size_of::<Entry<[u64; 4]>>(), 0),
+            Class::Many => (std::mem::size_of::<Entry<Box<[u64]>>>(), 8 * words),
+        };
+        let heap_key = if key_len > INLINE_KEY { key_len } else { 0 };
+        entry + 1 + heap_key + heap_words
+    }
+
+    /// Inserts `entry`, whose key hashes to `hash`, into `shard` (locked by the caller),
+    /// first sweeping a few buckets and evicting what the bounds require. Returns false,
+    /// keeping nothing, when no room could be made within bounded work; the new state is then
+    /// forgotten, as if evicted.
+    pub(crate) fn insert<W: Words>(
+        &self,
+        shard: &mut Shard<W>,
+        hash: u64,
+        entry: Entry<W>,
+        now: u64,
+        score: &dyn Score,
+    ) -> bool {
+        let size = entry.bytes();
+        self.sweep(shard, now, score);
+        let keys = self.keys.fetch_add(1, Ordering::Relaxed) + 1;
+        let bytes = self.bytes.fetch_add(size, Ordering::Relaxed) + size;
+        if (keys > self.bounds.max_keys || bytes > self.bounds.max_bytes)
+            && !self.make_room(shard, now, score)
+        {
+            self.keys.fetch_sub(1, Ordering::Relaxed);
+            self.bytes.fetch_sub(size, Ordering::Relaxed);
+            self.evictions.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        shard
+            .entries
+            .insert_unique(hash, entry, |e| self.hash(e.key.slot(), e.key.key()));
+        true
+    }
+
+    /// Accounts for an entry whose words storage changed size from `old` to `new` bytes.
+    pub(crate) fn resized(&self, old: usize, new: usize) {
+        self.bytes.fetch_add(new, Ordering::Relaxed);
+        self.bytes.fetch_sub(old, Ordering::Relaxed);
+    }
+
+    /// Drops the expired entries among the next few buckets at the shard's cursor.
+    fn sweep<W: Words>(&self, shard: &mut Shard<W>, now: u64, score: &dyn Score) {
+        let buckets = shard.entries.num_buckets();
+        if buckets == 0 {
+            return;
+        }
+        for _ in 0..SWEEP_PER_INSERT {
+            let at = shard.cursor % buckets;
+            shard.cursor = at + 1;
+            let expired = shard
+                .entries
+                .get_bucket_mut(at)
+                .is_some_and(|e| score.score(e.key.slot(), e.words.as_mut(), now).is_none());
+            if expired {
+                self.remove_at(shard, at);
+            }
+        }
+    }
+
+    /// Evicts until the bounds hold again, each time the entry that matters least among
+    /// samples of this shard and of a few others that are free right now (of any class, so
+    /// that expired states of other rules go first). False if the bounds still do not hold.
+    fn make_room<W: Words>(&self, shard: &mut Shard<W>, now: u64, score: &dyn Score) -> bool {
+        for _ in 0..MAX_EVICTIONS_PER_INSERT {
+            if self.within_bounds() {
+                return true;
+            }
+            let (own, mut seen) = best(shard, now, score);
+            let mut chosen = own.map(|(s, at)| (s, None, at));
+            // A few other shards, and more while the sample is thin: a shard that holds only
+            // a used-up key must not make it the one to go.
+            let shards = self.mask + 1;
+            let start = next_random(&mut shard.random) as usize;
+            let mut tried = 0;
+            while tried < 4 * shards
+                && (tried < OTHER_SHARDS || seen < EVICTION_CANDIDATES)
+                && chosen.is_none_or(|(s, _, _)| s < f64::INFINITY)
+            {
+                let n = (start + tried) % (4 * shards);
+                let (class, index) = ((n / shards) as u64, n % shards);
+                tried += 1;
+                let Some(((s, at), count)) = self.best_in(class, index, now, score) else {
+                    continue;
+                };
+                seen += count;
+                if chosen.is_none_or(|(c, _, _)| s > c) {
+                    chosen = Some((s, Some((class, index)), at));
+                }
+            }
+            let evicted = match chosen {
+                Some((_, None, at)) => self.remove_at(shard, at),
+                Some((_, Some((class, index)), at)) => {
+                    self.remove_in(class, index, at)
+                        || own.is_some_and(|(_, at)| self.remove_at(shard, at))
+                }
+                None => false,
+            };
+            if !evicted {
+                return self.within_bounds();
+            }
+            self.evictions.fetch_add(1, Ordering::Relaxed);
+        }
+        self.within_bounds()
+    }
+
+    fn within_bounds(&self) -> bool {
+        self.keys.load(Ordering::Relaxed) <= self.bounds.max_keys
+            && self.bytes.load(Ordering::Relaxed) <= self.bounds.max_bytes
+    }
+
+    /// The best eviction candidate of shard `index` of `class`, if it is free right now and
+    /// not empty, and how many entries were compared.
+    fn best_in(
+        &self,
+        class: u64,
+        index: usize,
+        now: u64,
+        score: &dyn Score,
+    ) -> Option<((f64, usize), usize)> {
+        fn of<W: Words>(
+            shards: &Shards<W>,
+            index: usize,
+            now: u64,
+            score: &dyn Score,
+        ) -> Option<((f64, usize), usize)> {
+            let (best, seen) = best(&mut *shards[index].try_lock()?, now, score);
+            Some((best?, seen))
+        }
+        match class {
+            0 => of(&self.one, index, now, score),
+            1 => of(&self.two, index, now, score),
+            2 => of(&self.four, index, now, score),
+            _ => of(&self.many, index, now, score),
+        }
+    }
+
+    /// Removes whatever is at bucket `at` of shard `index` of `class`, if the shard is free.
+    fn remove_in(&self, class: u64, index: usize, at: usize) -> bool {
+        fn of<W: Words>(table: &Table, shards: &Shards<W>, index: usize, at: usize) -> bool {
+            shards[index]
+                .try_lock()
+                .is_some_and(|mut shard| table.remove_at(&mut shard, at))
+        }
+        match class {
+            0 => of(self, &self.one, index, at),
+            1 => of(self, &self.two, index, at),
+            2 => of(self, &self.four, index, at),
+            _ => of(self, &self.many, index, at),
+        }
+    }
+
+    /// Removes the entry at bucket `at`, if there is one.
+    fn remove_at<W: Words>(&self, shard: &mut Shard<W>, at: usize) -> bool {
+        let Ok(entry) = shard.entries.get_bucket_entry(at) else {
+            return false;
+        };
+        let (removed, _) = entry.remove();
+        self.keys.fetch_sub(1, Ordering::Relaxed);
+        self.bytes.fetch_sub(removed.bytes(), Ordering::Relaxed);
+        true
+    }
+}
+
+fn next_random(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+/// The entry of `shard` that matters least among a sample (an expired one at once), as its
+/// score and bucket, `None` if the shard is empty; and how many entries were compared.
+fn best<W: Words>(
+    shard: &mut Shard<W>,
+    now: u64,
+    score: &dyn Score,
+) -> (Option<(f64, usize)>, usize) {
+    let buckets = shard.entries.num_buckets();
+    if shard.entries.is_empty() || buckets == 0 {
+        return (None, 0);
+    }
+    let start = next_random(&mut shard.random) as usize;
+    let (mut best, mut seen) = (None::<(f64, usize)>, 0);
+    for i in 0..buckets.min(EVICTION_PROBES) {
+        let at = (start + i) % buckets;
+        let Some(e) = shard.entries.get_bucket_mut(at) else {
+            continue;
+        };
+        let Some(s) = score.score(e.key.slot(), e.words.as_mut(), now) else {
+            return (Some((f64::INFINITY, at)), seen + 1);
+        };
+        if best.is_none_or(|(b, _)| s > b) {
+            best = Some((s, at));
+        }
+        seen += 1;
+        if seen == EVICTION_CANDIDATES {
+            break;
+        }
+    }
+    if best.is_some() {
+        return (best, seen);
+    }
+    // A sparse table: its first entry.
+    let first = (0..buckets).find(|&at| shard.entries.get_bucket(at).is_some());
+    let best = first.and_then(|at| {
+        let e = shard.entries.get_bucket_mut(at)?;
+        let s = score.score(e.key.slot(), e.words.as_mut(), now);
+        Some((s.unwrap_or(f64::INFINITY), at))
+    });
+    (best, 1)
+}
+
+/// Shards of one class locked together for a batch, in ascending order; with every class
+/// locked in class order, any two batches lock in the same order and cannot deadlock.
+pub(crate) struct Locked<'a, W> {
+    indices: Vec<usize>,
+    guards: Vec<SpinMutexGuard<'a, Shard<W>>>,
+}
+
+impl<'a, W> Locked<'a, W> {
+    /// Locks `indices` (sorted and deduplicated here) of `shards`.
+    pub(crate) fn lock(shards: &'a Shards<W>, mut indices: Vec<usize>) -> Self {
+        indices.sort_unstable();
+        indices.dedup();
+        let guards = indices.iter().map(|&i| shards[i].lock()).collect();
+        Self { indices, guards }
+    }
+
+    pub(crate) fn shard(&mut self, index: usize) -> &mut Shard<W> {
+        let at = self
+            .indices
+            .binary_search(&index)
+            .expect("the batch locked this shard");
+        &mut self.guards[at]
+    }
+}
+
+/// One key of [`Table::access`]: `key` of `slot`, whose state is `words` words.
+#[cfg(feature = "redis")]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Access<'a> {
+    pub(crate) slot: u32,
+    pub(crate) key: &'a [u8],
+    pub(crate) words: usize,
+}
+
+#[cfg(feature = "redis")]
+impl Table {
+    /// Locks the shards of `keys` together (in the global order, so never deadlocking) and
+    /// runs `f` over a copy of each key's words, zeros for a key not held; then writes the
+    /// words back, and inserts each key not held whose words are no longer all zeros. Keys
+    /// must be distinct. For the stores that keep their own words (hybrid, lease).
+    pub(crate) fn access<R>(
+        &self,
+        keys: &[Access<'_>],
+        now: u64,
+        score: &dyn Score,
+        f: impl FnOnce(&mut [Vec<u64>]) -> R,
+    ) -> R {
+        let hashes: Vec<u64> = keys.iter().map(|k| self.hash(k.slot, k.key)).collect();
+        let wanted = |class: Class| -> Vec<usize> {
+            keys.iter()
+                .zip(&hashes)
+                .filter(|(k, _)| Class::of(k.words) == class)
+                .map(|(_, &hash)| self.shard(hash))
+                .collect()
+        };
+        let mut one = Locked::lock(&self.one, wanted(Class::One));
+        let mut two = Locked::lock(&self.two, wanted(Class::Two));
+        let mut four = Locked::lock(&self.four, wanted(Class::Four));
+        let mut many = Locked::lock(&self.many, wanted(Class::Many));
+        let mut words: Vec<Vec<u64>> = keys
+            .iter()
+            .zip(&hashes)
+            .map(|(k, &hash)| match Class::of(k.words) {
+                Class::One => self.read(&mut one, hash, k),
+                Class::Two => self.read(&mut two, hash, k),
+                Class::Four => self.read(&mut four, hash, k),
+                Class::Many => self.read(&mut many, hash, k),
+            })
+            .collect();
+        let result = f(&mut words);
+        for ((k, &hash), words) in keys.iter().zip(&hashes).zip(&words) {
+            match Class::of(k.words) {
+                Class::One => self.write(&mut one, hash, k, words, now, score),
+                Class::Two => self.write(&mut two, hash, k, words, now, score),
+                Class::Four => self.write(&mut four, hash, k, words, now, score),
+                Class::Many => self.write(&mut many, hash, k, words, now, score),
+            }
+        }
+        result
+    }
+
+    fn read<W: Words>(&self, locked: &mut Locked<'_, W>, hash: u64, k: &Access<'_>) -> Vec<u64> {
+        let shard = locked.shard(self.shard(hash));
+        match shard.entries.find(hash, |e| e.key.is(k.slot, k.key)) {
+            Some(entry) => entry.words.as_ref()[..k.words].to_vec(),
+            None => vec![0; k.words],
+        }
+    }
+
+    fn write<W: Words>(
+        &self,
+        locked: &mut Locked<'_, W>,
+        hash: u64,
+        k: &Access<'_>,
+        words: &[u64],
+        now: u64,
+        score: &dyn Score,
+    ) {
+        let shard = locked.shard(self.shard(hash));
+        if let Some(entry) = shard.entries.find_mut(hash, |e| e.key.is(k.slot, k.key)) {
+            entry.words.as_mut()[..k.words].copy_from_slice(words);
+            return;
+        }
+        if words.iter().any(|&w| w != 0) {
+            let mut stored = W::zeroed(k.words);
+            stored.as_mut()[..k.words].copy_from_slice(words);
+            self.insert(shard, hash, Entry::new(k.slot, k.key, stored), now, score);
+        }
+    }
+}

@@ -1,0 +1,265 @@
+//! Batches on Redis: items of several rules and algorithms in one atomic call decide exactly
+//! as the memory store does; on a cluster, items of different slots are still all-or-nothing;
+//! under concurrency a shared key never admits more than its limit; shadow rules count but
+//! never deny; and an edited limit keeps its keys' state.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::{RedisCluster, RedisServer};
+use tollgate::{
+    Algorithm, Decisions, Error, Item, LeakyBucket, Limiter, ManualClock, MemoryStore, RedisStore,
+    Rule, Source, StoreTime, SubWindows, Tier, TokenBucket,
+};
+
+/// xorshift64*: a reproducible stream.
+struct Random(u64);
+
+impl Random {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+    }
+}
+
+fn rules() -> Vec<Rule> {
+    let ms = Duration::from_millis;
+    vec![
+        Rule::new("fixed", Algorithm::FixedWindow, [Tier::new(5, ms(600))]).unwrap(),
+        Rule::new(
+            "log",
+            Algorithm::SlidingLog,
+            [Tier::new(3, ms(300)), Tier::new(6, ms(1_800))],
+        )
+        .unwrap(),
+        Rule::new(
+            "bucket",
+            Algorithm::TokenBucket(TokenBucket {
+                initial_tokens: Some(1),
+            }),
+            [Tier::new(3, ms(700)).with_burst(4)],
+        )
+        .unwrap(),
+        Rule::new(
+            "gcra",
+            Algorithm::Gcra,
+            [Tier::per_second(10).with_burst(4), Tier::new(12, ms(3_000))],
+        )
+        .unwrap(),
+        Rule::new(
+            "sub",
+            Algorithm::SubWindows(SubWindows { count: 6 }),
+            [Tier::new(4, ms(600))],
+        )
+        .unwrap(),
+        Rule::new(
+            "shaper",
+            Algorithm::LeakyBucket(LeakyBucket::Shaper),
+            [Tier::new(3, ms(700)).with_burst(4)],
+        )
+        .unwrap(),
+        Rule::new("shadow", Algorithm::FixedWindow, [Tier::new(2, ms(900))])
+            .unwrap()
+            .shadow(true),
+    ]
+}
+
+fn limiter<S: tollgate::Store>(store: S, clock: &ManualClock) -> Limiter<S, ManualClock> {
+    let mut rules = rules().into_iter();
+    let mut builder = Limiter::builder(rules.next().unwrap());
+    for rule in rules {
+        builder = builder.rule(rule);
+    }
+    builder.store(store).clock(clock.clone()).build().unwrap()
+}
+
+/// Everything a caller can read of a batch's decisions but their source.
+fn seen(result: &Result<Decisions, Error>) -> String {
+    match result {
+        Ok(decisions) => decisions
+            .iter()
+            .map(|d| {
+                format!(
+                    "[{} {} {}/{} reset={:?} retry={:?} delay={:?} {}#{} {:?}]",
+                    d.allowed(),
+                    d.shadowed(),
+                    d.remaining(),
+                    d.limit(),
+                    d.reset_after(),
+                    d.retry_after(),
+                    d.delay(),
+                    d.rule(),
+                    d.tier(),
+                    d.window()
+                )
+            })
+            .collect(),
+        Err(e) => format!("error: {e}"),
+    }
+}
+
+#[tokio::test]
+async fn batches_on_redis_decide_as_in_memory() {
+    let server = RedisServer::start();
+    let store = RedisStore::open(&server.url())
+        .unwrap()
+        .store_time(StoreTime::Local)
+        .timeout(Duration::from_secs(5));
+    let (memory_clock, redis_clock) = (ManualClock::new(), ManualClock::new());
+    let memory = limiter(MemoryStore::new(), &memory_clock);
+    let redis = limiter(store, &redis_clock);
+    let names: Vec<&str> = rules().iter().map(|r| r.name()).collect();
+    let keys = ["a", "b", "c"];
+    let mut random = Random(0x9e37_79b9_7f4a_7c15);
+    let (mut admitted, mut denied) = (0, 0);
+    for step in 0..600 {
+        let gap = Duration::from_micros(match random.below(10) {
+            0..=4 => 0,
+            5..=8 => random.below(100_000),
+            _ => random.below(2_000_000),
+        });
+        memory_clock.advance(gap);
+        redis_clock.advance(gap);
+        let items: Vec<Item<'_>> = (0..1 + random.below(4))
+            .map(|_| {
+                let rule = names[random.below(names.len() as u64) as usize];
+                let key = keys[random.below(3) as usize];
+                Item::new(rule, key, random.below(4))
+            })
+            .collect();
+        let expected = memory.check_batch_now(&items);
+        let actual = redis.check_batch(&items).await;
+        assert_eq!(seen(&expected), seen(&actual), "step {step}: {items:?}");
+        if let Ok(decisions) = &actual {
+            assert!(decisions.iter().all(|d| d.source() == Source::Redis));
+            if decisions.allowed() {
+                admitted += 1;
+            } else {
+                denied += 1;
+            }
+        }
+    }
+    // The timeline exercised both outcomes.
+    assert!(
+        admitted > 100 && denied > 100,
+        "{admitted} admitted, {denied} denied"
+    );
+    let stats = server.cli(&["info", "commandstats"]);
+    assert!(stats.contains("cmdstat_fcall:"), "{stats}");
+}
+
+#[tokio::test]
+async fn on_a_cluster_a_batch_across_slots_is_all_or_nothing() {
+    let cluster = RedisCluster::start();
+    let urls = cluster.urls();
+    let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let store = RedisStore::open_cluster(&nodes)
+        .await
+        .unwrap()
+        .timeout(Duration::from_secs(5));
+    let tenant = Rule::new("tenant", Algorithm::FixedWindow, [Tier::per_hour(10)]).unwrap();
+    let ip = Rule::new("ip", Algorithm::Gcra, [Tier::per_hour(2)]).unwrap();
+    let limiter = Limiter::builder(tenant)
+        .rule(ip)
+        .store(store)
+        .build()
+        .unwrap();
+    // Keys chosen in different slots of different masters.
+    let (acme, ips) = ("acme", ["10.0.0.1", "10.0.0.2", "10.0.0.3"]);
+    let batch = |ip| [Item::new("tenant", acme, 1), Item::new("ip", ip, 1)];
+    for _ in 0..2 {
+        assert!(limiter.check_batch(&batch(ips[0])).await.unwrap().allowed());
+    }
+    let denied = limiter.check_batch(&batch(ips[0])).await.unwrap();
+    assert!(!denied.allowed());
+    assert!(denied[0].allowed() && !denied[1].allowed());
+    // The tenant's count did not move on the denied batch: 8 left after two admissions.
+    let look = limiter
+        .check_batch(&[Item::new("tenant", acme, 0)])
+        .await
+        .unwrap();
+    assert_eq!(look[0].remaining(), 8);
+    for ip in &ips[1..] {
+        assert!(limiter.check_batch(&batch(ip)).await.unwrap().allowed());
+    }
+    let look = limiter
+        .check_batch(&[Item::new("tenant", acme, 0)])
+        .await
+        .unwrap();
+    assert_eq!(look[0].remaining(), 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_key_in_concurrent_batches_never_admits_more_than_its_limit() {
+    let server = RedisServer::start();
+    const TENANT_LIMIT: u64 = 200;
+    let tenant = Rule::new(
+        "tenant",
+        Algorithm::SlidingLog,
+        [Tier::per_day(TENANT_LIMIT)],
+    )
+    .unwrap();
+    let ip = Rule::new("ip", Algorithm::FixedWindow, [Tier::per_day(30)]).unwrap();
+    let mut tasks = Vec::new();
+    for instance in 0..3 {
+        let store = RedisStore::open(&server.url())
+            .unwrap()
+            .timeout(Duration::from_secs(10));
+        let limiter = Arc::new(
+            Limiter::builder(tenant.clone())
+                .rule(ip.clone())
+                .store(store)
+                .build()
+                .unwrap(),
+        );
+        for task in 0..16 {
+            let limiter = limiter.clone();
+            tasks.push(tokio::spawn(async move {
+                let ip = format!("ip-{instance}-{task}");
+                let mut tenant_permits = 0;
+                for _ in 0..40 {
+                    let items = [Item::new("tenant", "acme", 1), Item::new("ip", &ip, 1)];
+                    let decisions = limiter.check_batch(&items).await.unwrap();
+                    assert!(decisions.iter().all(|d| d.source() == Source::Redis));
+                    tenant_permits += u64::from(decisions.allowed());
+                }
+                tenant_permits
+            }));
+        }
+    }
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += task.await.unwrap();
+    }
+    // 48 IPs of 30 each could take 1,440; the tenant's 200 bind, exactly.
+    assert_eq!(admitted, TENANT_LIMIT);
+}
+
+#[tokio::test]
+async fn an_edited_limit_keeps_the_state_of_every_key_on_redis() {
+    let server = RedisServer::start();
+    let store = RedisStore::open(&server.url())
+        .unwrap()
+        .timeout(Duration::from_secs(5));
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingLog] {
+        let name = algorithm.name();
+        let version = |limit| {
+            let rule = Rule::new(name, algorithm.clone(), [Tier::per_day(limit)]).unwrap();
+            Limiter::builder(rule).store(store.clone()).build().unwrap()
+        };
+        let before = version(20);
+        for _ in 0..20 {
+            assert!(before.check("tenant", 1).await.unwrap().allowed(), "{name}");
+        }
+        let after = version(25);
+        let mut admitted = 0;
+        for _ in 0..30 {
+            admitted += u32::from(after.check("tenant", 1).await.unwrap().allowed());
+        }
+        assert_eq!(admitted, 5, "{name}");
+    }
+}
