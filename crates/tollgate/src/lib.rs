@@ -31,6 +31,7 @@
 mod algorithm;
 mod clock;
 mod decision;
+pub mod engine;
 mod error;
 mod limiter;
 mod rule;

@@ -3,6 +3,7 @@
 //! strict, hybrid and lease. Remote stores share one [guard](guard) that applies each rule's
 //! failure policy behind a timeout and a circuit breaker per backend.
 
+mod any;
 mod lock;
 mod memory;
 mod slots;
@@ -22,6 +23,7 @@ mod redis;
 use std::fmt;
 use std::future::Future;
 
+pub use any::{AnyPlan, AnyStore};
 #[cfg(feature = "redis")]
 pub use hybrid::{HybridConfig, HybridPlan, HybridStats, HybridStore};
 #[cfg(feature = "redis")]

@@ -1,0 +1,171 @@
+//! A store chosen at run time: the service reads which from its configuration. Each arm is one
+//! of this crate's stores; a check costs one match over the arm.
+
+use std::future::Future;
+
+#[cfg(feature = "redis")]
+use super::{HybridPlan, HybridStore, LeasePlan, LeaseStore, RedisPlan, RedisStore};
+use super::{MemoryPlan, MemoryStore, Planned, Store};
+use crate::decision::Decisions;
+use crate::error::Error;
+use crate::rule::Rule;
+
+/// One of this crate's stores, chosen at run time.
+#[derive(Debug, Clone)]
+pub enum AnyStore {
+    /// Process memory.
+    Memory(MemoryStore),
+    /// Redis strict: one atomic round trip per check.
+    #[cfg(feature = "redis")]
+    Redis(RedisStore),
+    /// Decided in memory, synced with Redis in the background.
+    #[cfg(feature = "redis")]
+    Hybrid(HybridStore),
+    /// Permits leased from Redis in batches.
+    #[cfg(feature = "redis")]
+    Lease(LeaseStore),
+}
+
+/// What a rule is in an [`AnyStore`]: the plan of its arm.
+#[derive(Debug)]
+pub enum AnyPlan {
+    /// Planned on the memory store.
+    Memory(MemoryPlan),
+    /// Planned on the Redis store.
+    #[cfg(feature = "redis")]
+    Redis(RedisPlan),
+    /// Planned on the hybrid store.
+    #[cfg(feature = "redis")]
+    Hybrid(HybridPlan),
+    /// Planned on the lease store.
+    #[cfg(feature = "redis")]
+    Lease(LeasePlan),
+}
+
+impl AnyStore {
+    /// The name of the arm: `memory`, `redis`, `hybrid` or `lease`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Memory(_) => "memory",
+            #[cfg(feature = "redis")]
+            Self::Redis(_) => "redis",
+            #[cfg(feature = "redis")]
+            Self::Hybrid(_) => "hybrid",
+            #[cfg(feature = "redis")]
+            Self::Lease(_) => "lease",
+        }
+    }
+}
+
+/// The items of one arm, each pointing at its arm's plan; `None` when a plan belongs to another
+/// arm (impossible through a [`Limiter`](crate::Limiter), which plans on the store it holds).
+fn narrow<'a, P>(
+    items: &[Planned<'a, AnyPlan>],
+    arm: impl Fn(&'a AnyPlan) -> Option<&'a P>,
+) -> Option<Vec<Planned<'a, P>>> {
+    items
+        .iter()
+        .map(|i| {
+            Some(Planned {
+                rule: i.rule,
+                plan: arm(i.plan)?,
+                key: i.key,
+                cost: i.cost,
+            })
+        })
+        .collect()
+}
+
+fn foreign() -> Error {
+    Error::Store {
+        message: "a rule planned on another store was checked on this one".into(),
+        transient: false,
+    }
+}
+
+impl Store for AnyStore {
+    type Plan = AnyPlan;
+
+    fn plan(&self, rule: &Rule) -> Result<AnyPlan, Error> {
+        Ok(match self {
+            Self::Memory(s) => AnyPlan::Memory(s.plan(rule)?),
+            #[cfg(feature = "redis")]
+            Self::Redis(s) => AnyPlan::Redis(s.plan(rule)?),
+            #[cfg(feature = "redis")]
+            Self::Hybrid(s) => AnyPlan::Hybrid(s.plan(rule)?),
+            #[cfg(feature = "redis")]
+            Self::Lease(s) => AnyPlan::Lease(s.plan(rule)?),
+        })
+    }
+
+    fn check(
+        &self,
+        items: &[Planned<'_, AnyPlan>],
+        now: u64,
+        max_delay: Option<u64>,
+    ) -> impl Future<Output = Result<Decisions, Error>> + Send {
+        let store = self.clone();
+        // The items borrow the caller's plans; each arm narrows them before its future starts.
+        let narrowed = match &store {
+            Self::Memory(_) => narrow(items, |p| match p {
+                AnyPlan::Memory(p) => Some(p),
+                #[cfg(feature = "redis")]
+                _ => None,
+            })
+            .map(Narrowed::Memory),
+            #[cfg(feature = "redis")]
+            Self::Redis(_) => narrow(items, |p| match p {
+                AnyPlan::Redis(p) => Some(p),
+                _ => None,
+            })
+            .map(Narrowed::Redis),
+            #[cfg(feature = "redis")]
+            Self::Hybrid(_) => narrow(items, |p| match p {
+                AnyPlan::Hybrid(p) => Some(p),
+                _ => None,
+            })
+            .map(Narrowed::Hybrid),
+            #[cfg(feature = "redis")]
+            Self::Lease(_) => narrow(items, |p| match p {
+                AnyPlan::Lease(p) => Some(p),
+                _ => None,
+            })
+            .map(Narrowed::Lease),
+        };
+        async move {
+            match (&store, narrowed.ok_or_else(foreign)?) {
+                (Self::Memory(s), Narrowed::Memory(i)) => s.check(&i, now, max_delay).await,
+                #[cfg(feature = "redis")]
+                (Self::Redis(s), Narrowed::Redis(i)) => s.check(&i, now, max_delay).await,
+                #[cfg(feature = "redis")]
+                (Self::Hybrid(s), Narrowed::Hybrid(i)) => s.check(&i, now, max_delay).await,
+                #[cfg(feature = "redis")]
+                (Self::Lease(s), Narrowed::Lease(i)) => s.check(&i, now, max_delay).await,
+                #[cfg(feature = "redis")]
+                _ => Err(foreign()),
+            }
+        }
+    }
+
+    async fn shutdown(&self) {
+        match self {
+            Self::Memory(s) => s.shutdown().await,
+            #[cfg(feature = "redis")]
+            Self::Redis(s) => s.shutdown().await,
+            #[cfg(feature = "redis")]
+            Self::Hybrid(s) => s.shutdown().await,
+            #[cfg(feature = "redis")]
+            Self::Lease(s) => s.shutdown().await,
+        }
+    }
+}
+
+enum Narrowed<'a> {
+    Memory(Vec<Planned<'a, MemoryPlan>>),
+    #[cfg(feature = "redis")]
+    Redis(Vec<Planned<'a, RedisPlan>>),
+    #[cfg(feature = "redis")]
+    Hybrid(Vec<Planned<'a, HybridPlan>>),
+    #[cfg(feature = "redis")]
+    Lease(Vec<Planned<'a, LeasePlan>>),
+}
