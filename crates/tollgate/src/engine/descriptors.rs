@@ -87,6 +87,8 @@ pub enum DescriptorHit<'a> {
     None,
     /// Its node is `unlimited`.
     Unlimited,
+    /// Its node allows 0 requests per unit: always over the limit, counted nowhere.
+    Blocked(&'a NodeLimit),
     /// Its node's rule and the counter key, with the limit as configured.
     Limited {
         /// The rule and counter key to check.
@@ -142,7 +144,7 @@ impl DomainBuilder {
     ///
     /// # Errors
     /// A message naming the node: an empty domain name or key, a key and value twice at one
-    /// level, a zero limit, a limit whose rule is invalid.
+    /// level, a limit whose rule is invalid.
     pub fn build(self, nodes: Vec<Node>) -> Result<Domain, String> {
         if self.name.is_empty() {
             return Err("a domain must have a name".into());
@@ -190,10 +192,7 @@ fn build_level(path: &str, nodes: Vec<Node>, rules: &mut Vec<Rule>) -> Result<Le
             return Err(format!("duplicate descriptor composite key '{here}'"));
         }
         let rule = match &node.limit {
-            Some(limit) if !limit.unlimited => {
-                if limit.requests_per_unit == 0 {
-                    return Err(format!("{here}: requests_per_unit must be at least 1"));
-                }
+            Some(limit) if !limit.unlimited && limit.requests_per_unit > 0 => {
                 let rule = Rule::new(
                     rule_name(&here),
                     Algorithm::FixedWindow,
@@ -317,6 +316,7 @@ impl Domain {
             if i + 1 == descriptor.len() {
                 return match (&node.limit, node.rule) {
                     (Some(limit), _) if limit.unlimited => DescriptorHit::Unlimited,
+                    (Some(limit), None) => DescriptorHit::Blocked(limit),
                     (Some(limit), Some(rule)) => DescriptorHit::Limited {
                         hit: Hit { rule, key },
                         limit,
@@ -439,6 +439,7 @@ mod tests {
         quiet.shadow = true;
         let domain = DomainBuilder::new("d")
             .build(vec![
+                node("blocked", None, limit(0, "second"), vec![]),
                 node("vip", None, Some(unlimited), vec![]),
                 node("all", None, Some(general), vec![]),
                 node("special", None, Some(special), vec![]),

@@ -1,0 +1,124 @@
+//! The admin API, for self-service rules: `GET /v1/rules` lists the native rules,
+//! `GET /v1/rules/{id}` shows one, `PUT /v1/rules/{id}` creates or replaces one (its body a
+//! rule as the native file writes it, in JSON or YAML), `DELETE /v1/rules/{id}` removes one.
+//! Every call needs `Authorization: Bearer <token>` (the `--admin-token` of `serve`); without a
+//! configured token every call is refused. Rules are validated as the files' are; an invalid
+//! rule changes nothing. Edits take effect at once and outlive reloads of the files.
+
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+
+use crate::config::parse_rule_spec;
+use crate::http::AppState;
+
+/// The admin routes.
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/v1/rules", get(list))
+        .route("/v1/rules/{id}", get(show).put(put).delete(delete))
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (
+        status,
+        axum::Json(serde_json::json!({ "error": message.into() })),
+    )
+        .into_response()
+}
+
+/// The refusal of a call without the configured bearer token; `None` when it has it.
+fn refuse(state: &AppState, headers: &HeaderMap) -> Option<Response> {
+    let Some(token) = &state.admin_token else {
+        return Some(error(
+            StatusCode::FORBIDDEN,
+            "the admin API is off: start serve with --admin-token",
+        ));
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match given {
+        Some(given) if constant_time_eq(given.as_bytes(), token.as_bytes()) => None,
+        _ => {
+            let mut response = error(StatusCode::UNAUTHORIZED, "a valid bearer token is required");
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                "Bearer".parse().expect("a valid header"),
+            );
+            Some(response)
+        }
+    }
+}
+
+/// Compares without stopping at the first difference, so timing does not leak the token.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn list(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    if let Some(refused) = refuse(&state, &headers) {
+        return refused;
+    }
+    let loaded = state.service.loaded();
+    axum::Json(serde_json::json!({ "rules": loaded.specs })).into_response()
+}
+
+async fn show(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if let Some(refused) = refuse(&state, &headers) {
+        return refused;
+    }
+    let loaded = state.service.loaded();
+    match loaded.specs.iter().find(|s| s.id == id) {
+        Some(spec) => axum::Json(spec).into_response(),
+        None => error(StatusCode::NOT_FOUND, format!("no rule `{id}`")),
+    }
+}
+
+async fn put(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: String,
+) -> Response {
+    if let Some(refused) = refuse(&state, &headers) {
+        return refused;
+    }
+    let spec = match parse_rule_spec(&body) {
+        Ok(spec) => spec,
+        Err(message) => return error(StatusCode::UNPROCESSABLE_ENTITY, message),
+    };
+    if spec.id != id {
+        return error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("the body's id `{}` is not the path's `{id}`", spec.id),
+        );
+    }
+    match state.service.edit(&id, Some(spec.clone())) {
+        Ok(true) => axum::Json(spec).into_response(),
+        Ok(false) => (StatusCode::CREATED, axum::Json(spec)).into_response(),
+        Err(message) => error(StatusCode::UNPROCESSABLE_ENTITY, message),
+    }
+}
+
+async fn delete(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if let Some(refused) = refuse(&state, &headers) {
+        return refused;
+    }
+    match state.service.edit(&id, None) {
+        Ok(true) => StatusCode::NO_CONTENT.into_response(),
+        Ok(false) => error(StatusCode::NOT_FOUND, format!("no rule `{id}`")),
+        Err(message) => error(StatusCode::UNPROCESSABLE_ENTITY, message),
+    }
+}

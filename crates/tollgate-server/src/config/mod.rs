@@ -1,0 +1,258 @@
+//! Rule files: tollgate's native format and the Envoy ratelimit service's, merged into one
+//! [`Config`]. A file is Envoy's when it has a top-level `domain`; every other file is native.
+//! Errors name the file, the line and the column, and say what is wrong.
+
+mod duration;
+mod envoy;
+mod native;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tollgate::engine::{Domain, Engine, Route};
+
+pub use native::{RuleSpec, parse_rule_spec};
+
+/// Where the service listens and what it accepts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// HTTP (check, auth, admin, metrics, health); loopback unless configured.
+    pub http: SocketAddr,
+    /// gRPC (Envoy's rate limit service); `None`: not served.
+    pub grpc: Option<SocketAddr>,
+    /// The largest request body accepted (bytes).
+    pub max_body_bytes: usize,
+    /// How long shutdown waits for requests in flight.
+    pub drain: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            http: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            grpc: Some(SocketAddr::from(([127, 0, 0, 1], 8081))),
+            max_body_bytes: 64 * 1024,
+            drain: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Where counters live.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StoreConfig {
+    /// Process memory.
+    Memory {
+        /// The most keys held.
+        max_keys: usize,
+        /// The most bytes held.
+        max_bytes: usize,
+    },
+    /// Redis or Redis Cluster.
+    Redis {
+        /// A server's URL.
+        url: Option<String>,
+        /// A cluster's seed nodes, instead of `url`.
+        cluster: Vec<String>,
+        /// strict, hybrid or lease.
+        mode: RedisMode,
+        /// The longest a check waits for Redis before the rule's failure policy decides.
+        timeout: Duration,
+        /// Instances expected to share the keys (hybrid and lease).
+        instances: u32,
+        /// Hybrid: how often counts are synced.
+        sync_interval: Duration,
+        /// Hybrid: the most permits one instance admits unsynced, per key.
+        max_unsynced: Option<u64>,
+    },
+}
+
+/// The memory store's key bound when a file sets none.
+pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+/// The memory store's byte bound when a file sets none (256 MiB).
+pub const DEFAULT_MAX_BYTES: usize = 256 << 20;
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self::Memory {
+            max_keys: DEFAULT_MAX_KEYS,
+            max_bytes: DEFAULT_MAX_BYTES,
+        }
+    }
+}
+
+/// How a Redis store decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RedisMode {
+    /// One atomic round trip per check.
+    Strict,
+    /// In memory, synced in the background.
+    Hybrid,
+    /// From permits leased in batches.
+    Lease,
+}
+
+/// Everything the rule files say.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Listening and limits of the service.
+    pub server: ServerConfig,
+    /// Where counters live.
+    pub store: StoreConfig,
+    /// The native rules, as written (the admin API lists and edits them).
+    pub specs: Vec<RuleSpec>,
+    /// Routes and domains, ready to match.
+    pub engine: Engine,
+}
+
+/// A rule file that cannot be loaded: where, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The file.
+    pub file: PathBuf,
+    /// Line and column (from 1), when the error has a place.
+    pub at: Option<(u64, u64)>,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.at {
+            Some((line, column)) => write!(
+                f,
+                "{}:{line}:{column}: {}",
+                self.file.display(),
+                self.message
+            ),
+            None => write!(f, "{}: {}", self.file.display(), self.message),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl ConfigError {
+    fn new(file: &Path, at: Option<(u64, u64)>, message: impl Into<String>) -> Self {
+        Self {
+            file: file.to_path_buf(),
+            at,
+            message: message.into(),
+        }
+    }
+
+    /// A YAML error, with its place and without the snippet the message may carry.
+    fn yaml(file: &Path, err: &serde_saphyr::Error) -> Self {
+        let at = err
+            .location()
+            .filter(|l| l.line() > 0)
+            .map(|l| (l.line(), l.column()));
+        let text = err.without_snippet().to_string();
+        // The library prefixes its own rendering of the place; keep the reason.
+        let message = text
+            .lines()
+            .next()
+            .unwrap_or("invalid YAML")
+            .trim()
+            .to_string();
+        Self::new(file, at, message)
+    }
+}
+
+/// The parts of one file.
+#[derive(Debug, Default)]
+struct Parsed {
+    server: Option<ServerConfig>,
+    store: Option<StoreConfig>,
+    specs: Vec<(RuleSpec, Option<(u64, u64)>)>,
+    domain: Option<Domain>,
+}
+
+/// Loads and merges `files` (each native or Envoy).
+///
+/// # Errors
+/// The first file that cannot be read or is invalid, with the place and the reason; also two
+/// files that both set `server` or `store`, two rules of one id, two domains of one name.
+pub fn load(files: &[PathBuf]) -> Result<Config, ConfigError> {
+    let mut texts = Vec::with_capacity(files.len());
+    for file in files {
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| ConfigError::new(file, None, format!("cannot read: {e}")))?;
+        texts.push((file.clone(), text));
+    }
+    load_texts(&texts)
+}
+
+/// Loads and merges files given as (name, text).
+///
+/// # Errors
+/// As [`load`].
+pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Config, ConfigError> {
+    if texts.is_empty() {
+        return Err(ConfigError::new(Path::new("-"), None, "no rule file given"));
+    }
+    let (mut server, mut store) = (None, None);
+    let mut specs: Vec<RuleSpec> = Vec::new();
+    let mut routes: Vec<Route> = Vec::new();
+    let mut domains: Vec<Domain> = Vec::new();
+    for (file, text) in texts {
+        let parsed = parse(file, text)?;
+        if let Some(s) = parsed.server {
+            if server.replace(s).is_some() {
+                return Err(ConfigError::new(file, None, "`server` is set in two files"));
+            }
+        }
+        if let Some(s) = parsed.store {
+            if store.replace(s).is_some() {
+                return Err(ConfigError::new(file, None, "`store` is set in two files"));
+            }
+        }
+        for (spec, at) in parsed.specs {
+            if specs.iter().any(|s| s.id == spec.id) {
+                return Err(ConfigError::new(
+                    file,
+                    at,
+                    format!("two rules have the id `{}`", spec.id),
+                ));
+            }
+            routes.push(spec.route().map_err(|e| ConfigError::new(file, at, e))?);
+            specs.push(spec);
+        }
+        if let Some(domain) = parsed.domain {
+            if domains.iter().any(|d| d.name() == domain.name()) {
+                return Err(ConfigError::new(
+                    file,
+                    None,
+                    format!("duplicate domain '{}' in config file", domain.name()),
+                ));
+            }
+            domains.push(domain);
+        }
+    }
+    let engine =
+        Engine::new(routes, domains).map_err(|e| ConfigError::new(&texts[0].0, None, e))?;
+    Ok(Config {
+        server: server.unwrap_or_default(),
+        store: store.unwrap_or_default(),
+        specs,
+        engine,
+    })
+}
+
+/// Parses one file: Envoy's format when it has a top-level `domain`, else native.
+fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
+    let is_envoy = text
+        .lines()
+        .any(|l| l.starts_with("domain:") || l.starts_with("\"domain\":"));
+    if is_envoy {
+        let domain = envoy::parse(file, text)?;
+        Ok(Parsed {
+            domain: Some(domain),
+            ..Parsed::default()
+        })
+    } else {
+        native::parse(file, text)
+    }
+}

@@ -1,0 +1,420 @@
+//! tollgate's native rule file:
+//!
+//! ```yaml
+//! server: { http: 127.0.0.1:8080, grpc: 127.0.0.1:8081 }
+//! store: { kind: memory, max_keys: 1000000 }
+//! rules:
+//!   - id: get-product
+//!     match: { methods: [GET], path: "/v1/organizations/{org}/product/*" }
+//!     key: [segment:org, route, method]
+//!     algorithm: fixed_window
+//!     tiers: [{ limit: 1000, period: 10s }]
+//! ```
+//!
+//! The source documents' spelling is accepted too: `slas` for `rules`, `pathPattern` for
+//! `path`, `threshold` for `limit`, a period in seconds.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_saphyr::Spanned;
+use tollgate::engine::{KeyPart, Match, PathPattern, Route};
+use tollgate::{
+    Algorithm, FailurePolicy, LeakyBucket, Rule, SubWindows, Tier, TokenBucket, WarmUp,
+};
+
+use super::duration::{self, parse_duration};
+use super::{
+    ConfigError, DEFAULT_MAX_BYTES, DEFAULT_MAX_KEYS, Parsed, RedisMode, ServerConfig, StoreConfig,
+};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    server: Option<ServerSection>,
+    store: Option<StoreSection>,
+    #[serde(default, alias = "slas")]
+    rules: Vec<Spanned<RuleSpec>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ServerSection {
+    http: Option<SocketAddr>,
+    /// An address, or `off`.
+    grpc: Option<String>,
+    max_body_bytes: Option<usize>,
+    #[serde(default, deserialize_with = "duration::deserialize_option")]
+    drain: Option<Duration>,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+enum StoreSection {
+    Memory {
+        max_keys: Option<usize>,
+        max_bytes: Option<usize>,
+    },
+    Redis {
+        url: Option<String>,
+        #[serde(default)]
+        cluster: Vec<String>,
+        mode: Option<RedisMode>,
+        #[serde(default, deserialize_with = "duration::deserialize_option")]
+        timeout: Option<Duration>,
+        instances: Option<u32>,
+        #[serde(default, deserialize_with = "duration::deserialize_option")]
+        sync_interval: Option<Duration>,
+        max_unsynced: Option<u64>,
+    },
+}
+
+/// One rule as written, in a file or through the admin API.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleSpec {
+    /// The rule's id: letters, digits and `_ - . : /`.
+    pub id: String,
+    /// A disabled rule is kept but matches nothing.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Which requests it applies to.
+    #[serde(default, rename = "match")]
+    pub matcher: MatchSpec,
+    /// Key parts: `method`, `route`, `client_ip`, `segment:NAME`, `header:NAME`, `text:VALUE`.
+    #[serde(default)]
+    pub key: Vec<String>,
+    /// `fixed_window`, `sliding_window`, `sub_windows(10)`, `sliding_log`, `token_bucket`,
+    /// `token_bucket(initial=5)`, `interval_bucket`, `leaky_bucket`, `leaky_bucket(shaper)`,
+    /// `gcra`, `warm_up(10s)`, `warm_up(10s, 3)`.
+    #[serde(default = "fixed_window")]
+    pub algorithm: String,
+    /// Every tier must admit.
+    pub tiers: Vec<TierSpec>,
+    /// Counted and reported, never denied.
+    #[serde(default)]
+    pub shadow: bool,
+    /// What decides when the shared store fails: `open` (default), `closed`, `local:0.25`.
+    #[serde(default = "open")]
+    pub on_failure: String,
+}
+
+/// A rule's conditions as written.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MatchSpec {
+    /// Methods; none: any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub methods: Vec<String>,
+    /// A path pattern; none: any path.
+    #[serde(
+        default,
+        alias = "pathPattern",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub path: Option<String>,
+    /// Header name to the value required (`*` at the end: a prefix; `*` alone: present).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+}
+
+/// One tier as written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TierSpec {
+    /// Permits per period.
+    #[serde(alias = "threshold")]
+    pub limit: u64,
+    /// `10s`, `1m`, `1h`, `1d`, or seconds.
+    #[serde(with = "period")]
+    pub period: Duration,
+    /// A bucket's capacity, for the algorithms that have one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u64>,
+}
+
+mod period {
+    use std::time::Duration;
+
+    use serde::{Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        if d.subsec_millis() == 0 {
+            s.serialize_str(&format!("{}s", d.as_secs()))
+        } else {
+            s.serialize_str(&format!("{}ms", d.as_millis()))
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        super::duration::deserialize(d)
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn fixed_window() -> String {
+    "fixed_window".into()
+}
+
+fn open() -> String {
+    "open".into()
+}
+
+impl RuleSpec {
+    /// The route this spec describes.
+    ///
+    /// # Errors
+    /// What is wrong, naming the field.
+    pub fn route(&self) -> Result<Route, String> {
+        let field = |name: &str, e: String| format!("rule `{}`: {name}: {e}", self.id);
+        let algorithm = parse_algorithm(&self.algorithm).map_err(|e| field("algorithm", e))?;
+        let tiers = self.tiers.iter().map(|t| {
+            let tier = Tier::new(t.limit, t.period);
+            match t.burst {
+                Some(burst) => tier.with_burst(burst),
+                None => tier,
+            }
+        });
+        let policy = parse_policy(&self.on_failure).map_err(|e| field("on_failure", e))?;
+        let rule = Rule::new(self.id.clone(), algorithm, tiers)
+            .and_then(|r| r.on_failure(policy))
+            .map_err(|e| e.to_string())?
+            .shadow(self.shadow);
+        let path = self
+            .matcher
+            .path
+            .as_deref()
+            .map(PathPattern::parse)
+            .transpose()
+            .map_err(|e| field("match.path", e))?;
+        let methods = self
+            .matcher
+            .methods
+            .iter()
+            .map(|m| {
+                if m.is_empty() || !m.bytes().all(|b| b.is_ascii_alphabetic()) {
+                    Err(field("match.methods", format!("`{m}` is not a method")))
+                } else {
+                    Ok(m.to_ascii_uppercase())
+                }
+            })
+            .collect::<Result<_, _>>()?;
+        let headers = self
+            .matcher
+            .headers
+            .iter()
+            .map(|(name, value)| {
+                let value = (value != "*").then(|| value.clone());
+                (name.to_ascii_lowercase(), value)
+            })
+            .collect();
+        let key = self
+            .key
+            .iter()
+            .map(|k| KeyPart::parse(k))
+            .collect::<Result<_, _>>()
+            .map_err(|e| field("key", e))?;
+        let route = Route {
+            rule,
+            enabled: self.enabled,
+            matcher: Match {
+                methods,
+                path,
+                headers,
+            },
+            key,
+        };
+        route.validate().map_err(|e| field("key", e))?;
+        Ok(route)
+    }
+}
+
+/// Parses a rule spec from YAML or JSON text (the admin API's body).
+///
+/// # Errors
+/// What is wrong and where.
+pub fn parse_rule_spec(text: &str) -> Result<RuleSpec, String> {
+    let spec: RuleSpec = serde_saphyr::from_str(text).map_err(|e| {
+        let err = ConfigError::yaml(Path::new("body"), &e);
+        err.to_string()
+    })?;
+    spec.route()?;
+    Ok(spec)
+}
+
+fn parse_policy(text: &str) -> Result<FailurePolicy, String> {
+    match text.split_once(':') {
+        None if text == "open" => Ok(FailurePolicy::Open),
+        None if text == "closed" => Ok(FailurePolicy::Closed),
+        Some(("local", share)) => share
+            .trim()
+            .parse::<f64>()
+            .map(|share| FailurePolicy::Local { share })
+            .map_err(|_| format!("`{share}` is not a share (a number above 0, at most 1)")),
+        _ => Err(format!(
+            "unknown policy `{text}`: expected open, closed or local:SHARE (e.g. local:0.25)"
+        )),
+    }
+}
+
+/// Parses an algorithm name with its arguments in parentheses.
+fn parse_algorithm(text: &str) -> Result<Algorithm, String> {
+    let text = text.trim();
+    let (name, args) = match text.split_once('(') {
+        Some((name, rest)) => {
+            let args = rest
+                .strip_suffix(')')
+                .ok_or_else(|| format!("`{text}`: missing `)`"))?;
+            (
+                name.trim(),
+                args.split(',').map(str::trim).collect::<Vec<_>>(),
+            )
+        }
+        None => (text, Vec::new()),
+    };
+    let none = |a: Algorithm| {
+        if args.is_empty() {
+            Ok(a)
+        } else {
+            Err(format!("`{name}` takes no arguments"))
+        }
+    };
+    match name {
+        "fixed_window" => none(Algorithm::FixedWindow),
+        "sliding_window" => none(Algorithm::SlidingWindow),
+        "sliding_log" => none(Algorithm::SlidingLog),
+        "interval_bucket" => none(Algorithm::IntervalBucket),
+        "gcra" => none(Algorithm::Gcra),
+        "sub_windows" => match args[..] {
+            [count] => count
+                .parse()
+                .map(|count| Algorithm::SubWindows(SubWindows { count }))
+                .map_err(|_| format!("sub_windows({count}): the count must be a whole number")),
+            _ => Err("sub_windows takes the number of sub-windows: `sub_windows(10)`".into()),
+        },
+        "token_bucket" => match args[..] {
+            [] => Ok(Algorithm::TokenBucket(TokenBucket::default())),
+            [arg] => {
+                let n = arg
+                    .strip_prefix("initial=")
+                    .and_then(|n| n.trim().parse().ok())
+                    .ok_or_else(|| format!("token_bucket({arg}): expected `initial=N`"))?;
+                Ok(Algorithm::TokenBucket(TokenBucket {
+                    initial_tokens: Some(n),
+                }))
+            }
+            _ => Err("token_bucket takes at most `initial=N`".into()),
+        },
+        "leaky_bucket" => match args[..] {
+            [] | ["meter"] => Ok(Algorithm::LeakyBucket(LeakyBucket::Meter)),
+            ["shaper"] => Ok(Algorithm::LeakyBucket(LeakyBucket::Shaper)),
+            _ => Err("leaky_bucket takes `meter` (the default) or `shaper`".into()),
+        },
+        "warm_up" => {
+            let (period, factor) = match args[..] {
+                [period] => (period, None),
+                [period, factor] => (period, Some(factor)),
+                _ => {
+                    return Err(
+                        "warm_up takes a period and a cold factor: `warm_up(10s, 3)`".into(),
+                    );
+                }
+            };
+            let mut warm_up = WarmUp::new(parse_duration(period)?);
+            if let Some(factor) = factor {
+                warm_up.cold_factor = factor
+                    .parse()
+                    .map_err(|_| format!("warm_up: `{factor}` is not a cold factor"))?;
+            }
+            Ok(Algorithm::WarmUp(warm_up))
+        }
+        _ => Err(format!(
+            "unknown algorithm `{name}`: expected fixed_window, sliding_window, sub_windows(N), \
+             sliding_log, token_bucket, interval_bucket, leaky_bucket, gcra or warm_up(PERIOD)"
+        )),
+    }
+}
+
+/// Parses a native file.
+pub(super) fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
+    let parsed: File = serde_saphyr::from_str(text).map_err(|e| ConfigError::yaml(file, &e))?;
+    let server = match parsed.server {
+        None => None,
+        Some(s) => {
+            let defaults = ServerConfig::default();
+            let grpc = match s.grpc.as_deref() {
+                None => defaults.grpc,
+                Some("off") => None,
+                Some(addr) => Some(addr.parse().map_err(|_| {
+                    ConfigError::new(
+                        file,
+                        None,
+                        format!("server.grpc: `{addr}` is not an address or `off`"),
+                    )
+                })?),
+            };
+            Some(ServerConfig {
+                http: s.http.unwrap_or(defaults.http),
+                grpc,
+                max_body_bytes: s.max_body_bytes.unwrap_or(defaults.max_body_bytes),
+                drain: s.drain.unwrap_or(defaults.drain),
+            })
+        }
+    };
+    let store = parsed.store.map(|s| match s {
+        StoreSection::Memory {
+            max_keys,
+            max_bytes,
+        } => StoreConfig::Memory {
+            max_keys: max_keys.unwrap_or(DEFAULT_MAX_KEYS),
+            max_bytes: max_bytes.unwrap_or(DEFAULT_MAX_BYTES),
+        },
+        StoreSection::Redis {
+            url,
+            cluster,
+            mode,
+            timeout,
+            instances,
+            sync_interval,
+            max_unsynced,
+        } => StoreConfig::Redis {
+            url,
+            cluster,
+            mode: mode.unwrap_or(RedisMode::Strict),
+            timeout: timeout.unwrap_or(Duration::from_millis(20)),
+            instances: instances.unwrap_or(1),
+            sync_interval: sync_interval.unwrap_or(Duration::from_secs(1)),
+            max_unsynced,
+        },
+    });
+    if let Some(StoreConfig::Redis { url, cluster, .. }) = &store {
+        if url.is_none() == cluster.is_empty() {
+            return Err(ConfigError::new(
+                file,
+                None,
+                "store: a redis store needs either `url` or `cluster`",
+            ));
+        }
+    }
+    let specs = parsed
+        .rules
+        .into_iter()
+        .map(|s| {
+            let at =
+                (s.referenced.line() > 0).then(|| (s.referenced.line(), s.referenced.column()));
+            (s.value, at)
+        })
+        .collect();
+    Ok(Parsed {
+        server,
+        store,
+        specs,
+        domain: None,
+    })
+}

@@ -1,0 +1,150 @@
+//! Envoy's rate limit service over gRPC: `envoy.service.ratelimit.v3.RateLimitService/
+//! ShouldRateLimit`. The descriptors of one request are decided all-or-nothing: when one is
+//! over its limit, none consumes. Each descriptor's cost is its `hits_addend`, else the
+//! request's, else 1.
+
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use tollgate::engine::{Descriptor, Entry, NodeLimit};
+use tonic::{Request, Response, Status};
+
+use crate::service::{CheckError, DescriptorOutcome, Service};
+
+/// The most descriptors one request may carry.
+const MAX_DESCRIPTORS: usize = 64;
+
+/// The gRPC service over `service`.
+pub fn server(service: Arc<Service>) -> RateLimitServiceServer<Rls> {
+    RateLimitServiceServer::new(Rls { service })
+}
+
+/// Answers `ShouldRateLimit` from the service's domains.
+#[derive(Debug)]
+pub struct Rls {
+    service: Arc<Service>,
+}
+
+fn unit(limit: &NodeLimit) -> Unit {
+    match limit.unit.0.as_str() {
+        "second" => Unit::Second,
+        "minute" => Unit::Minute,
+        "hour" => Unit::Hour,
+        "day" => Unit::Day,
+        "week" => Unit::Week,
+        "month" => Unit::Month,
+        "year" => Unit::Year,
+        _ => Unit::Unknown,
+    }
+}
+
+fn current_limit(limit: &NodeLimit, rule: &str) -> RateLimit {
+    RateLimit {
+        name: limit.name.clone().unwrap_or_else(|| rule.to_string()),
+        requests_per_unit: u32::try_from(limit.requests_per_unit).unwrap_or(u32::MAX),
+        unit: unit(limit) as i32,
+    }
+}
+
+fn proto_duration(d: std::time::Duration) -> ProtoDuration {
+    ProtoDuration {
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nanos: d.subsec_nanos() as i32,
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for Rls {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let request = request.into_inner();
+        if request.domain.is_empty() {
+            return Err(Status::invalid_argument(
+                "rate limit domain must not be empty",
+            ));
+        }
+        if request.descriptors.is_empty() {
+            return Err(Status::invalid_argument(
+                "rate limit descriptor list must not be empty",
+            ));
+        }
+        if request.descriptors.len() > MAX_DESCRIPTORS {
+            return Err(Status::invalid_argument(format!(
+                "{} descriptors exceed the maximum of {MAX_DESCRIPTORS}",
+                request.descriptors.len()
+            )));
+        }
+        let default_cost = u64::from(request.hits_addend.max(1));
+        let descriptors: Vec<(Descriptor, u64)> = request
+            .descriptors
+            .iter()
+            .map(|d| {
+                let entries = d
+                    .entries
+                    .iter()
+                    .map(|e| Entry {
+                        key: e.key.clone(),
+                        value: e.value.clone(),
+                    })
+                    .collect();
+                let cost = d.hits_addend.as_ref().map_or(default_cost, |h| h.value);
+                (entries, cost)
+            })
+            .collect();
+        let outcomes = self
+            .service
+            .check_descriptors(&request.domain, &descriptors)
+            .await
+            .map_err(|CheckError::Invalid(message)| Status::invalid_argument(message))?;
+        let mut over = false;
+        let statuses = outcomes
+            .iter()
+            .map(|outcome| match outcome {
+                DescriptorOutcome::None | DescriptorOutcome::Unlimited => DescriptorStatus {
+                    code: Code::Ok as i32,
+                    limit_remaining: u32::MAX,
+                    ..DescriptorStatus::default()
+                },
+                DescriptorOutcome::Blocked(limit) => {
+                    over = true;
+                    DescriptorStatus {
+                        code: Code::OverLimit as i32,
+                        current_limit: Some(current_limit(limit, "")),
+                        ..DescriptorStatus::default()
+                    }
+                }
+                DescriptorOutcome::Checked(limit, decision) => {
+                    over |= !decision.allowed();
+                    let code = if decision.allowed() {
+                        Code::Ok
+                    } else {
+                        Code::OverLimit
+                    };
+                    DescriptorStatus {
+                        code: code as i32,
+                        current_limit: Some(current_limit(limit, decision.rule())),
+                        limit_remaining: u32::try_from(decision.remaining()).unwrap_or(u32::MAX),
+                        duration_until_reset: Some(proto_duration(decision.reset_after())),
+                        ..DescriptorStatus::default()
+                    }
+                }
+            })
+            .collect();
+        let overall = if over { Code::OverLimit } else { Code::Ok };
+        Ok(Response::new(RateLimitResponse {
+            overall_code: overall as i32,
+            statuses,
+            ..RateLimitResponse::default()
+        }))
+    }
+}

@@ -1,0 +1,394 @@
+//! The HTTP API:
+//!
+//! - `POST /v1/check`: a request to match (`{"request": {"method", "path", "headers",
+//!   "client_ip"}, "cost"}`), a rule and key (`{"rule", "key", "cost"}`), or Envoy descriptors
+//!   (`{"domain", "descriptors": [{"entries": [{"key", "value"}]}], "cost"}`); answers 200 or
+//!   429 with the decisions;
+//! - `/v1/auth` (any method): nginx `auth_request` and other proxies' forward-auth; reads the
+//!   original method and URI from `X-Original-Method` and `X-Original-URI` (or `X-Forwarded-*`),
+//!   the client from `X-Real-IP`, and answers 204 or 429 (`?deny_status=403` for nginx, whose
+//!   `auth_request` passes only 401 and 403 on);
+//! - `/v1/rules`: the admin API (see [`crate::admin`]);
+//! - `/metrics`, `/healthz`, `/readyz`.
+//!
+//! Every answer about a limit carries `X-RateLimit-Limit`, `-Remaining` and `-Reset`,
+//! `Retry-After` when denied (whole seconds, rounded up: never early), and the IETF
+//! `RateLimit-Policy` and `RateLimit` fields (draft-ietf-httpapi-ratelimit-headers).
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Query, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde::{Deserialize, Serialize};
+use tollgate::engine::{Descriptor, Entry, Request};
+
+use crate::admin;
+use crate::service::{CheckError, DescriptorOutcome, Outcome, Service, ceil_secs};
+
+/// What the HTTP handlers share.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    /// The service.
+    pub service: Arc<Service>,
+    /// Renders `/metrics`.
+    pub metrics: Option<PrometheusHandle>,
+    /// The admin API's bearer token; `None`: the admin API refuses every call.
+    pub admin_token: Option<Arc<str>>,
+}
+
+/// The router of the HTTP API, bounding bodies to `max_body_bytes`.
+pub fn router(state: AppState, max_body_bytes: usize) -> Router {
+    Router::new()
+        .route("/v1/check", post(check))
+        .route("/v1/auth", any(auth))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready))
+        .route("/metrics", get(render_metrics))
+        .merge(admin::router())
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(state)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckBody {
+    request: Option<RequestBody>,
+    rule: Option<String>,
+    key: Option<String>,
+    domain: Option<String>,
+    descriptors: Option<Vec<DescriptorBody>>,
+    #[serde(default = "one")]
+    cost: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RequestBody {
+    method: String,
+    path: String,
+    #[serde(default)]
+    headers: std::collections::BTreeMap<String, String>,
+    client_ip: Option<IpAddr>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DescriptorBody {
+    entries: Vec<EntryBody>,
+    cost: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EntryBody {
+    key: String,
+    value: String,
+}
+
+fn one() -> u64 {
+    1
+}
+
+/// One decision as the check API reports it.
+#[derive(Serialize)]
+struct DecisionBody {
+    rule: String,
+    allowed: bool,
+    limit: u64,
+    remaining: u64,
+    /// Milliseconds until the window or bucket resets.
+    reset_after_ms: u64,
+    /// Milliseconds to wait before retrying, when denied.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry_after_ms: Option<u64>,
+    /// The window of the binding tier (seconds).
+    window_s: u64,
+    /// A shadow rule that would have denied.
+    shadowed: bool,
+    /// Which path decided: memory, redis, hybrid, lease, fallback, fail_open, fail_closed.
+    source: String,
+}
+
+#[derive(Serialize)]
+struct CheckAnswer {
+    allowed: bool,
+    decisions: Vec<DecisionBody>,
+}
+
+/// A 4xx with a JSON body that says what is wrong.
+fn bad_request(status: StatusCode, message: impl Into<String>) -> Response {
+    let body = serde_json::json!({ "error": message.into() });
+    (status, axum::Json(body)).into_response()
+}
+
+fn millis(d: std::time::Duration) -> u64 {
+    d.as_micros().div_ceil(1_000) as u64
+}
+
+fn body_of(rule: &str, d: &tollgate::Decision) -> DecisionBody {
+    DecisionBody {
+        rule: rule.to_string(),
+        allowed: d.allowed(),
+        limit: d.limit(),
+        remaining: d.remaining(),
+        reset_after_ms: millis(d.reset_after()),
+        retry_after_ms: d.retry_after().map(millis),
+        window_s: ceil_secs(d.window()),
+        shadowed: d.shadowed(),
+        source: format!("{:?}", d.source()).to_lowercase(),
+    }
+}
+
+async fn check(
+    State(state): State<AppState>,
+    body: Result<axum::Json<CheckBody>, JsonRejection>,
+) -> Response {
+    let body = match body {
+        Ok(axum::Json(body)) => body,
+        Err(rejection) => return bad_request(rejection.status(), rejection.body_text()),
+    };
+    let cost = body.cost;
+    match (&body.request, &body.rule, &body.domain) {
+        (Some(r), None, None) if body.key.is_none() && body.descriptors.is_none() => {
+            let headers: Vec<(String, Vec<u8>)> = r
+                .headers
+                .iter()
+                .map(|(k, v)| (k.to_ascii_lowercase(), v.clone().into_bytes()))
+                .collect();
+            let pairs: Vec<(&str, &[u8])> = headers
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_slice()))
+                .collect();
+            let path = r.path.split('?').next().unwrap_or_default();
+            let request = Request {
+                method: &r.method,
+                path,
+                headers: &pairs,
+                client_ip: r.client_ip,
+            };
+            let outcome = state.service.check_request(&request, cost).await;
+            answer_outcome(outcome, StatusCode::TOO_MANY_REQUESTS, true)
+        }
+        (None, Some(rule), None) if body.descriptors.is_none() => {
+            let Some(key) = &body.key else {
+                return bad_request(StatusCode::BAD_REQUEST, "`rule` needs a `key`");
+            };
+            let outcome = state.service.check_key(rule, key.as_bytes(), cost).await;
+            answer_outcome(outcome, StatusCode::TOO_MANY_REQUESTS, true)
+        }
+        (None, None, Some(domain)) if body.key.is_none() => {
+            let Some(descriptors) = &body.descriptors else {
+                return bad_request(StatusCode::BAD_REQUEST, "`domain` needs `descriptors`");
+            };
+            let list: Vec<(Descriptor, u64)> = descriptors
+                .iter()
+                .map(|d| {
+                    let entries = d
+                        .entries
+                        .iter()
+                        .map(|e| Entry {
+                            key: e.key.clone(),
+                            value: e.value.clone(),
+                        })
+                        .collect();
+                    (entries, d.cost.unwrap_or(cost))
+                })
+                .collect();
+            match state.service.check_descriptors(domain, &list).await {
+                Ok(outcomes) => answer_descriptors(&outcomes),
+                Err(CheckError::Invalid(message)) => bad_request(StatusCode::BAD_REQUEST, message),
+            }
+        }
+        _ => bad_request(
+            StatusCode::BAD_REQUEST,
+            "give one of: `request`; `rule` and `key`; `domain` and `descriptors`",
+        ),
+    }
+}
+
+/// The answer to a check: the decisions as JSON when `json`, the headers, and `denied` as the
+/// status when the request is not admitted.
+fn answer_outcome(
+    outcome: Result<Outcome, CheckError>,
+    denied: StatusCode,
+    json: bool,
+) -> Response {
+    let outcome = match outcome {
+        Ok(outcome) => outcome,
+        Err(CheckError::Invalid(message)) => return bad_request(StatusCode::BAD_REQUEST, message),
+    };
+    let allowed = outcome.allowed();
+    let status = if allowed {
+        if json {
+            StatusCode::OK
+        } else {
+            StatusCode::NO_CONTENT
+        }
+    } else {
+        denied
+    };
+    let mut response = if json {
+        let decisions = outcome
+            .checked
+            .iter()
+            .map(|c| body_of(c.decision.rule(), &c.decision))
+            .collect();
+        (status, axum::Json(CheckAnswer { allowed, decisions })).into_response()
+    } else {
+        status.into_response()
+    };
+    add_headers(response.headers_mut(), &outcome);
+    response
+}
+
+fn answer_descriptors(outcomes: &[DescriptorOutcome]) -> Response {
+    let mut outcome = Outcome::default();
+    let mut blocked = false;
+    for o in outcomes {
+        match o {
+            DescriptorOutcome::Checked(_, decision) => {
+                outcome.checked.push(crate::service::Checked {
+                    decision: *decision,
+                })
+            }
+            DescriptorOutcome::Blocked(_) => blocked = true,
+            DescriptorOutcome::None | DescriptorOutcome::Unlimited => {}
+        }
+    }
+    let mut response = answer_outcome(Ok(outcome.clone()), StatusCode::TOO_MANY_REQUESTS, true);
+    if blocked && outcome.allowed() {
+        *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    }
+    response
+}
+
+/// Adds the rate limit headers of `outcome` (none when no rule applied).
+pub fn add_headers(headers: &mut HeaderMap, outcome: &Outcome) {
+    let Some(binding) = outcome.binding() else {
+        return;
+    };
+    let mut put = |name: &'static str, value: String| {
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            headers.insert(HeaderName::from_static(name), value);
+        }
+    };
+    put("x-ratelimit-limit", binding.limit().to_string());
+    put("x-ratelimit-remaining", binding.remaining().to_string());
+    put(
+        "x-ratelimit-reset",
+        ceil_secs(binding.reset_after()).to_string(),
+    );
+    if let Some(retry) = binding.retry_after() {
+        put("retry-after", ceil_secs(retry).to_string());
+    }
+    let policies: Vec<String> = outcome
+        .checked
+        .iter()
+        .map(|c| {
+            let d = &c.decision;
+            format!(
+                "\"{}\";q={};w={}",
+                d.rule(),
+                d.limit(),
+                ceil_secs(d.window())
+            )
+        })
+        .collect();
+    put("ratelimit-policy", policies.join(", "));
+    put(
+        "ratelimit",
+        format!(
+            "\"{}\";r={};t={}",
+            binding.rule(),
+            binding.remaining(),
+            ceil_secs(binding.retry_after().unwrap_or(binding.reset_after()))
+        ),
+    );
+}
+
+#[derive(Deserialize)]
+struct AuthQuery {
+    deny_status: Option<u16>,
+    cost: Option<u64>,
+}
+
+async fn auth(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Query(query): Query<AuthQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let denied = match query.deny_status {
+        None | Some(429) => StatusCode::TOO_MANY_REQUESTS,
+        Some(401) => StatusCode::UNAUTHORIZED,
+        Some(403) => StatusCode::FORBIDDEN,
+        Some(other) => {
+            return bad_request(
+                StatusCode::BAD_REQUEST,
+                format!("deny_status {other}: expected 401, 403 or 429"),
+            );
+        }
+    };
+    let text = |names: &[&str]| {
+        names
+            .iter()
+            .find_map(|n| headers.get(*n).and_then(|v| v.to_str().ok()))
+            .map(str::to_string)
+    };
+    let Some(uri) = text(&["x-original-uri", "x-forwarded-uri"]) else {
+        return bad_request(
+            StatusCode::BAD_REQUEST,
+            "missing X-Original-URI (nginx: proxy_set_header X-Original-URI $request_uri)",
+        );
+    };
+    let method = text(&["x-original-method", "x-forwarded-method"]).unwrap_or_else(|| "GET".into());
+    let client_ip = text(&["x-real-ip"])
+        .and_then(|ip| ip.trim().parse().ok())
+        .unwrap_or(peer.ip());
+    let pairs: Vec<(&str, &[u8])> = headers
+        .iter()
+        .map(|(name, value)| (name.as_str(), value.as_bytes()))
+        .collect();
+    let path = uri.split('?').next().unwrap_or_default();
+    let request = Request {
+        method: &method,
+        path,
+        headers: &pairs,
+        client_ip: Some(client_ip),
+    };
+    let outcome = state
+        .service
+        .check_request(&request, query.cost.unwrap_or(1))
+        .await;
+    answer_outcome(outcome, denied, false)
+}
+
+async fn ready(State(state): State<AppState>) -> Response {
+    if state.service.ready().await {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the shared store does not answer\n",
+        )
+            .into_response()
+    }
+}
+
+async fn render_metrics(State(state): State<AppState>) -> Response {
+    state.service.observe();
+    match &state.metrics {
+        Some(handle) => (
+            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+            handle.render(),
+        )
+            .into_response(),
+        None => (StatusCode::NOT_FOUND, "metrics are off\n").into_response(),
+    }
+}

@@ -1,0 +1,350 @@
+//! `tollgate`: the rate limit service and its command line.
+//!
+//! - `tollgate serve --config FILE...`: HTTP (check, nginx auth_request, admin, metrics) and
+//!   Envoy's gRPC rate limit service, reloading the files when they change or on SIGHUP;
+//! - `tollgate validate FILE...`: checks rule files, errors with file, line and column;
+//! - `tollgate check`: asks a running server about a request or a key.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use notify::{RecursiveMode, Watcher};
+
+use tollgate_server::service::Service;
+use tollgate_server::{config, grpc, http, metrics};
+
+#[derive(Parser)]
+#[command(
+    name = "tollgate",
+    version,
+    about = "A distributed rate limiter: the service and its tools"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serves the rules of the files over HTTP and gRPC.
+    Serve {
+        /// Rule files, native or Envoy's format (merged).
+        #[arg(long = "config", short = 'c', required = true, num_args = 1..)]
+        config: Vec<PathBuf>,
+        /// The HTTP address, instead of the file's `server.http`.
+        #[arg(long)]
+        http: Option<SocketAddr>,
+        /// The gRPC address, instead of the file's `server.grpc`.
+        #[arg(long)]
+        grpc: Option<SocketAddr>,
+        /// The admin API's bearer token; without one the admin API refuses every call.
+        #[arg(long, env = "TOLLGATE_ADMIN_TOKEN", hide_env_values = true)]
+        admin_token: Option<String>,
+    },
+    /// Checks rule files and prints the first error with its file, line and column.
+    Validate {
+        /// Rule files, checked together as `serve` would merge them.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// Asks a running server: a request (`--method`, `--path`, `--header`) or a rule and key.
+    Check {
+        /// The server's HTTP address.
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        server: String,
+        /// The request's method.
+        #[arg(long, default_value = "GET")]
+        method: String,
+        /// The request's path.
+        #[arg(long)]
+        path: Option<String>,
+        /// A header of the request, `name: value` (repeatable).
+        #[arg(long = "header", short = 'H')]
+        headers: Vec<String>,
+        /// A rule to check `--key` under, instead of a request.
+        #[arg(long, requires = "key")]
+        rule: Option<String>,
+        /// The key to check under `--rule`.
+        #[arg(long)]
+        key: Option<String>,
+        /// Permits to take.
+        #[arg(long, default_value_t = 1)]
+        cost: u64,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Serve {
+                config,
+                http,
+                grpc,
+                admin_token,
+            } => serve(config, http, grpc, admin_token)
+                .await
+                .map(|()| ExitCode::SUCCESS),
+            Command::Validate { files } => Ok(validate(&files)),
+            Command::Check {
+                server,
+                method,
+                path,
+                headers,
+                rule,
+                key,
+                cost,
+            } => check(&server, method, path, headers, rule, key, cost).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn validate(files: &[PathBuf]) -> ExitCode {
+    match config::load(files) {
+        Ok(config) => {
+            let routes = config.engine.routes().len();
+            let domains = config.engine.domains().count();
+            let rules = config.engine.rules().count();
+            println!("ok: {rules} rules ({routes} routes, {domains} Envoy domains)");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(
+    files: Vec<PathBuf>,
+    http: Option<SocketAddr>,
+    grpc: Option<SocketAddr>,
+    admin_token: Option<String>,
+) -> anyhow::Result<()> {
+    let service = Arc::new(Service::start(files.clone()).await?);
+    let server = service.loaded().config.server.clone();
+    let http_addr = http.unwrap_or(server.http);
+    let grpc_addr = grpc.or(server.grpc);
+    let handle = metrics::install()?;
+    let state = http::AppState {
+        service: service.clone(),
+        metrics: Some(handle),
+        admin_token: admin_token.filter(|t| !t.is_empty()).map(Into::into),
+    };
+    let app = http::router(state, server.max_body_bytes)
+        .into_make_service_with_connect_info::<SocketAddr>();
+    let listener = tokio::net::TcpListener::bind(http_addr)
+        .await
+        .with_context(|| format!("cannot listen on {http_addr}"))?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let grpc_task = match grpc_addr {
+        Some(addr) => {
+            let grpc_listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr}"))?;
+            tracing::info!(%addr, "gRPC (Envoy rate limit service) listening");
+            let incoming = tonic::transport::server::TcpIncoming::from(grpc_listener);
+            let svc = grpc::server(service.clone());
+            let shutdown = stopped(stop_rx.clone());
+            Some(tokio::spawn(async move {
+                tonic::transport::Server::builder()
+                    .add_service(svc)
+                    .serve_with_incoming_shutdown(incoming, shutdown)
+                    .await
+            }))
+        }
+        None => None,
+    };
+    let terminated = terminated()?;
+    let hangups = hangups(service.clone())?;
+    let _watcher = watch(&files, service.clone());
+    tokio::spawn(hangups);
+    tracing::info!(addr = %listener.local_addr()?, "HTTP listening");
+    tokio::spawn(async move {
+        terminated.await;
+        tracing::info!("shutting down: draining requests in flight");
+        let _ = stop_tx.send(true);
+    });
+    let drain = server.drain;
+    let http_task = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(stopped(stop_rx))
+            .await
+    });
+    let finished = async {
+        let http = http_task.await;
+        let grpc = match grpc_task {
+            Some(task) => Some(task.await),
+            None => None,
+        };
+        (http, grpc)
+    };
+    let (http, grpc) = finished.await;
+    http??;
+    if let Some(grpc) = grpc {
+        grpc??;
+    }
+    // Pending hybrid counts and unused leases go back to Redis.
+    if tokio::time::timeout(drain, service.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("the store did not finish its shutdown within {drain:?}");
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Resolves on SIGTERM or SIGINT; the handlers are installed when this is called, not when
+/// the future is first polled, so a signal right after start is not lost.
+fn terminated() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
+}
+
+/// Reloads the rules on every SIGHUP (the handler is installed when this is called).
+fn hangups(service: Arc<Service>) -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hup = signal(SignalKind::hangup())?;
+    Ok(async move {
+        while hup.recv().await.is_some() {
+            tracing::info!("SIGHUP: reloading the rule files");
+            let _ = service.reload();
+        }
+    })
+}
+
+/// Watches the rule files' directories and reloads, a moment after the last change, when one
+/// of the files changed (editors and config maps replace files rather than write them).
+fn watch(files: &[PathBuf], service: Arc<Service>) -> Option<notify::RecommendedWatcher> {
+    let targets: Vec<PathBuf> = files
+        .iter()
+        .map(|f| std::fs::canonicalize(f).unwrap_or_else(|_| f.clone()))
+        .collect();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let names: Vec<_> = targets
+        .iter()
+        .filter_map(|t| t.file_name().map(|n| n.to_owned()))
+        .collect();
+    let handler = move |event: notify::Result<notify::Event>| {
+        if let Ok(event) = event {
+            let ours = event
+                .paths
+                .iter()
+                .any(|p| p.file_name().is_some_and(|n| names.iter().any(|m| m == n)));
+            if ours && !event.kind.is_access() {
+                let _ = tx.send(());
+            }
+        }
+    };
+    let mut watcher = match notify::recommended_watcher(handler) {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch the rule files; reload with SIGHUP");
+            return None;
+        }
+    };
+    let mut dirs: Vec<PathBuf> = targets
+        .iter()
+        .filter_map(|t| t.parent().map(PathBuf::from))
+        .collect();
+    dirs.sort();
+    dirs.dedup();
+    for dir in &dirs {
+        if let Err(e) = watcher.watch(dir, RecursiveMode::NonRecursive) {
+            tracing::warn!(error = %e, dir = %dir.display(), "cannot watch; reload with SIGHUP");
+        }
+    }
+    tokio::spawn(async move {
+        while rx.recv().await.is_some() {
+            // Let a burst of events (write, rename, chmod) settle into one reload.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            while rx.try_recv().is_ok() {}
+            tracing::info!("a rule file changed: reloading");
+            let _ = service.reload();
+        }
+    });
+    Some(watcher)
+}
+
+async fn check(
+    server: &str,
+    method: String,
+    path: Option<String>,
+    headers: Vec<String>,
+    rule: Option<String>,
+    key: Option<String>,
+    cost: u64,
+) -> anyhow::Result<ExitCode> {
+    let body = match (rule, path) {
+        (Some(rule), _) => serde_json::json!({ "rule": rule, "key": key, "cost": cost }),
+        (None, Some(path)) => {
+            let mut map = serde_json::Map::new();
+            for h in &headers {
+                let (name, value) = h
+                    .split_once(':')
+                    .with_context(|| format!("header `{h}`: expected `name: value`"))?;
+                map.insert(name.trim().to_string(), value.trim().into());
+            }
+            serde_json::json!({
+                "request": { "method": method, "path": path, "headers": map },
+                "cost": cost,
+            })
+        }
+        (None, None) => anyhow::bail!("give --path (a request) or --rule and --key"),
+    };
+    let url = format!("{}/v1/check", server.trim_end_matches('/'));
+    let response = reqwest::Client::new()
+        .post(&url)
+        .json(&body)
+        .send()
+        .await
+        .with_context(|| format!("cannot reach {url}"))?;
+    let status = response.status();
+    let text = response.text().await?;
+    let pretty = serde_json::from_str::<serde_json::Value>(&text)
+        .and_then(|v| serde_json::to_string_pretty(&v))
+        .unwrap_or(text);
+    println!("{} {pretty}", status.as_u16());
+    Ok(match status.as_u16() {
+        200 => ExitCode::SUCCESS,
+        429 => ExitCode::from(1),
+        _ => ExitCode::from(2),
+    })
+}

@@ -1,0 +1,78 @@
+//! Prometheus metrics. The service records through the `metrics` facade; `/metrics` renders
+//! the recorder installed at start.
+//!
+//! - `tollgate_decisions_total{rule, outcome}`: outcome `allowed`, `denied`, or
+//!   `shadow_denied` (a shadow rule that would have denied);
+//! - `tollgate_near_limit_total{rule}`: admitted with under a fifth of the limit left;
+//! - `tollgate_policy_decisions_total{rule, source}`: decided by the failure policy
+//!   (`fallback`, `fail_open`, `fail_closed`) because the store failed;
+//! - `tollgate_store_seconds{store}`: how long the store took to decide a check;
+//! - `tollgate_fallback_active`: 1 while the Redis store's breaker keeps checks away;
+//! - `tollgate_reloads_total{result}`: `ok` or `error`;
+//! - `tollgate_keys`, `tollgate_bytes`: what the store holds in this process;
+//! - `tollgate_redis_calls_saved`: decisions taken without a Redis call (hybrid, lease).
+
+use std::time::Duration;
+
+use metrics::{counter, gauge, histogram};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tollgate::{Decision, Source};
+
+/// Installs the recorder; its handle renders the metrics.
+///
+/// # Errors
+/// When a recorder is installed already.
+pub fn install() -> anyhow::Result<PrometheusHandle> {
+    Ok(PrometheusBuilder::new().install_recorder()?)
+}
+
+/// Records one decision under `rule`.
+pub fn decision(rule: &str, d: &Decision) {
+    let outcome = match (d.allowed(), d.shadowed()) {
+        (true, false) => "allowed",
+        (true, true) => "shadow_denied",
+        (false, _) => "denied",
+    };
+    counter!("tollgate_decisions_total", "rule" => rule.to_string(), "outcome" => outcome)
+        .increment(1);
+    if d.allowed() && !d.shadowed() && d.remaining() * 5 < d.limit() {
+        counter!("tollgate_near_limit_total", "rule" => rule.to_string()).increment(1);
+    }
+    let source = match d.source() {
+        Source::Fallback => "fallback",
+        Source::FailOpen => "fail_open",
+        Source::FailClosed => "fail_closed",
+        _ => return,
+    };
+    counter!("tollgate_policy_decisions_total", "rule" => rule.to_string(), "source" => source)
+        .increment(1);
+}
+
+/// Records how long the store took.
+pub fn store_latency(store: &'static str, took: Duration) {
+    histogram!("tollgate_store_seconds", "store" => store).record(took.as_secs_f64());
+}
+
+/// Records a reload.
+pub fn reload(ok: bool) {
+    let result = if ok { "ok" } else { "error" };
+    counter!("tollgate_reloads_total", "result" => result).increment(1);
+}
+
+/// Records what the store holds in this process.
+pub fn store_held(keys: usize, bytes: Option<usize>) {
+    gauge!("tollgate_keys").set(keys as f64);
+    if let Some(bytes) = bytes {
+        gauge!("tollgate_bytes").set(bytes as f64);
+    }
+}
+
+/// Records the decisions taken without a Redis call so far.
+pub fn calls_saved(saved: u64) {
+    gauge!("tollgate_redis_calls_saved").set(saved as f64);
+}
+
+/// Records whether the failure policy is deciding for the Redis store.
+pub fn fallback_active(active: bool) {
+    gauge!("tollgate_fallback_active").set(if active { 1.0 } else { 0.0 });
+}

@@ -1,0 +1,446 @@
+//! The service's core, shared by its protocols: the rules loaded now (swapped whole on a
+//! reload), the store (kept across reloads, so counters of unchanged rules survive), and the
+//! checks every protocol asks for.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use tollgate::engine::{Descriptor, DescriptorHit, Engine, Hit, NodeLimit, Request};
+use tollgate::{
+    AnyStore, Decision, Error, HybridConfig, HybridStore, LeaseConfig, LeaseStore, Limiter,
+    MemoryStore, RedisStore, Store,
+};
+
+use crate::config::{self, Config, ConfigError, RedisMode, RuleSpec, StoreConfig};
+use crate::metrics;
+
+/// Rules as loaded: the engine that matches requests and the limiter that holds the rules.
+#[derive(Debug)]
+pub struct Loaded {
+    /// Matches requests and descriptors to rules and keys.
+    pub engine: Engine,
+    /// The rules on the store; `None` when there are none.
+    pub limiter: Option<Limiter<AnyStore>>,
+    /// The native rules as written.
+    pub specs: Vec<RuleSpec>,
+    /// The configuration these came from.
+    pub config: Config,
+}
+
+/// The service: see the module documentation. Cheap to share behind an `Arc`.
+#[derive(Debug)]
+pub struct Service {
+    current: ArcSwap<Loaded>,
+    store: AnyStore,
+    files: Vec<PathBuf>,
+    generation: AtomicU64,
+    /// Rules created, replaced (`Some`) or deleted (`None`) through the admin API, by id; they
+    /// take precedence over the files' rules of the same id, across reloads.
+    overlay: Mutex<BTreeMap<String, Option<RuleSpec>>>,
+}
+
+/// One decision the service made.
+#[derive(Debug, Clone)]
+pub struct Checked {
+    /// The decision.
+    pub decision: Decision,
+}
+
+/// The outcome of one check: admitted only if every decision admits (all-or-nothing).
+#[derive(Debug, Clone, Default)]
+pub struct Outcome {
+    /// One decision per rule that applied, in order.
+    pub checked: Vec<Checked>,
+}
+
+impl Outcome {
+    /// Whether the request is admitted: no rule denied it.
+    pub fn allowed(&self) -> bool {
+        self.checked.iter().all(|c| c.decision.allowed())
+    }
+
+    /// The decision that binds: the first denial with the longest wait, else the admission
+    /// with the least remaining.
+    pub fn binding(&self) -> Option<&Decision> {
+        let denied = self
+            .checked
+            .iter()
+            .filter(|c| !c.decision.allowed())
+            .max_by_key(|c| c.decision.retry_after());
+        denied
+            .or_else(|| self.checked.iter().min_by_key(|c| c.decision.remaining()))
+            .map(|c| &c.decision)
+    }
+}
+
+/// What each descriptor of an Envoy request got.
+#[derive(Debug, Clone)]
+pub enum DescriptorOutcome {
+    /// No rule for it: OK.
+    None,
+    /// An `unlimited` rule: OK.
+    Unlimited,
+    /// A rule of 0 per unit: over the limit.
+    Blocked(NodeLimit),
+    /// A rule was checked.
+    Checked(NodeLimit, Decision),
+}
+
+/// A check the service refuses: the caller's mistake, said plainly.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    /// A bad cost, key or rule name, or too many items.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl From<Error> for CheckError {
+    fn from(e: Error) -> Self {
+        Self::Invalid(e.to_string())
+    }
+}
+
+impl Service {
+    /// The service of `files`, on the store they configure.
+    ///
+    /// # Errors
+    /// The files' first error, or a store that cannot be made.
+    pub async fn start(files: Vec<PathBuf>) -> anyhow::Result<Self> {
+        let config = config::load(&files)?;
+        let store = open_store(&config.store).await?;
+        let loaded = build(config, &store)?;
+        Ok(Self {
+            current: ArcSwap::from_pointee(loaded),
+            store,
+            files,
+            generation: AtomicU64::new(1),
+            overlay: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// The rules loaded now.
+    pub fn loaded(&self) -> arc_swap::Guard<Arc<Loaded>> {
+        self.current.load()
+    }
+
+    /// How many rule sets have been loaded (1 at start).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Relaxed)
+    }
+
+    /// Reads the files again and swaps the rules in when they are valid; otherwise keeps the
+    /// rules running and returns why. Counters of rules that kept their name and state layout
+    /// carry over. A changed `server` or `store` section needs a restart (logged).
+    ///
+    /// # Errors
+    /// The files' first error.
+    pub fn reload(&self) -> Result<(), ConfigError> {
+        let result = config::load(&self.files).and_then(|config| {
+            let old = self.current.load();
+            if config.store != old.config.store || config.server != old.config.server {
+                tracing::warn!("the server and store sections take effect at the next restart");
+            }
+            let overlay = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
+            compose(config, &overlay, &self.store).map_err(|message| ConfigError {
+                file: self.files[0].clone(),
+                at: None,
+                message,
+            })
+        });
+        match result {
+            Ok(loaded) => {
+                let rules = loaded.engine.rules().count();
+                self.current.store(Arc::new(loaded));
+                self.generation.fetch_add(1, Ordering::Relaxed);
+                metrics::reload(true);
+                tracing::info!(rules, "rules reloaded");
+                Ok(())
+            }
+            Err(err) => {
+                metrics::reload(false);
+                tracing::error!(error = %err, "rule files rejected; the previous rules keep serving");
+                Err(err)
+            }
+        }
+    }
+
+    /// Creates or replaces (`Some`) or deletes (`None`) the native rule `id` (the admin
+    /// API), keeping it across reloads of the files. Returns whether the rule existed.
+    ///
+    /// # Errors
+    /// What is wrong with the rules that would result; nothing changes then.
+    pub fn edit(&self, id: &str, spec: Option<RuleSpec>) -> Result<bool, String> {
+        let mut overlay = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
+        let old = self.current.load();
+        let existed = old.specs.iter().any(|s| s.id == id);
+        let previous = overlay.insert(id.to_string(), spec);
+        match compose(old.config.clone(), &overlay, &self.store) {
+            Ok(loaded) => {
+                self.current.store(Arc::new(loaded));
+                self.generation.fetch_add(1, Ordering::Relaxed);
+                Ok(existed)
+            }
+            Err(e) => {
+                match previous {
+                    Some(p) => overlay.insert(id.to_string(), p),
+                    None => overlay.remove(id),
+                };
+                Err(e)
+            }
+        }
+    }
+
+    /// Checks an HTTP request against the routes, `cost` permits, all-or-nothing.
+    ///
+    /// # Errors
+    /// [`CheckError`] for a cost no rule can admit.
+    pub async fn check_request(
+        &self,
+        request: &Request<'_>,
+        cost: u64,
+    ) -> Result<Outcome, CheckError> {
+        let loaded = self.loaded();
+        let hits = loaded.engine.hits(request);
+        let metrics = hits.iter().map(|h| h.rule.to_string()).collect();
+        self.check_hits(&loaded, hits, metrics, cost).await
+    }
+
+    /// Checks one key under one rule by name.
+    ///
+    /// # Errors
+    /// [`CheckError`] for an unknown rule or a bad key or cost.
+    pub async fn check_key(
+        &self,
+        rule: &str,
+        key: &[u8],
+        cost: u64,
+    ) -> Result<Outcome, CheckError> {
+        let loaded = self.loaded();
+        let Some(found) = loaded.engine.rules().find(|r| r.name() == rule) else {
+            return Err(CheckError::Invalid(format!("unknown rule `{rule}`")));
+        };
+        let hit = Hit {
+            rule: found.name(),
+            key: key.to_vec(),
+        };
+        self.check_hits(&loaded, vec![hit], vec![rule.to_string()], cost)
+            .await
+    }
+
+    async fn check_hits(
+        &self,
+        loaded: &Loaded,
+        hits: Vec<Hit>,
+        metric: Vec<String>,
+        cost: u64,
+    ) -> Result<Outcome, CheckError> {
+        let Some(limiter) = &loaded.limiter else {
+            return Ok(Outcome::default());
+        };
+        if hits.is_empty() {
+            return Ok(Outcome::default());
+        }
+        let items: Vec<_> = hits.iter().map(|h| h.item(cost)).collect();
+        let started = Instant::now();
+        let decisions = limiter.check_batch(&items).await?;
+        metrics::store_latency(self.store.kind(), started.elapsed());
+        let checked = hits
+            .into_iter()
+            .zip(metric)
+            .zip(decisions.iter())
+            .map(|((_, metric), &decision)| {
+                metrics::decision(&metric, &decision);
+                Checked { decision }
+            })
+            .collect();
+        Ok(Outcome { checked })
+    }
+
+    /// Checks Envoy descriptors of `domain`, each with its own cost, all-or-nothing: when any
+    /// is over its limit, none consumes.
+    ///
+    /// # Errors
+    /// [`CheckError`] for a bad cost or key.
+    pub async fn check_descriptors(
+        &self,
+        domain: &str,
+        descriptors: &[(Descriptor, u64)],
+    ) -> Result<Vec<DescriptorOutcome>, CheckError> {
+        let loaded = self.loaded();
+        let Some(found) = loaded.engine.domain(domain) else {
+            tracing::debug!(domain, "no rules for this domain");
+            return Ok(vec![DescriptorOutcome::None; descriptors.len()]);
+        };
+        let list: Vec<Descriptor> = descriptors.iter().map(|(d, _)| d.clone()).collect();
+        let hits = found.hits(&list);
+        let blocked = hits.iter().any(|h| matches!(h, DescriptorHit::Blocked(_)));
+        let mut limited = Vec::new();
+        let mut metrics_names = Vec::new();
+        for (hit, (_, cost)) in hits.iter().zip(descriptors) {
+            if let DescriptorHit::Limited { hit, metric, .. } = hit {
+                // Over a blocked descriptor nothing consumes: the others only look.
+                limited.push((hit.clone(), if blocked { 0 } else { *cost }));
+                metrics_names.push(metric.clone());
+            }
+        }
+        let mut decisions = Vec::new();
+        if let (Some(limiter), false) = (&loaded.limiter, limited.is_empty()) {
+            let items: Vec<_> = limited.iter().map(|(h, cost)| h.item(*cost)).collect();
+            let started = Instant::now();
+            let batch = limiter.check_batch(&items).await?;
+            metrics::store_latency(self.store.kind(), started.elapsed());
+            for (name, decision) in metrics_names.iter().zip(batch.iter()) {
+                metrics::decision(name, decision);
+            }
+            decisions = batch.to_vec();
+        }
+        let mut decisions = decisions.into_iter();
+        Ok(hits
+            .into_iter()
+            .map(|hit| match hit {
+                DescriptorHit::None => DescriptorOutcome::None,
+                DescriptorHit::Unlimited => DescriptorOutcome::Unlimited,
+                DescriptorHit::Blocked(limit) => DescriptorOutcome::Blocked(limit.clone()),
+                DescriptorHit::Limited { limit, .. } => match decisions.next() {
+                    Some(decision) => DescriptorOutcome::Checked(limit.clone(), decision),
+                    None => DescriptorOutcome::None,
+                },
+            })
+            .collect())
+    }
+
+    /// Whether the service can decide: rules are loaded and the shared store, if any, answers.
+    pub async fn ready(&self) -> bool {
+        match &self.store {
+            AnyStore::Redis(redis) => !redis.degraded(),
+            AnyStore::Hybrid(_) | AnyStore::Lease(_) | AnyStore::Memory(_) => true,
+        }
+    }
+
+    /// Records the store's gauges (keys held, calls saved) for the metrics endpoint.
+    pub fn observe(&self) {
+        match &self.store {
+            AnyStore::Memory(m) => metrics::store_held(m.keys(), Some(m.bytes())),
+            AnyStore::Hybrid(h) => {
+                let stats = h.stats();
+                metrics::store_held(h.keys(), None);
+                metrics::calls_saved(stats.decisions.saturating_sub(stats.calls));
+            }
+            AnyStore::Lease(l) => {
+                let stats = l.stats();
+                metrics::store_held(l.keys(), None);
+                metrics::calls_saved(stats.decisions.saturating_sub(stats.calls));
+            }
+            AnyStore::Redis(r) => metrics::fallback_active(r.degraded()),
+        }
+    }
+
+    /// Finishes the store's shared business: pushes hybrid counts, returns unused leases.
+    pub async fn shutdown(&self) {
+        self.store.shutdown().await;
+    }
+}
+
+/// The rules of the files' `config` with the admin API's `overlay` applied, on `store`.
+fn compose(
+    mut config: Config,
+    overlay: &BTreeMap<String, Option<RuleSpec>>,
+    store: &AnyStore,
+) -> Result<Loaded, String> {
+    if !overlay.is_empty() {
+        let mut specs: Vec<RuleSpec> = config
+            .specs
+            .into_iter()
+            .filter(|s| !overlay.contains_key(&s.id))
+            .collect();
+        specs.extend(overlay.values().flatten().cloned());
+        let routes = specs
+            .iter()
+            .map(RuleSpec::route)
+            .collect::<Result<Vec<_>, _>>()?;
+        let domains = config.engine.domains().cloned().collect();
+        config.engine = Engine::new(routes, domains)?;
+        config.specs = specs;
+    }
+    build(config, store).map_err(|e| e.to_string())
+}
+
+/// A limiter for the rules of `config` on `store`.
+fn build(config: Config, store: &AnyStore) -> Result<Loaded, Error> {
+    let rules: Vec<_> = config.engine.rules().cloned().collect();
+    let mut rules = rules.into_iter();
+    let limiter = match rules.next() {
+        None => None,
+        Some(first) => {
+            let builder = rules.fold(Limiter::builder(first), |b, r| b.rule(r));
+            Some(builder.store(store.clone()).build()?)
+        }
+    };
+    Ok(Loaded {
+        engine: config.engine.clone(),
+        limiter,
+        specs: config.specs.clone(),
+        config,
+    })
+}
+
+/// The store `config` describes.
+async fn open_store(config: &StoreConfig) -> anyhow::Result<AnyStore> {
+    Ok(match config {
+        StoreConfig::Memory {
+            max_keys,
+            max_bytes,
+        } => AnyStore::Memory(
+            MemoryStore::builder()
+                .max_keys(*max_keys)
+                .max_bytes(*max_bytes)
+                .build(),
+        ),
+        StoreConfig::Redis {
+            url,
+            cluster,
+            mode,
+            timeout,
+            instances,
+            sync_interval,
+            max_unsynced,
+        } => {
+            let redis = match url {
+                Some(url) => RedisStore::open(url)?,
+                None => {
+                    let nodes: Vec<&str> = cluster.iter().map(String::as_str).collect();
+                    RedisStore::open_cluster(&nodes).await?
+                }
+            }
+            .timeout(*timeout);
+            match mode {
+                RedisMode::Strict => AnyStore::Redis(redis),
+                RedisMode::Hybrid => AnyStore::Hybrid(HybridStore::new(
+                    &redis,
+                    HybridConfig {
+                        sync_interval: *sync_interval,
+                        max_unsynced: *max_unsynced,
+                        instances: *instances,
+                        ..HybridConfig::default()
+                    },
+                )?),
+                RedisMode::Lease => AnyStore::Lease(LeaseStore::new(
+                    &redis,
+                    LeaseConfig {
+                        instances: *instances,
+                        ..LeaseConfig::default()
+                    },
+                )),
+            }
+        }
+    })
+}
+
+/// Seconds, rounded up: what a header says so that a client waiting that long is never early.
+pub fn ceil_secs(d: Duration) -> u64 {
+    d.as_micros().div_ceil(1_000_000) as u64
+}

@@ -1,0 +1,269 @@
+//! The HTTP API of the real server: decisions and headers, 429s, bad input, the nginx
+//! `auth_request` endpoint, shadow mode, the shipped multi-tenant example, metrics and health.
+
+mod support;
+
+use serde_json::json;
+use support::{Server, check, header};
+
+/// Three per day per tenant header, as a token bucket (a refill every 8 h: none in a test).
+const RULES: &str = r#"
+rules:
+  - id: api
+    match: { methods: [GET, POST], path: "/api/**" }
+    key: [header:x-tenant]
+    algorithm: token_bucket
+    tiers: [{ limit: 3, period: 1d }]
+  - id: watch
+    shadow: true
+    match: { path: "/watched/{id}" }
+    key: [segment:id]
+    algorithm: token_bucket
+    tiers: [{ limit: 1, period: 1d }]
+"#;
+
+fn request(tenant: &str) -> serde_json::Value {
+    json!({ "request": { "method": "GET", "path": "/api/items?page=2", "headers": { "X-Tenant": tenant } } })
+}
+
+#[tokio::test]
+async fn admits_the_limit_then_answers_429_with_headers_that_are_never_early() {
+    let server = Server::start(&[("rules.yaml", RULES)], &[]);
+    let client = reqwest::Client::new();
+    for remaining in [2, 1, 0] {
+        let (status, headers, body) = check(&client, &server.http, request("a")).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["allowed"], true);
+        assert_eq!(body["decisions"][0]["rule"], "api");
+        assert_eq!(header(&headers, "x-ratelimit-limit"), Some("3"));
+        assert_eq!(
+            header(&headers, "x-ratelimit-remaining"),
+            Some(&*remaining.to_string())
+        );
+        assert_eq!(
+            header(&headers, "ratelimit-policy"),
+            Some("\"api\";q=3;w=86400")
+        );
+        assert!(header(&headers, "retry-after").is_none());
+    }
+    let (status, headers, body) = check(&client, &server.http, request("a")).await;
+    assert_eq!(status, 429);
+    assert_eq!(body["allowed"], false);
+    // One token per 8 hours: the wait, in whole seconds rounded up.
+    let retry: u64 = header(&headers, "retry-after").unwrap().parse().unwrap();
+    assert!((28_790..=28_800).contains(&retry), "{retry}");
+    let ratelimit = header(&headers, "ratelimit").unwrap();
+    assert!(ratelimit.starts_with("\"api\";r=0;t="), "{ratelimit}");
+    assert!(body["decisions"][0]["retry_after_ms"].as_u64().unwrap() > 28_790_000);
+    // Another tenant is untouched.
+    let (status, headers, _) = check(&client, &server.http, request("b")).await;
+    assert_eq!(status, 200);
+    assert_eq!(header(&headers, "x-ratelimit-remaining"), Some("2"));
+}
+
+#[tokio::test]
+async fn a_request_no_rule_matches_is_admitted_without_headers() {
+    let server = Server::start(&[("rules.yaml", RULES)], &[]);
+    let client = reqwest::Client::new();
+    let body = json!({ "request": { "method": "DELETE", "path": "/api/x" } });
+    let (status, headers, body) = check(&client, &server.http, body).await;
+    assert_eq!((status, body["allowed"].clone()), (200, json!(true)));
+    assert!(body["decisions"].as_array().unwrap().is_empty());
+    assert!(header(&headers, "x-ratelimit-limit").is_none());
+}
+
+#[tokio::test]
+async fn a_shadow_rule_reports_but_never_denies() {
+    let server = Server::start(&[("rules.yaml", RULES)], &[]);
+    let client = reqwest::Client::new();
+    let body = json!({ "request": { "method": "GET", "path": "/watched/7" } });
+    for shadowed in [false, true, true] {
+        let (status, _, answer) = check(&client, &server.http, body.clone()).await;
+        assert_eq!(status, 200);
+        assert_eq!(answer["decisions"][0]["shadowed"], shadowed, "{answer}");
+    }
+    let metrics = reqwest::get(format!("{}/metrics", server.http))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("tollgate_decisions_total{rule=\"watch\",outcome=\"shadow_denied\"} 2"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_clear_4xx_and_loses_nothing() {
+    let server = Server::start(&[("rules.yaml", RULES)], &["--admin-token", "t"]);
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/check", server.http);
+    let post = |body: Vec<u8>| {
+        client
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(body)
+    };
+    let cases: Vec<(Vec<u8>, u16, &str)> = vec![
+        (b"{not json".to_vec(), 400, ""),
+        (
+            b"{\"request\": {\"method\": \"GET\", \"path\": \"/\xff\"}}".to_vec(),
+            400,
+            "",
+        ),
+        (
+            br#"{"rule": "nope", "key": "k"}"#.to_vec(),
+            400,
+            "unknown rule `nope`",
+        ),
+        (
+            br#"{"rule": "api", "key": "k", "cost": 4}"#.to_vec(),
+            400,
+            "can ever admit",
+        ),
+        (
+            br#"{"rule": "api", "key": "k", "cost": -1}"#.to_vec(),
+            422,
+            "",
+        ),
+        (br#"{"rule": "api"}"#.to_vec(), 400, "needs a `key`"),
+        (br#"{"surprise": 1}"#.to_vec(), 422, "unknown field"),
+        (br#"{}"#.to_vec(), 400, "give one of"),
+        (
+            format!(r#"{{"rule": "api", "key": "{}"}}"#, "k".repeat(5_000)).into_bytes(),
+            400,
+            "exceeds",
+        ),
+        (vec![b' '; 100_000], 413, ""),
+    ];
+    for (body, status, says) in cases {
+        let response = post(body.clone()).send().await.unwrap();
+        let got = response.status().as_u16();
+        let text = response.text().await.unwrap();
+        assert_eq!(
+            got,
+            status,
+            "{}: {text}",
+            String::from_utf8_lossy(&body[..body.len().min(80)])
+        );
+        assert!(text.contains(says), "{text}");
+    }
+    // The key the bad checks named still has all of its permits.
+    let (status, headers, _) =
+        check(&client, &server.http, json!({ "rule": "api", "key": "k" })).await;
+    assert_eq!(status, 200);
+    assert_eq!(header(&headers, "x-ratelimit-remaining"), Some("2"));
+}
+
+#[tokio::test]
+async fn auth_request_reads_the_original_request() {
+    let server = Server::start(&[("rules.yaml", RULES)], &[]);
+    let client = reqwest::Client::new();
+    let auth = |deny: &str| {
+        client
+            .get(format!("{}/v1/auth{deny}", server.http))
+            .header("X-Original-URI", "/api/things?x=1")
+            .header("X-Original-Method", "POST")
+            .header("X-Tenant", "t")
+    };
+    for remaining in ["2", "1", "0"] {
+        let response = auth("").send().await.unwrap();
+        assert_eq!(response.status().as_u16(), 204);
+        assert_eq!(
+            header(response.headers(), "x-ratelimit-remaining"),
+            Some(remaining)
+        );
+    }
+    let response = auth("").send().await.unwrap();
+    assert_eq!(response.status().as_u16(), 429);
+    assert!(header(response.headers(), "retry-after").is_some());
+    assert_eq!(
+        auth("?deny_status=403")
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        403
+    );
+    assert_eq!(
+        auth("?deny_status=500")
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        400
+    );
+    let missing = client
+        .get(format!("{}/v1/auth", server.http))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status().as_u16(), 400);
+    assert!(missing.text().await.unwrap().contains("X-Original-URI"));
+}
+
+#[tokio::test]
+async fn the_shipped_example_keeps_one_tenants_flood_from_another() {
+    let example = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/multi-tenant.yaml"
+    ))
+    .unwrap();
+    let server = Server::start(&[("multi-tenant.yaml", &example)], &[]);
+    let client = reqwest::Client::new();
+    let put = |org: &str| json!({ "request": { "method": "PUT", "path": format!("/v1/organizations/{org}/product/1") } });
+    // Align to a fresh 10 s window so the flood stays in one.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    if now.as_millis() % 10_000 > 7_000 {
+        tokio::time::sleep(std::time::Duration::from_millis(
+            10_000 - (now.as_millis() % 10_000) as u64 + 50,
+        ))
+        .await;
+    }
+    let mut admitted = 0;
+    for _ in 0..120 {
+        let (status, _, _) = check(&client, &server.http, put("flood")).await;
+        admitted += u32::from(status == 200);
+    }
+    assert_eq!(admitted, 100);
+    let (status, headers, body) = check(&client, &server.http, put("quiet")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(header(&headers, "x-ratelimit-remaining"), Some("99"));
+    // GETs of the flooding organization are a rule of their own.
+    let get =
+        json!({ "request": { "method": "GET", "path": "/v1/organizations/flood/product/1" } });
+    assert_eq!(check(&client, &server.http, get).await.0, 200);
+}
+
+#[tokio::test]
+async fn health_readiness_and_metrics() {
+    let server = Server::start(&[("rules.yaml", RULES)], &[]);
+    let get = |path: &str| reqwest::get(format!("{}{path}", server.http));
+    assert_eq!(get("/healthz").await.unwrap().status().as_u16(), 200);
+    assert_eq!(get("/readyz").await.unwrap().status().as_u16(), 200);
+    let client = reqwest::Client::new();
+    for _ in 0..4 {
+        check(&client, &server.http, request("m")).await;
+    }
+    let metrics = get("/metrics").await.unwrap().text().await.unwrap();
+    for line in [
+        "tollgate_decisions_total{rule=\"api\",outcome=\"allowed\"} 3",
+        "tollgate_decisions_total{rule=\"api\",outcome=\"denied\"} 1",
+        "tollgate_near_limit_total{rule=\"api\"} 1",
+        "tollgate_keys 1",
+        "tollgate_store_seconds_count{store=\"memory\"} 4",
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+}
+
+#[tokio::test]
+async fn sigterm_drains_and_exits_cleanly() {
+    let server = Server::start(&[("rules.yaml", RULES)], &[]);
+    assert!(server.terminate());
+}

@@ -1,0 +1,202 @@
+//! Starts the real `tollgate serve` on free loopback ports, with rule files in a temporary
+//! directory, and stops it when dropped. Also starts a throwaway `redis-server`.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+pub struct Server {
+    child: Child,
+    pub http: String,
+    pub grpc: String,
+    pub dir: tempfile::TempDir,
+    log: mpsc::Receiver<String>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A free loopback port (bound, then released).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Server {
+    /// Serves `files` (name, YAML), with `args` added to `serve`.
+    pub fn start(files: &[(&str, &str)], args: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_tollgate"));
+        command.arg("serve");
+        for (name, text) in files {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            command.arg("--config").arg(path);
+        }
+        let (http, grpc) = (free_port(), free_port());
+        command
+            .args(["--http", &format!("127.0.0.1:{http}")])
+            .args(["--grpc", &format!("127.0.0.1:{grpc}")])
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = command.spawn().expect("the tollgate binary runs");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, log) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let server = Self {
+            child,
+            http: format!("http://127.0.0.1:{http}"),
+            grpc: format!("http://127.0.0.1:{grpc}"),
+            dir,
+            log,
+        };
+        server.wait_for_log("HTTP listening", Duration::from_secs(20));
+        server
+    }
+
+    /// The path of a rule file of this server.
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Waits until the log has a line containing `text`; returns the line.
+    pub fn wait_for_log(&self, text: &str, within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.log.recv_timeout(left) {
+                Ok(line) if line.contains(text) => return line,
+                Ok(_) => {}
+                Err(_) => panic!("no log line with `{text}` within {within:?}"),
+            }
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGTERM and waits for the process to exit; returns whether it exited cleanly.
+    pub fn terminate(mut self) -> bool {
+        signal(self.child.id(), "TERM");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.success();
+            }
+            assert!(Instant::now() < deadline, "tollgate did not stop");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+pub fn signal(pid: u32, name: &str) {
+    let ok = Command::new("kill")
+        .args([&format!("-{name}"), &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -{name} {pid}");
+}
+
+/// Runs `tollgate` with `args`; returns (exit code, stdout, stderr).
+pub fn run(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+pub struct Redis {
+    child: Child,
+    pub port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Redis {
+    pub fn start() -> Self {
+        let port = free_port();
+        let dir = tempfile::tempdir().unwrap();
+        let child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server is installed");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Self {
+            child,
+            port,
+            _dir: dir,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+/// POSTs `body` to `/v1/check`; returns the status, headers and JSON.
+pub async fn check(
+    client: &reqwest::Client,
+    server: &str,
+    body: serde_json::Value,
+) -> (u16, reqwest::header::HeaderMap, serde_json::Value) {
+    let response = client
+        .post(format!("{server}/v1/check"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let json = response.json().await.unwrap_or(serde_json::Value::Null);
+    (status, headers, json)
+}
+
+pub fn header<'a>(headers: &'a reqwest::header::HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+pub fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap()
+}
