@@ -151,12 +151,13 @@ impl ConfigError {
             .map(|l| (l.line(), l.column()));
         let text = err.without_snippet().to_string();
         // The library prefixes its own rendering of the place; keep the reason.
-        let message = text
-            .lines()
-            .next()
-            .unwrap_or("invalid YAML")
-            .trim()
-            .to_string();
+        let first = text.lines().next().unwrap_or("invalid YAML").trim();
+        // The place is said once, in front.
+        let message = match first.rfind(" at line ") {
+            Some(i) if at.is_some() => &first[..i],
+            _ => first,
+        };
+        let message = message.to_string();
         Self::new(file, at, message)
     }
 }

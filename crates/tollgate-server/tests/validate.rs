@@ -1,0 +1,139 @@
+//! `tollgate validate`: good files pass; every bad file is refused with its file, line and
+//! column and what is wrong, in both formats, with the Envoy ratelimit service's own messages.
+
+mod support;
+
+use support::run;
+
+fn validate(files: &[(&str, &str)]) -> (i32, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = vec!["validate".to_string()];
+    for (name, text) in files {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        args.push(path.to_string_lossy().into_owned());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, out, err) = run(&args);
+    (code, format!("{out}{err}"))
+}
+
+#[test]
+fn the_shipped_examples_are_valid() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples");
+    for name in ["multi-tenant.yaml", "envoy-ratelimit.yaml"] {
+        let path = format!("{root}/{name}");
+        let (code, out, err) = run(&["validate", &path]);
+        assert_eq!(code, 0, "{name}: {out}{err}");
+        assert!(out.starts_with("ok: "), "{out}");
+    }
+}
+
+#[test]
+fn the_source_documents_spelling_loads() {
+    let seed = "
+slas:
+  - id: get-product
+    enabled: true
+    match:
+      methods: [ 'GET' ]
+      pathPattern: /product/*
+    tiers:
+      - period: 10
+        threshold: 1000
+";
+    let (code, out) = validate(&[("seed.yaml", seed)]);
+    assert_eq!(code, 0, "{out}");
+}
+
+#[test]
+fn native_errors_name_the_file_line_and_column() {
+    let cases = [
+        (
+            "rules:\n  - id: a\n    tiers: [{ limit: 10, period: 10 parsecs }]\n",
+            ":3:",
+            "invalid duration",
+        ),
+        (
+            "rules:\n  - id: a\n    tiers: [{ limit: 10, period: 1s }]\n    colour: red\n",
+            ":4:",
+            "unknown field `colour`",
+        ),
+        (
+            "rules:\n  - id: a\n    tiers: [{ limit: 10, period: 1s }]\n  - id: b\n    algorithm: bogus\n    tiers: [{ limit: 1, period: 1s }]\n",
+            ":4:",
+            "unknown algorithm `bogus`",
+        ),
+        (
+            "rules:\n  - id: a\n    tiers: [{ limit: 1, period: 1s }]\n  - id: a\n    tiers: [{ limit: 1, period: 1s }]\n",
+            ":4:",
+            "two rules have the id `a`",
+        ),
+        (
+            "rules:\n  - id: a\n    match: { path: \"/x/{org}\" }\n    key: [segment:tenant]\n    tiers: [{ limit: 1, period: 1s }]\n",
+            ":2:",
+            "names no `{tenant}`",
+        ),
+        (
+            "rules:\n  - id: a\n    tiers: [{ limit: 0, period: 1s }]\n",
+            ":2:",
+            "limit",
+        ),
+        ("rules: [\n", ":", ""),
+    ];
+    for (text, place, says) in cases {
+        let (code, out) = validate(&[("rules.yaml", text)]);
+        assert_eq!(code, 1, "{text}");
+        assert!(
+            out.contains(&format!("rules.yaml{place}")),
+            "{place} in {out}"
+        );
+        assert!(out.contains(says), "{says} in {out}");
+    }
+}
+
+#[test]
+fn envoy_errors_are_the_ones_that_service_gives() {
+    let cases = [
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    value: v\n  - key: k\n    value: v\n",
+            "duplicate descriptor composite key 'd.k_v'",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: fortnight, requests_per_unit: 1 }\n",
+            "invalid rate limit unit 'fortnight'",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: \"\"\n",
+            "descriptor has empty key",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: second, unlimited: true }\n",
+            "should not specify rate limit unit when unlimited",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    extra: 1\n",
+            "unknown field `extra`",
+        ),
+    ];
+    for (text, says) in cases {
+        let (code, out) = validate(&[("envoy.yaml", text)]);
+        assert_eq!(code, 1, "{text}");
+        assert!(out.contains("envoy.yaml:"), "{out}");
+        assert!(out.contains(says), "{says} in {out}");
+    }
+    let twice = "domain: d\ndescriptors: []\n";
+    let (code, out) = validate(&[("a.yaml", twice), ("b.yaml", twice)]);
+    assert_eq!(code, 1);
+    assert!(out.contains("duplicate domain 'd' in config file"), "{out}");
+}
+
+#[test]
+fn files_of_both_formats_merge() {
+    let native = "rules:\n  - id: a\n    tiers: [{ limit: 1, period: 1s }]\n";
+    let one = "domain: one\ndescriptors:\n  - key: k\n    rate_limit: { unit: second, requests_per_unit: 1 }\n";
+    let two = "domain: two\ndescriptors:\n  - key: k\n    rate_limit: { unit: minute, requests_per_unit: 1 }\n";
+    let (code, out) = validate(&[("n.yaml", native), ("one.yaml", one), ("two.yaml", two)]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("3 rules (1 routes, 2 Envoy domains)"), "{out}");
+}
