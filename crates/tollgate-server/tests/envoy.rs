@@ -1,0 +1,212 @@
+//! Envoy's rate limit service over gRPC, from a real client, on the shipped Envoy example:
+//! per-descriptor statuses, hits_addend, replaces, unlimited, blocked, shadow mode, atomicity
+//! across the descriptors of one request, and INVALID_ARGUMENT for bad requests.
+
+mod support;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
+use serde_json::json;
+use support::{Server, check};
+use tonic::transport::Channel;
+
+fn example() -> String {
+    std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/envoy-ratelimit.yaml"
+    ))
+    .unwrap()
+}
+
+fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: (*k).into(),
+                value: (*v).into(),
+            })
+            .collect(),
+        ..RateLimitDescriptor::default()
+    }
+}
+
+async fn client(server: &Server) -> RateLimitServiceClient<Channel> {
+    RateLimitServiceClient::connect(server.grpc.clone()).await.unwrap()
+}
+
+async fn ask(
+    client: &mut RateLimitServiceClient<Channel>,
+    descriptors: Vec<RateLimitDescriptor>,
+    hits: u32,
+) -> RateLimitResponse {
+    client
+        .should_rate_limit(RateLimitRequest {
+            domain: "edge".into(),
+            descriptors,
+            hits_addend: hits,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// Waits for the start of a second, so that checks of a per-second limit share one window.
+async fn fresh_second() {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let into = now.subsec_millis();
+    if into > 200 {
+        tokio::time::sleep(std::time::Duration::from_millis(u64::from(1_010 - into))).await;
+    }
+}
+
+fn codes(response: &RateLimitResponse) -> Vec<i32> {
+    response.statuses.iter().map(|s| s.code).collect()
+}
+
+const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
+
+#[tokio::test]
+async fn statuses_limits_and_remaining_per_descriptor() {
+    let server = Server::start(&[("envoy.yaml", &example())], &[]);
+    let mut c = client(&server).await;
+    let ip = descriptor(&[("remote_address", "10.0.0.1")]);
+    fresh_second().await;
+    let response = ask(&mut c, vec![ip.clone()], 0).await;
+    assert_eq!(response.overall_code, OK);
+    let status = &response.statuses[0];
+    let limit = status.current_limit.as_ref().unwrap();
+    assert_eq!((limit.requests_per_unit, status.limit_remaining), (10, 9));
+    assert!(status.duration_until_reset.is_some());
+    // hits_addend: 9 more take the rest; one more is over.
+    assert_eq!(ask(&mut c, vec![ip.clone()], 9).await.statuses[0].limit_remaining, 0);
+    let over = ask(&mut c, vec![ip], 1).await;
+    assert_eq!((over.overall_code, codes(&over)), (OVER, vec![OVER]));
+}
+
+#[tokio::test]
+async fn one_over_limit_descriptor_consumes_nothing_of_the_others() {
+    let server = Server::start(&[("envoy.yaml", &example())], &[]);
+    let mut c = client(&server).await;
+    let login = descriptor(&[("tenant", "t1"), ("path", "/login")]);
+    let ip = descriptor(&[("remote_address", "10.0.0.2")]);
+    fresh_second().await;
+    for _ in 0..5 {
+        assert_eq!(ask(&mut c, vec![login.clone(), ip.clone()], 1).await.overall_code, OK);
+    }
+    // The login limit (5 per minute) is spent: the request is over, and the address, which
+    // would have admitted, keeps its permits.
+    let response = ask(&mut c, vec![login, ip.clone()], 1).await;
+    assert_eq!((response.overall_code, codes(&response)), (OVER, vec![OVER, OK]));
+    let alone = ask(&mut c, vec![ip], 1).await;
+    assert_eq!(alone.statuses[0].limit_remaining, 4);
+}
+
+#[tokio::test]
+async fn replaces_unlimited_blocked_and_shadow() {
+    let server = Server::start(&[("envoy.yaml", &example())], &[]);
+    let mut c = client(&server).await;
+    // The login limit replaces the per-path one in the same request.
+    let both = vec![
+        descriptor(&[("tenant", "t"), ("path", "/other")]),
+        descriptor(&[("tenant", "t"), ("path", "/login")]),
+    ];
+    let response = ask(&mut c, both, 1).await;
+    assert!(response.statuses[0].current_limit.is_none(), "{response:?}");
+    assert_eq!(response.statuses[1].current_limit.as_ref().unwrap().requests_per_unit, 5);
+
+    let internal = ask(&mut c, vec![descriptor(&[("caller", "internal")])], 1_000).await;
+    assert_eq!(internal.overall_code, OK);
+    let banned = ask(&mut c, vec![descriptor(&[("caller", "banned")])], 1).await;
+    assert_eq!(banned.overall_code, OVER);
+
+    // A shadow descriptor past its limit is still OK.
+    let key = descriptor(&[("api_key", "k")]);
+    assert_eq!(ask(&mut c, vec![key.clone()], 10_000).await.overall_code, OK);
+    assert_eq!(ask(&mut c, vec![key], 1).await.overall_code, OK);
+}
+
+#[tokio::test]
+async fn wildcards_share_one_budget_when_asked_to() {
+    let server = Server::start(&[("envoy.yaml", &example())], &[]);
+    let mut c = client(&server).await;
+    let first = ask(&mut c, vec![descriptor(&[("user_agent", "bot-a")])], 600).await;
+    assert_eq!(first.statuses[0].limit_remaining, 400);
+    let second = ask(&mut c, vec![descriptor(&[("user_agent", "bot-b")])], 600).await;
+    assert_eq!(second.overall_code, OVER);
+}
+
+#[tokio::test]
+async fn per_descriptor_hits_addend_and_the_http_form() {
+    let server = Server::start(&[("envoy.yaml", &example())], &[]);
+    let mut c = client(&server).await;
+    let mut heavy = descriptor(&[("remote_address", "10.0.0.3")]);
+    heavy.hits_addend = Some(UInt64Value { value: 7 });
+    fresh_second().await;
+    assert_eq!(ask(&mut c, vec![heavy], 1).await.statuses[0].limit_remaining, 3);
+    // The same counters over HTTP.
+    let body = json!({
+        "domain": "edge",
+        "descriptors": [{ "entries": [{ "key": "remote_address", "value": "10.0.0.3" }] }],
+        "cost": 3
+    });
+    let (status, _, answer) = check(&reqwest::Client::new(), &server.http, body.clone()).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["decisions"][0]["remaining"], 0);
+    assert_eq!(check(&reqwest::Client::new(), &server.http, body).await.0, 429);
+}
+
+#[tokio::test]
+async fn bad_requests_are_invalid_arguments() {
+    let server = Server::start(&[("envoy.yaml", &example())], &[]);
+    let mut c = client(&server).await;
+    let empty_domain = RateLimitRequest {
+        domain: String::new(),
+        descriptors: vec![descriptor(&[("a", "b")])],
+        hits_addend: 1,
+    };
+    let err = c.should_rate_limit(empty_domain).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    let none = RateLimitRequest {
+        domain: "edge".into(),
+        descriptors: vec![],
+        hits_addend: 1,
+    };
+    assert_eq!(c.should_rate_limit(none).await.unwrap_err().code(), tonic::Code::InvalidArgument);
+    let absurd = ask_err(&mut c, vec![descriptor(&[("remote_address", "x")])], u32::MAX).await;
+    assert_eq!(absurd.code(), tonic::Code::InvalidArgument);
+    assert!(absurd.message().contains("can ever admit"), "{}", absurd.message());
+    // An unknown domain limits nothing, as in Envoy's service.
+    let other = RateLimitRequest {
+        domain: "unknown".into(),
+        descriptors: vec![descriptor(&[("a", "b")])],
+        hits_addend: 1,
+    };
+    assert_eq!(c.should_rate_limit(other).await.unwrap().into_inner().overall_code, OK);
+    // Nothing was lost: the address still has all its permits.
+    fresh_second().await;
+    let fresh = ask(&mut c, vec![descriptor(&[("remote_address", "x")])], 1).await;
+    assert_eq!(fresh.statuses[0].limit_remaining, 9);
+}
+
+async fn ask_err(
+    client: &mut RateLimitServiceClient<Channel>,
+    descriptors: Vec<RateLimitDescriptor>,
+    hits: u32,
+) -> tonic::Status {
+    client
+        .should_rate_limit(RateLimitRequest {
+            domain: "edge".into(),
+            descriptors,
+            hits_addend: hits,
+        })
+        .await
+        .unwrap_err()
+}
