@@ -36,7 +36,9 @@ fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
 }
 
 async fn client(server: &Server) -> RateLimitServiceClient<Channel> {
-    RateLimitServiceClient::connect(server.grpc.clone()).await.unwrap()
+    RateLimitServiceClient::connect(server.grpc.clone())
+        .await
+        .unwrap()
 }
 
 async fn ask(
@@ -86,7 +88,10 @@ async fn statuses_limits_and_remaining_per_descriptor() {
     assert_eq!((limit.requests_per_unit, status.limit_remaining), (10, 9));
     assert!(status.duration_until_reset.is_some());
     // hits_addend: 9 more take the rest; one more is over.
-    assert_eq!(ask(&mut c, vec![ip.clone()], 9).await.statuses[0].limit_remaining, 0);
+    assert_eq!(
+        ask(&mut c, vec![ip.clone()], 9).await.statuses[0].limit_remaining,
+        0
+    );
     let over = ask(&mut c, vec![ip], 1).await;
     assert_eq!((over.overall_code, codes(&over)), (OVER, vec![OVER]));
 }
@@ -99,12 +104,20 @@ async fn one_over_limit_descriptor_consumes_nothing_of_the_others() {
     let ip = descriptor(&[("remote_address", "10.0.0.2")]);
     fresh_second().await;
     for _ in 0..5 {
-        assert_eq!(ask(&mut c, vec![login.clone(), ip.clone()], 1).await.overall_code, OK);
+        assert_eq!(
+            ask(&mut c, vec![login.clone(), ip.clone()], 1)
+                .await
+                .overall_code,
+            OK
+        );
     }
     // The login limit (5 per minute) is spent: the request is over, and the address, which
     // would have admitted, keeps its permits.
     let response = ask(&mut c, vec![login, ip.clone()], 1).await;
-    assert_eq!((response.overall_code, codes(&response)), (OVER, vec![OVER, OK]));
+    assert_eq!(
+        (response.overall_code, codes(&response)),
+        (OVER, vec![OVER, OK])
+    );
     let alone = ask(&mut c, vec![ip], 1).await;
     assert_eq!(alone.statuses[0].limit_remaining, 4);
 }
@@ -120,7 +133,14 @@ async fn replaces_unlimited_blocked_and_shadow() {
     ];
     let response = ask(&mut c, both, 1).await;
     assert!(response.statuses[0].current_limit.is_none(), "{response:?}");
-    assert_eq!(response.statuses[1].current_limit.as_ref().unwrap().requests_per_unit, 5);
+    assert_eq!(
+        response.statuses[1]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        5
+    );
 
     let internal = ask(&mut c, vec![descriptor(&[("caller", "internal")])], 1_000).await;
     assert_eq!(internal.overall_code, OK);
@@ -129,7 +149,10 @@ async fn replaces_unlimited_blocked_and_shadow() {
 
     // A shadow descriptor past its limit is still OK.
     let key = descriptor(&[("api_key", "k")]);
-    assert_eq!(ask(&mut c, vec![key.clone()], 10_000).await.overall_code, OK);
+    assert_eq!(
+        ask(&mut c, vec![key.clone()], 10_000).await.overall_code,
+        OK
+    );
     assert_eq!(ask(&mut c, vec![key], 1).await.overall_code, OK);
 }
 
@@ -150,7 +173,10 @@ async fn per_descriptor_hits_addend_and_the_http_form() {
     let mut heavy = descriptor(&[("remote_address", "10.0.0.3")]);
     heavy.hits_addend = Some(UInt64Value { value: 7 });
     fresh_second().await;
-    assert_eq!(ask(&mut c, vec![heavy], 1).await.statuses[0].limit_remaining, 3);
+    assert_eq!(
+        ask(&mut c, vec![heavy], 1).await.statuses[0].limit_remaining,
+        3
+    );
     // The same counters over HTTP.
     let body = json!({
         "domain": "edge",
@@ -160,7 +186,10 @@ async fn per_descriptor_hits_addend_and_the_http_form() {
     let (status, _, answer) = check(&reqwest::Client::new(), &server.http, body.clone()).await;
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["decisions"][0]["remaining"], 0);
-    assert_eq!(check(&reqwest::Client::new(), &server.http, body).await.0, 429);
+    assert_eq!(
+        check(&reqwest::Client::new(), &server.http, body).await.0,
+        429
+    );
 }
 
 #[tokio::test]
@@ -179,17 +208,36 @@ async fn bad_requests_are_invalid_arguments() {
         descriptors: vec![],
         hits_addend: 1,
     };
-    assert_eq!(c.should_rate_limit(none).await.unwrap_err().code(), tonic::Code::InvalidArgument);
-    let absurd = ask_err(&mut c, vec![descriptor(&[("remote_address", "x")])], u32::MAX).await;
+    assert_eq!(
+        c.should_rate_limit(none).await.unwrap_err().code(),
+        tonic::Code::InvalidArgument
+    );
+    let absurd = ask_err(
+        &mut c,
+        vec![descriptor(&[("remote_address", "x")])],
+        u32::MAX,
+    )
+    .await;
     assert_eq!(absurd.code(), tonic::Code::InvalidArgument);
-    assert!(absurd.message().contains("can ever admit"), "{}", absurd.message());
+    assert!(
+        absurd.message().contains("can ever admit"),
+        "{}",
+        absurd.message()
+    );
     // An unknown domain limits nothing, as in Envoy's service.
     let other = RateLimitRequest {
         domain: "unknown".into(),
         descriptors: vec![descriptor(&[("a", "b")])],
         hits_addend: 1,
     };
-    assert_eq!(c.should_rate_limit(other).await.unwrap().into_inner().overall_code, OK);
+    assert_eq!(
+        c.should_rate_limit(other)
+            .await
+            .unwrap()
+            .into_inner()
+            .overall_code,
+        OK
+    );
     // Nothing was lost: the address still has all its permits.
     fresh_second().await;
     let fresh = ask(&mut c, vec![descriptor(&[("remote_address", "x")])], 1).await;

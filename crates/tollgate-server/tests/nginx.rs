@@ -111,13 +111,19 @@ async fn nginx_answers_429_beyond_the_limit() {
     let client = reqwest::Client::new();
     let get = |org: &str| {
         client
-            .get(format!("http://127.0.0.1:{}/v1/organizations/{org}/product/1", nginx.port))
+            .get(format!(
+                "http://127.0.0.1:{}/v1/organizations/{org}/product/1",
+                nginx.port
+            ))
             .send()
     };
     for remaining in ["2", "1", "0"] {
         let response = get("acme").await.unwrap();
         assert_eq!(response.status().as_u16(), 200);
-        assert_eq!(support::header(response.headers(), "x-ratelimit-remaining"), Some(remaining));
+        assert_eq!(
+            support::header(response.headers(), "x-ratelimit-remaining"),
+            Some(remaining)
+        );
         assert_eq!(response.text().await.unwrap(), "product\n");
     }
     let limited = get("acme").await.unwrap();

@@ -19,7 +19,8 @@ async fn the_limit_is_global_and_exact_across_processes() {
         Server::start(&[("rules.yaml", &rules)], &[]),
     ];
     let client = reqwest::Client::new();
-    let body = json!({ "request": { "method": "GET", "path": "/", "headers": { "x-tenant": "t" } } });
+    let body =
+        json!({ "request": { "method": "GET", "path": "/", "headers": { "x-tenant": "t" } } });
     let mut tasks = Vec::new();
     for server in &servers {
         for _ in 0..40 {
@@ -37,6 +38,8 @@ async fn the_limit_is_global_and_exact_across_processes() {
         admitted += u32::from(task.await.unwrap());
     }
     assert_eq!(admitted, 50);
-    let ready = reqwest::get(format!("{}/readyz", servers[0].http)).await.unwrap();
+    let ready = reqwest::get(format!("{}/readyz", servers[0].http))
+        .await
+        .unwrap();
     assert_eq!(ready.status().as_u16(), 200);
 }

@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Drives the service benchmark (see `run`): starts each system on a free loopback port, runs
+wrk against it for a few seconds per round, interleaving systems round by round, and prints
+the median round of each as a Markdown table with ratios to the ceiling and to the peer.
+
+Every system gets the same request shape: a POST of a small JSON body naming one of 10,000
+tenants, limited to a billion per minute, so that every check is admitted and writes state.
+Servers run on the second core, wrk on the first (when taskset exists).
+"""
+import argparse
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TOLLGATE = os.path.join(ROOT, "target/release/tollgate")
+TRIVIAL = os.path.join(ROOT, "target/release/examples/trivial")
+
+RULES = """
+server: {{ http: 127.0.0.1:{port}, grpc: "off" }}
+store: {store}
+rules:
+  - id: api
+    match: {{ methods: [POST], path: "/v1/**" }}
+    key: [header:x-tenant]
+    algorithm: gcra
+    tiers: [{{ limit: 1000000000, period: 1m }}]
+"""
+
+WRK_SCRIPT = """
+local n = 0
+request = function()
+  n = (n + 7919) % 10000
+  local body = string.format(BODY, n)
+  return wrk.format("POST", PATH, {["content-type"] = "application/json"}, body)
+end
+"""
+
+TOLLGATE_BODY = '{"request": {"method": "POST", "path": "/v1/items", "headers": {"x-tenant": "t%d"}}}'
+CEILING_BODY = TOLLGATE_BODY
+PEER_BODY = '{"key": "t%d", "max_burst": 1000000000, "count_per_period": 1000000000, "period": 60}'
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, timeout=20.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit(f"nothing listens on {port}")
+
+
+def pinned(core, argv):
+    if shutil.which("taskset") and (os.cpu_count() or 1) >= 2:
+        return ["taskset", "-c", str(core)] + argv
+    return argv
+
+
+class System:
+    def __init__(self, name, argv, port, path, body, env=None):
+        self.name, self.argv, self.port, self.path, self.body = name, argv, port, path, body
+        self.env = env
+        self.proc = None
+        self.rounds = []
+
+    def start(self):
+        self.proc = subprocess.Popen(pinned(1, self.argv), stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, env=self.env)
+        wait_port(self.port)
+
+    def stop(self):
+        if self.proc:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def wrk(system, seconds, connections, workdir):
+    script = os.path.join(workdir, f"{system.port}.lua")
+    with open(script, "w") as f:
+        f.write(f"BODY = [[{system.body}]]\nPATH = [[{system.path}]]\n" + WRK_SCRIPT)
+    url = f"http://127.0.0.1:{system.port}"
+    out = subprocess.run(pinned(0, ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency",
+                                    "-s", script, url]), capture_output=True, text=True, check=True).stdout
+    rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    lat = dict(re.findall(r"^\s+(50|99)%\s+([\d.]+\w+)", out, re.M))
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if errors:
+        raise SystemExit(f"{system.name}: {errors.group(1)} answers were not 2xx:\n{out}")
+    return rate, micros(lat["50"]), micros(lat["99"])
+
+
+def micros(text):
+    value, unit = re.match(r"([\d.]+)(\w+)", text).groups()
+    return float(value) * {"us": 1, "ms": 1_000, "s": 1_000_000}[unit]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument("--throttlecrab", required=True)
+    args = parser.parse_args()
+    workdir = tempfile.mkdtemp()
+    redis_port = free_port()
+    redis = subprocess.Popen(pinned(1, ["redis-server", "--bind", "127.0.0.1", "--port", str(redis_port),
+                                        "--save", "", "--appendonly", "no", "--dir", workdir]),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_port(redis_port)
+    systems = []
+    port = free_port()
+    systems.append(System("ceiling: axum answering a constant", [TRIVIAL, f"127.0.0.1:{port}"], port,
+                          "/v1/check", CEILING_BODY))
+    for name, store in [
+        ("tollgate, memory store", "{ kind: memory }"),
+        ("tollgate, Redis strict", f"{{ kind: redis, url: 'redis://127.0.0.1:{redis_port}', mode: strict, timeout: 1s }}"),
+    ]:
+        port = free_port()
+        config = os.path.join(workdir, f"{port}.yaml")
+        with open(config, "w") as f:
+            f.write(RULES.format(port=port, store=store))
+        env = dict(os.environ, RUST_LOG="warn")
+        systems.append(System(name, [TOLLGATE, "serve", "--config", config], port, "/v1/check",
+                              TOLLGATE_BODY, env))
+    port = free_port()
+    systems.append(System("peer: throttlecrab-server (HTTP)",
+                          [args.throttlecrab, "--http", "--http-port", str(port), "--http-host", "127.0.0.1"],
+                          port, "/throttle", PEER_BODY))
+    try:
+        for s in systems:
+            s.start()
+            wrk(s, 1, args.connections, workdir)  # warm up
+        for _ in range(args.rounds):
+            for s in systems:
+                s.rounds.append(wrk(s, args.seconds, args.connections, workdir))
+    finally:
+        for s in systems:
+            s.stop()
+        redis.terminate()
+    medians = {}
+    for s in systems:
+        by_rate = sorted(s.rounds)
+        medians[s.name] = by_rate[len(by_rate) // 2]
+    ceiling = medians[systems[0].name][0]
+    peer = medians[systems[-1].name][0]
+    memory = medians[systems[1].name][0]
+    print(f"| system | requests/s | p50 | p99 | vs ceiling | vs peer | vs memory store |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for s in systems:
+        rate, p50, p99 = medians[s.name]
+        print(f"| {s.name} | {rate:,.0f} | {p50:.0f} µs | {p99:.0f} µs | {rate / ceiling:.0%} | "
+              f"{rate / peer:.2f}x | {rate / memory:.0%} |")
+
+
+if __name__ == "__main__":
+    main()
