@@ -267,3 +267,25 @@ async fn sigterm_drains_and_exits_cleanly() {
     let server = Server::start(&[("rules.yaml", RULES)], &[]);
     assert!(server.terminate());
 }
+
+#[tokio::test]
+async fn the_check_command_asks_a_running_server() {
+    let server = Server::start(&[("rules.yaml", RULES)], &[]);
+    let http = server.http.clone();
+    let ask = move || {
+        support::run(&[
+            "check", "--server", &http, "--path", "/api/x", "-H", "x-tenant: cli",
+        ])
+    };
+    for _ in 0..3 {
+        let (code, out, err) = tokio::task::spawn_blocking(ask.clone()).await.unwrap();
+        assert_eq!(code, 0, "{out}{err}");
+        assert!(out.starts_with("200 "), "{out}");
+    }
+    let (code, out, _) = tokio::task::spawn_blocking(ask).await.unwrap();
+    assert_eq!(code, 1);
+    assert!(out.starts_with("429 ") && out.contains("\"allowed\": false"), "{out}");
+    let (code, _, err) = support::run(&["check", "--server", "http://127.0.0.1:1", "--path", "/"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("cannot reach"), "{err}");
+}
