@@ -3,7 +3,8 @@
 //! rule as the native file writes it, in JSON or YAML), `DELETE /v1/rules/{id}` removes one.
 //! Every call needs `Authorization: Bearer <token>` (the `--admin-token` of `serve`); without a
 //! configured token every call is refused. Rules are validated as the files' are; an invalid
-//! rule changes nothing. Edits take effect at once and outlive reloads of the files.
+//! rule changes nothing. Edits take effect at once and outlive reloads of the files; on a Redis
+//! store they are shared with every instance (see [`crate::shared`]).
 
 use axum::Router;
 use axum::extract::{Path, State};
@@ -13,12 +14,20 @@ use axum::routing::get;
 
 use crate::config::parse_rule_spec;
 use crate::http::AppState;
+use crate::service::EditError;
 
 /// The admin routes.
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/v1/rules", get(list))
         .route("/v1/rules/{id}", get(show).put(put).delete(delete))
+}
+
+fn edit_error(e: &EditError) -> Response {
+    match e {
+        EditError::Invalid(_) => error(StatusCode::UNPROCESSABLE_ENTITY, e.to_string()),
+        EditError::Unavailable(_) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
 }
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
@@ -101,10 +110,10 @@ async fn put(
             format!("the body's id `{}` is not the path's `{id}`", spec.id),
         );
     }
-    match state.service.edit(&id, Some(spec.clone())) {
+    match state.service.edit(&id, Some(spec.clone())).await {
         Ok(true) => axum::Json(spec).into_response(),
         Ok(false) => (StatusCode::CREATED, axum::Json(spec)).into_response(),
-        Err(message) => error(StatusCode::UNPROCESSABLE_ENTITY, message),
+        Err(e) => edit_error(&e),
     }
 }
 
@@ -116,9 +125,11 @@ async fn delete(
     if let Some(refused) = refuse(&state, &headers) {
         return refused;
     }
-    match state.service.edit(&id, None) {
-        Ok(true) => StatusCode::NO_CONTENT.into_response(),
-        Ok(false) => error(StatusCode::NOT_FOUND, format!("no rule `{id}`")),
-        Err(message) => error(StatusCode::UNPROCESSABLE_ENTITY, message),
+    if !state.service.loaded().specs.iter().any(|s| s.id == id) {
+        return error(StatusCode::NOT_FOUND, format!("no rule `{id}`"));
+    }
+    match state.service.edit(&id, None).await {
+        Ok(_) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => edit_error(&e),
     }
 }

@@ -26,6 +26,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::{Deserialize, Serialize};
+use tollgate::Source;
 use tollgate::engine::{Descriptor, Entry, Request};
 
 use crate::admin;
@@ -131,6 +132,20 @@ fn millis(d: std::time::Duration) -> u64 {
     d.as_micros().div_ceil(1_000) as u64
 }
 
+/// The name of the path that decided, as the API reports it.
+fn source_name(source: Source) -> &'static str {
+    match source {
+        Source::Memory => "memory",
+        Source::Redis => "redis",
+        Source::Hybrid => "hybrid",
+        Source::Lease => "lease",
+        Source::Fallback => "fallback",
+        Source::FailOpen => "fail_open",
+        Source::FailClosed => "fail_closed",
+        _ => "other",
+    }
+}
+
 fn body_of(rule: &str, d: &tollgate::Decision) -> DecisionBody {
     DecisionBody {
         rule: rule.to_string(),
@@ -141,7 +156,7 @@ fn body_of(rule: &str, d: &tollgate::Decision) -> DecisionBody {
         retry_after_ms: d.retry_after().map(millis),
         window_s: ceil_secs(d.window()),
         shadowed: d.shadowed(),
-        source: format!("{:?}", d.source()).to_lowercase(),
+        source: source_name(d.source()).into(),
     }
 }
 

@@ -188,6 +188,7 @@ async fn serve(
     let hangups = hangups(service.clone())?;
     let _watcher = watch(&files, service.clone());
     tokio::spawn(hangups);
+    tokio::spawn(service.clone().follow_shared());
     tracing::info!(addr = %listener.local_addr()?, "HTTP listening");
     tokio::spawn(async move {
         terminated.await;

@@ -2,7 +2,6 @@
 //! reload), the store (kept across reloads, so counters of unchanged rules survive), and the
 //! checks every protocol asks for.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,6 +16,7 @@ use tollgate::{
 
 use crate::config::{self, Config, ConfigError, RedisMode, RuleSpec, StoreConfig};
 use crate::metrics;
+use crate::shared::{Overlay, SharedRules};
 
 /// Rules as loaded: the engine that matches requests and the limiter that holds the rules.
 #[derive(Debug)]
@@ -40,7 +40,24 @@ pub struct Service {
     generation: AtomicU64,
     /// Rules created, replaced (`Some`) or deleted (`None`) through the admin API, by id; they
     /// take precedence over the files' rules of the same id, across reloads.
-    overlay: Mutex<BTreeMap<String, Option<RuleSpec>>>,
+    overlay: Mutex<Overlay>,
+    /// Where the admin rules are shared with the other instances (a Redis store's server).
+    shared: Option<SharedRules>,
+    /// The version of the shared rules this instance applied last.
+    shared_version: AtomicU64,
+    /// Serializes admin edits and shared refreshes, which read, then write the rules.
+    edits: tokio::sync::Mutex<()>,
+}
+
+/// Why an admin edit was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum EditError {
+    /// The rule, or the rules it would make, are invalid.
+    #[error("{0}")]
+    Invalid(String),
+    /// The Redis that shares the rules did not take the edit; nothing changed.
+    #[error("the shared rules could not be written: {0}")]
+    Unavailable(String),
 }
 
 /// One decision the service made.
@@ -112,13 +129,29 @@ impl Service {
     pub async fn start(files: Vec<PathBuf>) -> anyhow::Result<Self> {
         let config = config::load(&files)?;
         let store = open_store(&config.store).await?;
-        let loaded = build(config, &store)?;
+        let shared = match &config.store {
+            StoreConfig::Redis { url, cluster, .. } => {
+                Some(SharedRules::open(url.as_deref(), cluster).await?)
+            }
+            StoreConfig::Memory { .. } => None,
+        };
+        let (mut version, mut overlay) = (0, Overlay::new());
+        if let Some(shared) = &shared {
+            match shared.read().await {
+                Ok(read) => (version, overlay) = read,
+                Err(e) => tracing::warn!(error = %e, "cannot read the shared admin rules yet"),
+            }
+        }
+        let loaded = compose(config, &overlay, &store).map_err(anyhow::Error::msg)?;
         Ok(Self {
             current: ArcSwap::from_pointee(loaded),
             store,
             files,
             generation: AtomicU64::new(1),
-            overlay: Mutex::new(BTreeMap::new()),
+            overlay: Mutex::new(overlay),
+            shared,
+            shared_version: AtomicU64::new(version),
+            edits: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -169,28 +202,90 @@ impl Service {
     }
 
     /// Creates or replaces (`Some`) or deletes (`None`) the native rule `id` (the admin
-    /// API), keeping it across reloads of the files. Returns whether the rule existed.
+    /// API), keeping it across reloads of the files, and, on a Redis store, for every instance.
+    /// Returns whether the rule existed.
     ///
     /// # Errors
-    /// What is wrong with the rules that would result; nothing changes then.
-    pub fn edit(&self, id: &str, spec: Option<RuleSpec>) -> Result<bool, String> {
-        let mut overlay = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
-        let old = self.current.load();
+    /// [`EditError::Invalid`] when the rules that would result are invalid,
+    /// [`EditError::Unavailable`] when the shared rules cannot be written; nothing changes.
+    pub async fn edit(&self, id: &str, spec: Option<RuleSpec>) -> Result<bool, EditError> {
+        let _one_at_a_time = self.edits.lock().await;
+        let mut candidate = self
+            .overlay
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let old = self.current.load_full();
         let existed = old.specs.iter().any(|s| s.id == id);
-        let previous = overlay.insert(id.to_string(), spec);
-        match compose(old.config.clone(), &overlay, &self.store) {
+        candidate.insert(id.to_string(), spec.clone());
+        let loaded =
+            compose(old.config.clone(), &candidate, &self.store).map_err(EditError::Invalid)?;
+        if let Some(shared) = &self.shared {
+            let version = shared
+                .write(id, spec.as_ref())
+                .await
+                .map_err(|e| EditError::Unavailable(e.to_string()))?;
+            self.shared_version.store(version, Ordering::Relaxed);
+        }
+        let mut overlay = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
+        overlay.insert(id.to_string(), spec);
+        self.current.store(Arc::new(loaded));
+        self.generation.fetch_add(1, Ordering::Relaxed);
+        Ok(existed)
+    }
+
+    /// Applies the shared admin rules when another instance changed them; called every
+    /// [`POLL`](crate::shared::POLL) by [`Service::follow_shared`].
+    async fn refresh_shared(&self, shared: &SharedRules) {
+        let version = match shared.version().await {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read the shared rules' version");
+                return;
+            }
+        };
+        if version == self.shared_version.load(Ordering::Relaxed) {
+            return;
+        }
+        let _one_at_a_time = self.edits.lock().await;
+        let (version, overlay) = match shared.read().await {
+            Ok(read) => read,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the shared admin rules");
+                return;
+            }
+        };
+        let mut mine = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
+        let config = self.current.load().config.clone();
+        match compose(config, &overlay, &self.store) {
             Ok(loaded) => {
+                *mine = overlay;
                 self.current.store(Arc::new(loaded));
                 self.generation.fetch_add(1, Ordering::Relaxed);
-                Ok(existed)
+                tracing::info!(version, "shared admin rules applied");
             }
             Err(e) => {
-                match previous {
-                    Some(p) => overlay.insert(id.to_string(), p),
-                    None => overlay.remove(id),
-                };
-                Err(e)
+                metrics::reload(false);
+                tracing::error!(error = %e, version, "shared admin rules rejected here; the previous rules keep serving");
             }
+        }
+        self.shared_version.store(version, Ordering::Relaxed);
+    }
+
+    /// Follows the admin rules other instances edit, until the service is dropped; returns at
+    /// once when the store is not Redis.
+    pub async fn follow_shared(self: Arc<Self>) {
+        let Some(shared) = self.shared.clone() else {
+            return;
+        };
+        let weak = Arc::downgrade(&self);
+        drop(self);
+        loop {
+            tokio::time::sleep(crate::shared::POLL).await;
+            let Some(service) = weak.upgrade() else {
+                return;
+            };
+            service.refresh_shared(&shared).await;
         }
     }
 
@@ -346,11 +441,7 @@ impl Service {
 }
 
 /// The rules of the files' `config` with the admin API's `overlay` applied, on `store`.
-fn compose(
-    mut config: Config,
-    overlay: &BTreeMap<String, Option<RuleSpec>>,
-    store: &AnyStore,
-) -> Result<Loaded, String> {
+fn compose(mut config: Config, overlay: &Overlay, store: &AnyStore) -> Result<Loaded, String> {
     if !overlay.is_empty() {
         let mut specs: Vec<RuleSpec> = config
             .specs

@@ -274,7 +274,13 @@ async fn the_check_command_asks_a_running_server() {
     let http = server.http.clone();
     let ask = move || {
         support::run(&[
-            "check", "--server", &http, "--path", "/api/x", "-H", "x-tenant: cli",
+            "check",
+            "--server",
+            &http,
+            "--path",
+            "/api/x",
+            "-H",
+            "x-tenant: cli",
         ])
     };
     for _ in 0..3 {
@@ -284,7 +290,10 @@ async fn the_check_command_asks_a_running_server() {
     }
     let (code, out, _) = tokio::task::spawn_blocking(ask).await.unwrap();
     assert_eq!(code, 1);
-    assert!(out.starts_with("429 ") && out.contains("\"allowed\": false"), "{out}");
+    assert!(
+        out.starts_with("429 ") && out.contains("\"allowed\": false"),
+        "{out}"
+    );
     let (code, _, err) = support::run(&["check", "--server", "http://127.0.0.1:1", "--path", "/"]);
     assert_eq!(code, 1);
     assert!(err.contains("cannot reach"), "{err}");

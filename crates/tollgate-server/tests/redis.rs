@@ -43,3 +43,136 @@ async fn the_limit_is_global_and_exact_across_processes() {
         .unwrap();
     assert_eq!(ready.status().as_u16(), 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_edits_reach_every_instance_on_the_same_redis() {
+    let redis = Redis::start();
+    let rules = format!(
+        "store:\n  kind: redis\n  url: {}\n  timeout: 500ms\nrules:\n  - id: base\n    match: {{ path: /base }}\n    tiers: [{{ limit: 100, period: 1h }}]\n",
+        redis.url()
+    );
+    let args = ["--admin-token", "tok"];
+    let (a, b) = (
+        Server::start(&[("rules.yaml", &rules)], &args),
+        Server::start(&[("rules.yaml", &rules)], &args),
+    );
+    let client = reqwest::Client::new();
+    let rule = json!({
+        "id": "login",
+        "match": { "path": "/login" },
+        "key": ["client_ip"],
+        "algorithm": "sliding_log",
+        "tiers": [{ "limit": 3, "period": "1h" }]
+    });
+    let created = client
+        .put(format!("{}/v1/rules/login", a.http))
+        .bearer_auth("tok")
+        .json(&rule)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status().as_u16(), 201);
+    // The other instance picks it up within its poll.
+    let login =
+        json!({ "request": { "method": "POST", "path": "/login", "client_ip": "10.1.1.1" } });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (_, _, body) = check(&client, &b.http, login.clone()).await;
+        if body["decisions"][0]["rule"] == "login" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "b never saw the rule: {body}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    // One rule, one shared count: 3 in all across both (b used one above).
+    let statuses = [
+        check(&client, &a.http, login.clone()).await.0,
+        check(&client, &b.http, login.clone()).await.0,
+        check(&client, &a.http, login.clone()).await.0,
+    ];
+    assert_eq!(statuses, [200, 200, 429]);
+    // A deletion through b reaches a.
+    let deleted = client
+        .delete(format!("{}/v1/rules/login", b.http))
+        .bearer_auth("tok")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status().as_u16(), 204);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (status, _, body) = check(&client, &a.http, login.clone()).await;
+        if status == 200 && body["decisions"].as_array().unwrap().is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a kept the rule: {body}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    // A new instance starts with the shared rules.
+    let c = Server::start(&[("rules.yaml", &rules)], &args);
+    let listed: serde_json::Value = client
+        .get(format!("{}/v1/rules", c.http))
+        .bearer_auth("tok")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ids: Vec<&str> = listed["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["id"].as_str())
+        .collect();
+    assert_eq!(ids, ["base"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_edit_redis_cannot_take_changes_nothing() {
+    let redis = Redis::start();
+    let rules = format!(
+        "store:\n  kind: redis\n  url: {}\n  timeout: 100ms\nrules:\n  - id: base\n    tiers: [{{ limit: 100, period: 1h }}]\n",
+        redis.url()
+    );
+    let server = Server::start(&[("rules.yaml", &rules)], &["--admin-token", "tok"]);
+    drop(redis);
+    let client = reqwest::Client::new();
+    let rule = json!({ "id": "new", "tiers": [{ "limit": 1, "period": "1h" }] });
+    let refused = client
+        .put(format!("{}/v1/rules/new", server.http))
+        .bearer_auth("tok")
+        .json(&rule)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status().as_u16(), 503);
+    assert!(
+        refused
+            .text()
+            .await
+            .unwrap()
+            .contains("shared rules could not be written")
+    );
+    let listed: serde_json::Value = client
+        .get(format!("{}/v1/rules", server.http))
+        .bearer_auth("tok")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["rules"].as_array().unwrap().len(), 1);
+    // Checks go on under the rule's failure policy (open by default).
+    let (status, _, body) =
+        check(&client, &server.http, json!({ "rule": "base", "key": "k" })).await;
+    assert_eq!(status, 200);
+    assert_eq!(body["decisions"][0]["source"], "fail_open");
+}
