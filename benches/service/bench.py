@@ -20,9 +20,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOLLGATE = os.path.join(ROOT, "target/release/tollgate")
 TRIVIAL = os.path.join(ROOT, "target/release/examples/trivial")
+RLS_LOAD = os.path.join(ROOT, "target/release/examples/rls_load")
 
 RULES = """
-server: {{ http: 127.0.0.1:{port}, grpc: "off" }}
+server: {{ http: 127.0.0.1:{port}, grpc: 127.0.0.1:{grpc} }}
 store: {store}
 rules:
   - id: api
@@ -30,6 +31,13 @@ rules:
     key: [header:x-tenant]
     algorithm: gcra
     tiers: [{{ limit: 1000000000, period: 1m }}]
+"""
+
+ENVOY = """
+domain: bench
+descriptors:
+  - key: remote_address
+    rate_limit: { unit: minute, requests_per_unit: 1000000000 }
 """
 
 WRK_SCRIPT = """
@@ -70,11 +78,12 @@ def pinned(core, argv):
 
 
 class System:
-    def __init__(self, name, argv, port, path, body, env=None):
+    def __init__(self, name, argv, port, path, body, env=None, grpc=None):
         self.name, self.argv, self.port, self.path, self.body = name, argv, port, path, body
-        self.env = env
+        self.env, self.grpc = env, grpc
         self.proc = None
         self.rounds = []
+        self.grpc_rounds = []
 
     def start(self):
         self.proc = subprocess.Popen(pinned(1, self.argv), stdout=subprocess.DEVNULL,
@@ -105,6 +114,13 @@ def wrk(system, seconds, connections, workdir):
     return rate, micros(lat["50"]), micros(lat["99"])
 
 
+def rls(system, seconds, connections):
+    out = subprocess.run(pinned(0, [RLS_LOAD, f"http://127.0.0.1:{system.grpc}", str(connections),
+                                    str(seconds)]), capture_output=True, text=True, check=True).stdout
+    rate, p50, p99 = out.split()
+    return float(rate), float(p50), float(p99)
+
+
 def micros(text):
     value, unit = re.match(r"([\d.]+)(\w+)", text).groups()
     return float(value) * {"us": 1, "ms": 1_000, "s": 1_000_000}[unit]
@@ -124,20 +140,24 @@ def main():
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_port(redis_port)
     systems = []
-    port = free_port()
-    systems.append(System("ceiling: axum answering a constant", [TRIVIAL, f"127.0.0.1:{port}"], port,
-                          "/v1/check", CEILING_BODY))
+    port, grpc = free_port(), free_port()
+    systems.append(System("ceiling: axum / tonic answering a constant",
+                          [TRIVIAL, f"127.0.0.1:{port}", f"127.0.0.1:{grpc}"], port,
+                          "/v1/check", CEILING_BODY, grpc=grpc))
     for name, store in [
         ("tollgate, memory store", "{ kind: memory }"),
         ("tollgate, Redis strict", f"{{ kind: redis, url: 'redis://127.0.0.1:{redis_port}', mode: strict, timeout: 1s }}"),
     ]:
-        port = free_port()
+        port, grpc = free_port(), free_port()
         config = os.path.join(workdir, f"{port}.yaml")
         with open(config, "w") as f:
-            f.write(RULES.format(port=port, store=store))
+            f.write(RULES.format(port=port, grpc=grpc, store=store))
+        envoy = os.path.join(workdir, f"{port}-envoy.yaml")
+        with open(envoy, "w") as f:
+            f.write(ENVOY)
         env = dict(os.environ, RUST_LOG="warn")
-        systems.append(System(name, [TOLLGATE, "serve", "--config", config], port, "/v1/check",
-                              TOLLGATE_BODY, env))
+        systems.append(System(name, [TOLLGATE, "serve", "--config", config, envoy], port,
+                              "/v1/check", TOLLGATE_BODY, env, grpc=grpc))
     port = free_port()
     systems.append(System("peer: throttlecrab-server (HTTP)",
                           [args.throttlecrab, "--http", "--http-port", str(port), "--http-host", "127.0.0.1"],
@@ -149,23 +169,34 @@ def main():
         for _ in range(args.rounds):
             for s in systems:
                 s.rounds.append(wrk(s, args.seconds, args.connections, workdir))
+            for s in systems:
+                if s.grpc:
+                    s.grpc_rounds.append(rls(s, args.seconds, args.connections))
     finally:
         for s in systems:
             s.stop()
         redis.terminate()
-    medians = {}
-    for s in systems:
-        by_rate = sorted(s.rounds)
-        medians[s.name] = by_rate[len(by_rate) // 2]
+    medians = {s.name: sorted(s.rounds)[len(s.rounds) // 2] for s in systems}
     ceiling = medians[systems[0].name][0]
     peer = medians[systems[-1].name][0]
     memory = medians[systems[1].name][0]
-    print(f"| system | requests/s | p50 | p99 | vs ceiling | vs peer | vs memory store |")
+    print(f"HTTP (wrk, {args.connections} connections, median of {args.rounds} rounds of {args.seconds} s)\n")
+    print("| system | requests/s | p50 | p99 | vs ceiling | vs peer | vs memory store |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for s in systems:
         rate, p50, p99 = medians[s.name]
         print(f"| {s.name} | {rate:,.0f} | {p50:.0f} µs | {p99:.0f} µs | {rate / ceiling:.0%} | "
               f"{rate / peer:.2f}x | {rate / memory:.0%} |")
+    grpc = [s for s in systems if s.grpc]
+    medians = {s.name: sorted(s.grpc_rounds)[len(s.grpc_rounds) // 2] for s in grpc}
+    ceiling, memory = medians[grpc[0].name][0], medians[grpc[1].name][0]
+    print(f"\ngRPC ShouldRateLimit (rls_load, {args.connections} connections, one request in flight on each)\n")
+    print("| system | requests/s | p50 | p99 | vs ceiling | vs memory store |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for s in grpc:
+        rate, p50, p99 = medians[s.name]
+        print(f"| {s.name} | {rate:,.0f} | {p50:.0f} µs | {p99:.0f} µs | {rate / ceiling:.0%} | "
+              f"{rate / memory:.0%} |")
 
 
 if __name__ == "__main__":

@@ -1,17 +1,45 @@
-//! The ceiling of the service benchmark: the same framework (axum on Tokio) answering every
-//! `POST /v1/check` with a constant, after reading its body, and deciding nothing.
+//! The ceiling of the service benchmark: the same frameworks answering a constant and deciding
+//! nothing: axum for every `POST /v1/check` (after reading its body), and, given a second
+//! address, tonic for Envoy's `ShouldRateLimit` (always OK).
 //!
-//! Run: `cargo run --release -p tollgate-server --example trivial -- 127.0.0.1:9000`
+//! Run: `cargo run --release -p tollgate-server --example trivial -- 127.0.0.1:9000 127.0.0.1:9001`
 
 use axum::Router;
 use axum::body::Bytes;
 use axum::routing::post;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+
+struct AlwaysOk;
+
+#[tonic::async_trait]
+impl RateLimitService for AlwaysOk {
+    async fn should_rate_limit(
+        &self,
+        _request: tonic::Request<RateLimitRequest>,
+    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        Ok(tonic::Response::new(RateLimitResponse {
+            overall_code: Code::Ok as i32,
+            ..RateLimitResponse::default()
+        }))
+    }
+}
 
 #[tokio::main]
-async fn main() -> std::io::Result<()> {
-    let addr = std::env::args()
-        .nth(1)
-        .unwrap_or_else(|| "127.0.0.1:9000".into());
+async fn main() -> anyhow::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let http = args.next().unwrap_or_else(|| "127.0.0.1:9000".into());
+    if let Some(grpc) = args.next() {
+        let addr = grpc.parse()?;
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(RateLimitServiceServer::new(AlwaysOk))
+                .serve(addr),
+        );
+    }
     let app = Router::new().route(
         "/v1/check",
         post(|body: Bytes| async move {
@@ -19,6 +47,7 @@ async fn main() -> std::io::Result<()> {
             ([("content-type", "application/json")], "{\"allowed\":true}")
         }),
     );
-    let listener = tokio::net::TcpListener::bind(&addr).await?;
-    axum::serve(listener, app).await
+    let listener = tokio::net::TcpListener::bind(&http).await?;
+    axum::serve(listener, app).await?;
+    Ok(())
 }

@@ -99,7 +99,7 @@ fn one() -> u64 {
 /// One decision as the check API reports it.
 #[derive(Serialize)]
 struct DecisionBody {
-    rule: String,
+    rule: &'static str,
     allowed: bool,
     limit: u64,
     remaining: u64,
@@ -113,7 +113,7 @@ struct DecisionBody {
     /// A shadow rule that would have denied.
     shadowed: bool,
     /// Which path decided: memory, redis, hybrid, lease, fallback, fail_open, fail_closed.
-    source: String,
+    source: &'static str,
 }
 
 #[derive(Serialize)]
@@ -146,9 +146,9 @@ fn source_name(source: Source) -> &'static str {
     }
 }
 
-fn body_of(rule: &str, d: &tollgate::Decision) -> DecisionBody {
+fn body_of(d: &tollgate::Decision) -> DecisionBody {
     DecisionBody {
-        rule: rule.to_string(),
+        rule: d.rule(),
         allowed: d.allowed(),
         limit: d.limit(),
         remaining: d.remaining(),
@@ -156,7 +156,7 @@ fn body_of(rule: &str, d: &tollgate::Decision) -> DecisionBody {
         retry_after_ms: d.retry_after().map(millis),
         window_s: ceil_secs(d.window()),
         shadowed: d.shadowed(),
-        source: source_name(d.source()).into(),
+        source: source_name(d.source()),
     }
 }
 
@@ -252,7 +252,7 @@ fn answer_outcome(
         let decisions = outcome
             .checked
             .iter()
-            .map(|c| body_of(c.decision.rule(), &c.decision))
+            .map(|c| body_of(&c.decision))
             .collect();
         (status, axum::Json(CheckAnswer { allowed, decisions })).into_response()
     } else {
@@ -283,25 +283,27 @@ fn answer_descriptors(outcomes: &[DescriptorOutcome]) -> Response {
     response
 }
 
+const X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
 /// Adds the rate limit headers of `outcome` (none when no rule applied).
 pub fn add_headers(headers: &mut HeaderMap, outcome: &Outcome) {
     let Some(binding) = outcome.binding() else {
         return;
     };
+    let number = HeaderValue::from;
+    headers.insert(X_LIMIT, number(binding.limit()));
+    headers.insert(X_REMAINING, number(binding.remaining()));
+    headers.insert(X_RESET, number(ceil_secs(binding.reset_after())));
+    if let Some(retry) = binding.retry_after() {
+        headers.insert(header::RETRY_AFTER, number(ceil_secs(retry)));
+    }
     let mut put = |name: &'static str, value: String| {
-        if let Ok(value) = HeaderValue::from_str(&value) {
+        if let Ok(value) = HeaderValue::try_from(value) {
             headers.insert(HeaderName::from_static(name), value);
         }
     };
-    put("x-ratelimit-limit", binding.limit().to_string());
-    put("x-ratelimit-remaining", binding.remaining().to_string());
-    put(
-        "x-ratelimit-reset",
-        ceil_secs(binding.reset_after()).to_string(),
-    );
-    if let Some(retry) = binding.retry_after() {
-        put("retry-after", ceil_secs(retry).to_string());
-    }
     let policies: Vec<String> = outcome
         .checked
         .iter()

@@ -147,11 +147,12 @@ async fn serve(
     grpc: Option<SocketAddr>,
     admin_token: Option<String>,
 ) -> anyhow::Result<()> {
+    // Installed first: the service registers its counters when it loads the rules.
+    let handle = metrics::install()?;
     let service = Arc::new(Service::start(files.clone()).await?);
     let server = service.loaded().config.server.clone();
     let http_addr = http.unwrap_or(server.http);
     let grpc_addr = grpc.or(server.grpc);
-    let handle = metrics::install()?;
     let state = http::AppState {
         service: service.clone(),
         metrics: Some(handle),

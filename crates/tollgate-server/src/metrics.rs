@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use metrics::{counter, gauge, histogram};
+use metrics::{Counter, Histogram, counter, gauge, histogram};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tollgate::{Decision, Source};
 
@@ -26,18 +26,53 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
     Ok(PrometheusBuilder::new().install_recorder()?)
 }
 
-/// Records one decision under `rule`.
-pub fn decision(rule: &str, d: &Decision) {
-    let outcome = match (d.allowed(), d.shadowed()) {
-        (true, false) => "allowed",
-        (true, true) => "shadow_denied",
-        (false, _) => "denied",
-    };
-    counter!("tollgate_decisions_total", "rule" => rule.to_string(), "outcome" => outcome)
-        .increment(1);
-    if d.allowed() && !d.shadowed() && d.remaining() * 5 < d.limit() {
-        counter!("tollgate_near_limit_total", "rule" => rule.to_string()).increment(1);
+/// The counters of one rule, registered once (a check then only adds to atomics).
+#[derive(Debug, Clone)]
+pub struct RuleMetrics {
+    allowed: Counter,
+    denied: Counter,
+    shadow_denied: Counter,
+    near_limit: Counter,
+}
+
+impl RuleMetrics {
+    /// Registers the counters of `rule`. The recorder must be installed first.
+    pub fn new(rule: &str) -> Self {
+        let outcome = |o: &'static str| counter!("tollgate_decisions_total", "rule" => rule.to_string(), "outcome" => o);
+        Self {
+            allowed: outcome("allowed"),
+            denied: outcome("denied"),
+            shadow_denied: outcome("shadow_denied"),
+            near_limit: counter!("tollgate_near_limit_total", "rule" => rule.to_string()),
+        }
     }
+
+    /// Records one decision.
+    pub fn record(&self, d: &Decision) {
+        match (d.allowed(), d.shadowed()) {
+            (true, false) => self.allowed.increment(1),
+            (true, true) => self.shadow_denied.increment(1),
+            (false, _) => self.denied.increment(1),
+        }
+        if d.allowed() && !d.shadowed() && d.remaining() * 5 < d.limit() {
+            self.near_limit.increment(1);
+        }
+        if !matches!(
+            d.source(),
+            Source::Memory | Source::Redis | Source::Hybrid | Source::Lease
+        ) {
+            policy(d.rule(), d);
+        }
+    }
+}
+
+/// Records one decision under `rule`, a name not registered ahead (Envoy's detailed metrics).
+pub fn decision(rule: &str, d: &Decision) {
+    RuleMetrics::new(rule).record(d);
+}
+
+/// Records a decision the failure policy took.
+fn policy(rule: &str, d: &Decision) {
     let source = match d.source() {
         Source::Fallback => "fallback",
         Source::FailOpen => "fail_open",
@@ -48,9 +83,14 @@ pub fn decision(rule: &str, d: &Decision) {
         .increment(1);
 }
 
+/// The histogram of how long `store` took to decide, registered once.
+pub fn store_latency(store: &'static str) -> Histogram {
+    histogram!("tollgate_store_seconds", "store" => store)
+}
+
 /// Records how long the store took.
-pub fn store_latency(store: &'static str, took: Duration) {
-    histogram!("tollgate_store_seconds", "store" => store).record(took.as_secs_f64());
+pub fn record_latency(histogram: &Histogram, took: Duration) {
+    histogram.record(took.as_secs_f64());
 }
 
 /// Records a reload.

@@ -2,6 +2,7 @@
 //! reload), the store (kept across reloads, so counters of unchanged rules survive), and the
 //! checks every protocol asks for.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,7 +16,7 @@ use tollgate::{
 };
 
 use crate::config::{self, Config, ConfigError, RedisMode, RuleSpec, StoreConfig};
-use crate::metrics;
+use crate::metrics::{self, RuleMetrics};
 use crate::shared::{Overlay, SharedRules};
 
 /// Rules as loaded: the engine that matches requests and the limiter that holds the rules.
@@ -29,6 +30,8 @@ pub struct Loaded {
     pub specs: Vec<RuleSpec>,
     /// The configuration these came from.
     pub config: Config,
+    /// Each rule's counters, by rule name.
+    metrics: HashMap<&'static str, RuleMetrics>,
 }
 
 /// The service: see the module documentation. Cheap to share behind an `Arc`.
@@ -47,6 +50,8 @@ pub struct Service {
     shared_version: AtomicU64,
     /// Serializes admin edits and shared refreshes, which read, then write the rules.
     edits: tokio::sync::Mutex<()>,
+    /// How long the store takes to decide.
+    latency: ::metrics::Histogram,
 }
 
 /// Why an admin edit was refused.
@@ -145,13 +150,14 @@ impl Service {
         let loaded = compose(config, &overlay, &store).map_err(anyhow::Error::msg)?;
         Ok(Self {
             current: ArcSwap::from_pointee(loaded),
-            store,
             files,
             generation: AtomicU64::new(1),
             overlay: Mutex::new(overlay),
             shared,
             shared_version: AtomicU64::new(version),
             edits: tokio::sync::Mutex::new(()),
+            latency: metrics::store_latency(store.kind()),
+            store,
         })
     }
 
@@ -300,8 +306,8 @@ impl Service {
     ) -> Result<Outcome, CheckError> {
         let loaded = self.loaded();
         let hits = loaded.engine.hits(request);
-        let metrics = hits.iter().map(|h| h.rule.to_string()).collect();
-        self.check_hits(&loaded, hits, metrics, cost).await
+        let costs = vec![cost; hits.len()];
+        self.check_hits(&loaded, hits, &costs, None).await
     }
 
     /// Checks one key under one rule by name.
@@ -322,16 +328,18 @@ impl Service {
             rule: found.name(),
             key: key.to_vec(),
         };
-        self.check_hits(&loaded, vec![hit], vec![rule.to_string()], cost)
-            .await
+        self.check_hits(&loaded, vec![hit], &[cost], None).await
     }
 
+    /// Checks `hits`, each of its cost in `costs`, all-or-nothing, recording each decision
+    /// under its rule, or under its name in `named` (Envoy's detailed metrics) where that
+    /// differs.
     async fn check_hits(
         &self,
         loaded: &Loaded,
         hits: Vec<Hit>,
-        metric: Vec<String>,
-        cost: u64,
+        costs: &[u64],
+        named: Option<&[String]>,
     ) -> Result<Outcome, CheckError> {
         let Some(limiter) = &loaded.limiter else {
             return Ok(Outcome::default());
@@ -339,16 +347,22 @@ impl Service {
         if hits.is_empty() {
             return Ok(Outcome::default());
         }
-        let items: Vec<_> = hits.iter().map(|h| h.item(cost)).collect();
+        let items: Vec<_> = hits.iter().zip(costs).map(|(h, &c)| h.item(c)).collect();
         let started = Instant::now();
         let decisions = limiter.check_batch(&items).await?;
-        metrics::store_latency(self.store.kind(), started.elapsed());
-        let checked = hits
-            .into_iter()
-            .zip(metric)
-            .zip(decisions.iter())
-            .map(|((_, metric), &decision)| {
-                metrics::decision(&metric, &decision);
+        metrics::record_latency(&self.latency, started.elapsed());
+        let checked = decisions
+            .iter()
+            .enumerate()
+            .map(|(i, &decision)| {
+                let name = named
+                    .map(|n| n[i].as_str())
+                    .filter(|n| *n != decision.rule());
+                match (name, loaded.metrics.get(decision.rule())) {
+                    (None, Some(m)) => m.record(&decision),
+                    (Some(name), _) => metrics::decision(name, &decision),
+                    (None, None) => metrics::decision(decision.rule(), &decision),
+                }
                 Checked { decision }
             })
             .collect();
@@ -373,26 +387,22 @@ impl Service {
         let list: Vec<Descriptor> = descriptors.iter().map(|(d, _)| d.clone()).collect();
         let hits = found.hits(&list);
         let blocked = hits.iter().any(|h| matches!(h, DescriptorHit::Blocked(_)));
-        let mut limited = Vec::new();
-        let mut metrics_names = Vec::new();
+        let (mut limited, mut names, mut costs) = (Vec::new(), Vec::new(), Vec::new());
         for (hit, (_, cost)) in hits.iter().zip(descriptors) {
             if let DescriptorHit::Limited { hit, metric, .. } = hit {
+                limited.push(hit.clone());
+                names.push(metric.clone());
                 // Over a blocked descriptor nothing consumes: the others only look.
-                limited.push((hit.clone(), if blocked { 0 } else { *cost }));
-                metrics_names.push(metric.clone());
+                costs.push(if blocked { 0 } else { *cost });
             }
         }
-        let mut decisions = Vec::new();
-        if let (Some(limiter), false) = (&loaded.limiter, limited.is_empty()) {
-            let items: Vec<_> = limited.iter().map(|(h, cost)| h.item(*cost)).collect();
-            let started = Instant::now();
-            let batch = limiter.check_batch(&items).await?;
-            metrics::store_latency(self.store.kind(), started.elapsed());
-            for (name, decision) in metrics_names.iter().zip(batch.iter()) {
-                metrics::decision(name, decision);
-            }
-            decisions = batch.to_vec();
-        }
+        let decisions: Vec<Decision> = self
+            .check_hits(&loaded, limited, &costs, Some(&names))
+            .await?
+            .checked
+            .into_iter()
+            .map(|c| c.decision)
+            .collect();
         let mut decisions = decisions.into_iter();
         Ok(hits
             .into_iter()
@@ -471,11 +481,17 @@ fn build(config: Config, store: &AnyStore) -> Result<Loaded, Error> {
             Some(builder.store(store.clone()).build()?)
         }
     };
+    let metrics = config
+        .engine
+        .rules()
+        .map(|r| (r.name(), RuleMetrics::new(r.name())))
+        .collect();
     Ok(Loaded {
         engine: config.engine.clone(),
         limiter,
         specs: config.specs.clone(),
         config,
+        metrics,
     })
 }
 
