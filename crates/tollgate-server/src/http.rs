@@ -15,11 +15,12 @@
 //! `Retry-After` when denied (whole seconds, rounded up: never early), and the IETF
 //! `RateLimit-Policy` and `RateLimit` fields (draft-ietf-httpapi-ratelimit-headers).
 
+use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::rejection::JsonRejection;
+use axum::body::Bytes;
 use axum::extract::{ConnectInfo, DefaultBodyLimit, Query, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -56,10 +57,12 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .with_state(state)
 }
 
+/// A check's body, borrowing its strings from the request's bytes where JSON escapes allow.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct CheckBody {
-    request: Option<RequestBody>,
+struct CheckBody<'a> {
+    #[serde(borrow)]
+    request: Option<RequestBody<'a>>,
     rule: Option<String>,
     key: Option<String>,
     domain: Option<String>,
@@ -70,12 +73,58 @@ struct CheckBody {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RequestBody {
-    method: String,
-    path: String,
-    #[serde(default)]
-    headers: std::collections::BTreeMap<String, String>,
+struct RequestBody<'a> {
+    #[serde(borrow)]
+    method: Cow<'a, str>,
+    #[serde(borrow)]
+    path: Cow<'a, str>,
+    #[serde(default, borrow, deserialize_with = "pairs")]
+    headers: Headers<'a>,
     client_ip: Option<IpAddr>,
+}
+
+/// Header (name, value) pairs, borrowed from the body where they have no escapes.
+type Headers<'a> = Vec<(Cow<'a, str>, Cow<'a, str>)>;
+
+/// A JSON object of strings as (name, value) pairs, borrowed where they have no escapes.
+fn pairs<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Headers<'de>, D::Error> {
+    struct Text<'a>(Cow<'a, str>);
+    impl<'de> Deserialize<'de> for Text<'de> {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct V;
+            impl<'de> serde::de::Visitor<'de> for V {
+                type Value = Text<'de>;
+                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str("a string")
+                }
+                fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Text<'de>, E> {
+                    Ok(Text(Cow::Borrowed(v)))
+                }
+                fn visit_str<E>(self, v: &str) -> Result<Text<'de>, E> {
+                    Ok(Text(Cow::Owned(v.to_string())))
+                }
+            }
+            d.deserialize_str(V)
+        }
+    }
+    struct Pairs;
+    impl<'de> serde::de::Visitor<'de> for Pairs {
+        type Value = Headers<'de>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an object of header names to values")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut pairs = Vec::with_capacity(map.size_hint().unwrap_or(4));
+            while let Some((Text(k), Text(v))) = map.next_entry::<Text<'de>, Text<'de>>()? {
+                pairs.push((k, v));
+            }
+            Ok(pairs)
+        }
+    }
+    d.deserialize_map(Pairs)
 }
 
 #[derive(Deserialize)]
@@ -160,25 +209,35 @@ fn body_of(d: &tollgate::Decision) -> DecisionBody {
     }
 }
 
-async fn check(
-    State(state): State<AppState>,
-    body: Result<axum::Json<CheckBody>, JsonRejection>,
-) -> Response {
-    let body = match body {
-        Ok(axum::Json(body)) => body,
-        Err(rejection) => return bad_request(rejection.status(), rejection.body_text()),
+async fn check(State(state): State<AppState>, headers: HeaderMap, bytes: Bytes) -> Response {
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !json {
+        return bad_request(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "expected a body of content-type application/json",
+        );
+    }
+    let body: CheckBody<'_> = match serde_json::from_slice(&bytes) {
+        Ok(body) => body,
+        Err(e) => {
+            let status = match e.classify() {
+                serde_json::error::Category::Data => StatusCode::UNPROCESSABLE_ENTITY,
+                _ => StatusCode::BAD_REQUEST,
+            };
+            return bad_request(status, format!("invalid body: {e}"));
+        }
     };
     let cost = body.cost;
     match (&body.request, &body.rule, &body.domain) {
         (Some(r), None, None) if body.key.is_none() && body.descriptors.is_none() => {
-            let headers: Vec<(String, Vec<u8>)> = r
+            // Header names match without regard to case.
+            let pairs: Vec<(&str, &[u8])> = r
                 .headers
                 .iter()
-                .map(|(k, v)| (k.to_ascii_lowercase(), v.clone().into_bytes()))
-                .collect();
-            let pairs: Vec<(&str, &[u8])> = headers
-                .iter()
-                .map(|(k, v)| (k.as_str(), v.as_slice()))
+                .map(|(k, v)| (k.as_ref(), v.as_bytes()))
                 .collect();
             let path = r.path.split('?').next().unwrap_or_default();
             let request = Request {
