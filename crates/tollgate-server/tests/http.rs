@@ -149,6 +149,13 @@ async fn bad_input_gets_a_clear_4xx_and_loses_nothing() {
         );
         assert!(text.contains(says), "{text}");
     }
+    let plain = client
+        .post(&url)
+        .body(r#"{"rule": "api", "key": "k"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(plain.status().as_u16(), 415);
     // The key the bad checks named still has all of its permits.
     let (status, headers, _) =
         check(&client, &server.http, json!({ "rule": "api", "key": "k" })).await;
