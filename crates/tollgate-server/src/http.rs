@@ -22,7 +22,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, DefaultBodyLimit, Query, State};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -31,7 +31,9 @@ use tollgate::Source;
 use tollgate::engine::{Descriptor, Entry, Request};
 
 use crate::admin;
-use crate::service::{CheckError, DescriptorOutcome, Outcome, Service, ceil_secs};
+use tollgate::layer::headers::{self, ceil_secs};
+
+use crate::service::{CheckError, DescriptorOutcome, Outcome, Service};
 
 /// What the HTTP handlers share.
 #[derive(Debug, Clone)]
@@ -308,16 +310,12 @@ fn answer_outcome(
         denied
     };
     let mut response = if json {
-        let decisions = outcome
-            .checked
-            .iter()
-            .map(|c| body_of(&c.decision))
-            .collect();
+        let decisions = outcome.decisions.iter().map(body_of).collect();
         (status, axum::Json(CheckAnswer { allowed, decisions })).into_response()
     } else {
         status.into_response()
     };
-    add_headers(response.headers_mut(), &outcome);
+    headers::add(response.headers_mut(), &outcome.decisions);
     response
 }
 
@@ -326,11 +324,7 @@ fn answer_descriptors(outcomes: &[DescriptorOutcome]) -> Response {
     let mut blocked = false;
     for o in outcomes {
         match o {
-            DescriptorOutcome::Checked(_, decision) => {
-                outcome.checked.push(crate::service::Checked {
-                    decision: *decision,
-                })
-            }
+            DescriptorOutcome::Checked(_, decision) => outcome.decisions.push(*decision),
             DescriptorOutcome::Blocked(_) => blocked = true,
             DescriptorOutcome::None | DescriptorOutcome::Unlimited => {}
         }
@@ -340,52 +334,6 @@ fn answer_descriptors(outcomes: &[DescriptorOutcome]) -> Response {
         *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
     }
     response
-}
-
-const X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
-const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
-const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
-
-/// Adds the rate limit headers of `outcome` (none when no rule applied).
-pub fn add_headers(headers: &mut HeaderMap, outcome: &Outcome) {
-    let Some(binding) = outcome.binding() else {
-        return;
-    };
-    let number = HeaderValue::from;
-    headers.insert(X_LIMIT, number(binding.limit()));
-    headers.insert(X_REMAINING, number(binding.remaining()));
-    headers.insert(X_RESET, number(ceil_secs(binding.reset_after())));
-    if let Some(retry) = binding.retry_after() {
-        headers.insert(header::RETRY_AFTER, number(ceil_secs(retry)));
-    }
-    let mut put = |name: &'static str, value: String| {
-        if let Ok(value) = HeaderValue::try_from(value) {
-            headers.insert(HeaderName::from_static(name), value);
-        }
-    };
-    let policies: Vec<String> = outcome
-        .checked
-        .iter()
-        .map(|c| {
-            let d = &c.decision;
-            format!(
-                "\"{}\";q={};w={}",
-                d.rule(),
-                d.limit(),
-                ceil_secs(d.window())
-            )
-        })
-        .collect();
-    put("ratelimit-policy", policies.join(", "));
-    put(
-        "ratelimit",
-        format!(
-            "\"{}\";r={};t={}",
-            binding.rule(),
-            binding.remaining(),
-            ceil_secs(binding.retry_after().unwrap_or(binding.reset_after()))
-        ),
-    );
 }
 
 #[derive(Deserialize)]

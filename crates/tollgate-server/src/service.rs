@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use tollgate::engine::{Descriptor, DescriptorHit, Engine, Hit, NodeLimit, Request};
@@ -65,37 +65,17 @@ pub enum EditError {
     Unavailable(String),
 }
 
-/// One decision the service made.
-#[derive(Debug, Clone)]
-pub struct Checked {
-    /// The decision.
-    pub decision: Decision,
-}
-
 /// The outcome of one check: admitted only if every decision admits (all-or-nothing).
 #[derive(Debug, Clone, Default)]
 pub struct Outcome {
     /// One decision per rule that applied, in order.
-    pub checked: Vec<Checked>,
+    pub decisions: Vec<Decision>,
 }
 
 impl Outcome {
     /// Whether the request is admitted: no rule denied it.
     pub fn allowed(&self) -> bool {
-        self.checked.iter().all(|c| c.decision.allowed())
-    }
-
-    /// The decision that binds: the first denial with the longest wait, else the admission
-    /// with the least remaining.
-    pub fn binding(&self) -> Option<&Decision> {
-        let denied = self
-            .checked
-            .iter()
-            .filter(|c| !c.decision.allowed())
-            .max_by_key(|c| c.decision.retry_after());
-        denied
-            .or_else(|| self.checked.iter().min_by_key(|c| c.decision.remaining()))
-            .map(|c| &c.decision)
+        self.decisions.iter().all(Decision::allowed)
     }
 }
 
@@ -351,7 +331,7 @@ impl Service {
         let started = Instant::now();
         let decisions = limiter.check_batch(&items).await?;
         metrics::record_latency(&self.latency, started.elapsed());
-        let checked = decisions
+        let decisions = decisions
             .iter()
             .enumerate()
             .map(|(i, &decision)| {
@@ -363,10 +343,10 @@ impl Service {
                     (Some(name), _) => metrics::decision(name, &decision),
                     (None, None) => metrics::decision(decision.rule(), &decision),
                 }
-                Checked { decision }
+                decision
             })
             .collect();
-        Ok(Outcome { checked })
+        Ok(Outcome { decisions })
     }
 
     /// Checks Envoy descriptors of `domain`, each with its own cost, all-or-nothing: when any
@@ -399,10 +379,7 @@ impl Service {
         let decisions: Vec<Decision> = self
             .check_hits(&loaded, limited, &costs, Some(&names))
             .await?
-            .checked
-            .into_iter()
-            .map(|c| c.decision)
-            .collect();
+            .decisions;
         let mut decisions = decisions.into_iter();
         Ok(hits
             .into_iter()
@@ -545,9 +522,4 @@ async fn open_store(config: &StoreConfig) -> anyhow::Result<AnyStore> {
             }
         }
     })
-}
-
-/// Seconds, rounded up: what a header says so that a client waiting that long is never early.
-pub fn ceil_secs(d: Duration) -> u64 {
-    d.as_micros().div_ceil(1_000_000) as u64
 }

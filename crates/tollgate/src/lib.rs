@@ -33,6 +33,8 @@ mod clock;
 mod decision;
 pub mod engine;
 mod error;
+#[cfg(feature = "tower")]
+pub mod layer;
 mod limiter;
 mod rule;
 mod store;

@@ -1,0 +1,178 @@
+//! The tower layer under an axum app: headers on 2xx and 429, keys kept apart, the client
+//! address taken from X-Forwarded-For only behind a trusted proxy, shadow mode, and Redis down
+//! under each failure policy.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::routing::get;
+use http::{Request, Response};
+use tollgate::layer::{KeyExtractor, RateLimitLayer};
+use tollgate::{
+    Algorithm, FailurePolicy, Limiter, ManualClock, MemoryStore, RedisStore, Rule, Store, Tier,
+};
+use tower::ServiceExt;
+
+fn rule(limit: u64) -> Rule {
+    Rule::new("api", Algorithm::SlidingLog, [Tier::per_hour(limit)]).unwrap()
+}
+
+fn app<S: Store>(limiter: Limiter<S, ManualClock>, key: KeyExtractor) -> Router {
+    Router::new()
+        .route("/orgs/{org}/items", get(|| async { "items" }))
+        .layer(RateLimitLayer::new(limiter, key))
+}
+
+fn memory(rule: Rule) -> Limiter<MemoryStore, ManualClock> {
+    Limiter::builder(rule)
+        .clock(ManualClock::new())
+        .build()
+        .unwrap()
+}
+
+async fn call(app: &Router, peer: &str, headers: &[(&str, &str)]) -> Response<Body> {
+    let mut request = Request::get("/orgs/acme/items");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let mut request = request.body(Body::empty()).unwrap();
+    let peer: SocketAddr = format!("{peer}:40000").parse().unwrap();
+    request.extensions_mut().insert(ConnectInfo(peer));
+    app.clone().oneshot(request).await.unwrap()
+}
+
+fn header<'a>(response: &'a Response<Body>, name: &str) -> Option<&'a str> {
+    response.headers().get(name).and_then(|v| v.to_str().ok())
+}
+
+#[tokio::test]
+async fn every_answer_carries_the_fields_and_a_denial_is_429() {
+    let app = app(memory(rule(2)), KeyExtractor::header("x-org"));
+    for remaining in ["1", "0"] {
+        let response = call(&app, "10.0.0.1", &[("x-org", "a")]).await;
+        assert_eq!(response.status(), 200);
+        assert_eq!(header(&response, "x-ratelimit-limit"), Some("2"));
+        assert_eq!(header(&response, "x-ratelimit-remaining"), Some(remaining));
+        assert_eq!(
+            header(&response, "ratelimit-policy"),
+            Some("\"api\";q=2;w=3600")
+        );
+        assert!(header(&response, "retry-after").is_none());
+    }
+    let denied = call(&app, "10.0.0.1", &[("x-org", "a")]).await;
+    assert_eq!(denied.status(), 429);
+    assert_eq!(header(&denied, "retry-after"), Some("3600"));
+    assert_eq!(header(&denied, "ratelimit"), Some("\"api\";r=0;t=3600"));
+    // Another key is its own; a request without a key passes unchecked.
+    assert_eq!(
+        call(&app, "10.0.0.1", &[("x-org", "b")]).await.status(),
+        200
+    );
+    let keyless = call(&app, "10.0.0.1", &[]).await;
+    assert_eq!(keyless.status(), 200);
+    assert!(header(&keyless, "x-ratelimit-limit").is_none());
+}
+
+#[tokio::test]
+async fn x_forwarded_for_counts_only_behind_a_trusted_proxy() {
+    let proxy: IpAddr = "10.9.9.9".parse().unwrap();
+    let app = app(memory(rule(1)), KeyExtractor::client_ip([proxy]));
+    // Through the proxy: the client it names is the key.
+    let via = |client: &'static str| [("x-forwarded-for", client)];
+    assert_eq!(call(&app, "10.9.9.9", &via("1.1.1.1")).await.status(), 200);
+    assert_eq!(call(&app, "10.9.9.9", &via("1.1.1.1")).await.status(), 429);
+    assert_eq!(call(&app, "10.9.9.9", &via("2.2.2.2")).await.status(), 200);
+    // A forged first hop before the real client is not believed: the right-most untrusted hop
+    // is the client.
+    let forged = [("x-forwarded-for", "3.3.3.3, 1.1.1.1")];
+    assert_eq!(call(&app, "10.9.9.9", &forged).await.status(), 429);
+    // From an untrusted peer the header is ignored: the peer is the key.
+    let spoof = [("x-forwarded-for", "4.4.4.4")];
+    assert_eq!(call(&app, "5.5.5.5", &spoof).await.status(), 200);
+    assert_eq!(
+        call(&app, "5.5.5.5", &[("x-forwarded-for", "6.6.6.6")])
+            .await
+            .status(),
+        429
+    );
+}
+
+#[tokio::test]
+async fn the_route_extractor_counts_per_endpoint() {
+    let limiter = memory(rule(1));
+    let app = Router::new()
+        .route("/a/{id}", get(|| async { "a" }))
+        .route("/b/{id}", get(|| async { "b" }))
+        .route_layer(RateLimitLayer::new(limiter, KeyExtractor::route()));
+    let get = |path: &str| {
+        app.clone()
+            .oneshot(Request::get(path).body(Body::empty()).unwrap())
+    };
+    assert_eq!(get("/a/1").await.unwrap().status(), 200);
+    assert_eq!(get("/a/2").await.unwrap().status(), 429);
+    assert_eq!(get("/b/1").await.unwrap().status(), 200);
+}
+
+#[tokio::test]
+async fn a_shadow_rule_never_denies() {
+    let app = app(memory(rule(1).shadow(true)), KeyExtractor::header("x-org"));
+    for _ in 0..3 {
+        let response = call(&app, "10.0.0.1", &[("x-org", "a")]).await;
+        assert_eq!(response.status(), 200);
+        assert!(header(&response, "retry-after").is_none());
+    }
+}
+
+#[tokio::test]
+async fn redis_down_follows_each_rules_policy() {
+    // Nothing listens on this port: every check fails within the timeout.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let store = || {
+        RedisStore::open(&url)
+            .unwrap()
+            .timeout(Duration::from_millis(50))
+    };
+    let limiter = |policy| {
+        Limiter::builder(rule(2).on_failure(policy).unwrap())
+            .store(store())
+            .clock(ManualClock::new())
+            .build()
+            .unwrap()
+    };
+    let statuses = |app: Router| async move {
+        let mut statuses = Vec::new();
+        for _ in 0..3 {
+            statuses.push(
+                call(&app, "10.0.0.1", &[("x-org", "a")])
+                    .await
+                    .status()
+                    .as_u16(),
+            );
+        }
+        statuses
+    };
+    let key = || KeyExtractor::header("x-org");
+    let open = app(limiter(FailurePolicy::Open), key());
+    assert_eq!(statuses(open).await, [200, 200, 200]);
+    let closed = app(limiter(FailurePolicy::Closed), key());
+    assert_eq!(statuses(closed).await, [429, 429, 429]);
+    // Half of 2 per hour in this process alone.
+    let local = app(limiter(FailurePolicy::Local { share: 0.5 }), key());
+    assert_eq!(statuses(local).await, [200, 429, 429]);
+}
+
+#[tokio::test]
+async fn a_key_too_long_is_the_clients_error() {
+    let app = app(memory(rule(5)), KeyExtractor::header("x-org"));
+    let long = "k".repeat(5_000);
+    let response = call(&app, "10.0.0.1", &[("x-org", &long)]).await;
+    assert_eq!(response.status(), 400);
+}
