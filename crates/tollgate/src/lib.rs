@@ -36,6 +36,7 @@ mod error;
 #[cfg(feature = "tower")]
 pub mod layer;
 mod limiter;
+pub mod retry;
 mod rule;
 mod store;
 
