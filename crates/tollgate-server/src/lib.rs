@@ -10,3 +10,4 @@ pub mod http;
 pub mod metrics;
 pub mod service;
 pub mod shared;
+pub mod simulate;

@@ -57,6 +57,42 @@ enum Command {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
+    /// Runs a traffic pattern through algorithms on a simulated clock: a table of what each
+    /// admitted, and a chart of offered and admitted requests over time.
+    Simulate {
+        /// uniform, burst, edge (a spike at a window edge), ramp, or file:PATH (arrival times in
+        /// seconds, one per line).
+        #[arg(long, default_value = "edge")]
+        pattern: String,
+        /// Algorithms to compare, as rule files name them.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "fixed_window,sliding_window,sliding_log,token_bucket,leaky_bucket(shaper),gcra"
+        )]
+        algorithms: Vec<String>,
+        /// The limit per period.
+        #[arg(long, default_value_t = 100)]
+        limit: u64,
+        /// The period (`10s`, `1m`).
+        #[arg(long, default_value = "1m")]
+        period: String,
+        /// Requests per second, for uniform and (at its end) ramp.
+        #[arg(long, default_value_t = 5.0)]
+        rate: f64,
+        /// How long to simulate.
+        #[arg(long, default_value = "3m")]
+        duration: String,
+        /// The window T of "most admitted in any window" (default: the period).
+        #[arg(long)]
+        window: Option<String>,
+        /// The longest a shaper may delay a request.
+        #[arg(long, default_value = "1m")]
+        max_delay: String,
+        /// Where to draw the chart (.png or .svg).
+        #[arg(long)]
+        chart: Option<PathBuf>,
+    },
     /// Asks a running server: a request (`--method`, `--path`, `--header`) or a rule and key.
     Check {
         /// The server's HTTP address.
@@ -110,6 +146,27 @@ fn main() -> ExitCode {
                 .await
                 .map(|()| ExitCode::SUCCESS),
             Command::Validate { files } => Ok(validate(&files)),
+            Command::Simulate {
+                pattern,
+                algorithms,
+                limit,
+                period,
+                rate,
+                duration,
+                window,
+                max_delay,
+                chart,
+            } => simulate(
+                &pattern,
+                &algorithms,
+                limit,
+                &period,
+                rate,
+                &duration,
+                window.as_deref(),
+                &max_delay,
+                chart.as_deref(),
+            ),
             Command::Check {
                 server,
                 method,
@@ -128,6 +185,39 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn simulate(
+    pattern: &str,
+    algorithms: &[String],
+    limit: u64,
+    period: &str,
+    rate: f64,
+    duration: &str,
+    window: Option<&str>,
+    max_delay: &str,
+    chart: Option<&std::path::Path>,
+) -> anyhow::Result<ExitCode> {
+    use tollgate_server::simulate::{Pattern, chart as draw, run, table};
+    let period = config::parse_duration(period).map_err(anyhow::Error::msg)?;
+    let duration = config::parse_duration(duration).map_err(anyhow::Error::msg)?;
+    let window = match window {
+        Some(w) => config::parse_duration(w).map_err(anyhow::Error::msg)?,
+        None => period,
+    };
+    let max_delay = config::parse_duration(max_delay).map_err(anyhow::Error::msg)?;
+    let pattern = Pattern::parse(pattern).map_err(anyhow::Error::msg)?;
+    let arrivals = pattern.arrivals(limit, period, rate, duration);
+    let runs = run(algorithms, limit, period, &arrivals, max_delay).map_err(anyhow::Error::msg)?;
+    print!("{}", table(&runs, arrivals.len(), limit, window));
+    if let Some(path) = chart {
+        let bucket = (period / 60).max(Duration::from_secs(1));
+        let title = format!("{} per {:?}", limit, period);
+        draw(path, &arrivals, &runs, duration, bucket, &title).map_err(anyhow::Error::msg)?;
+        println!("chart: {}", path.display());
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn validate(files: &[PathBuf]) -> ExitCode {

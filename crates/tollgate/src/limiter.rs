@@ -267,6 +267,30 @@ impl<S: LocalStore, C: Clock> Limiter<S, C> {
         Ok(decisions.binding().expect("a limiter has a rule"))
     }
 
+    /// Decides whether `key` may take `cost` permits, accepting a shaping algorithm's delay
+    /// (leaky bucket shaper, warm-up) of up to `max_delay`, without waiting: an admitted
+    /// decision's [`delay`](Decision::delay) is how long the caller must wait before going on,
+    /// and its turn is reserved. For callers that schedule work themselves, and for
+    /// simulations on a [`ManualClock`](crate::ManualClock).
+    ///
+    /// # Errors
+    /// As [`check`](Self::check).
+    pub fn reserve_now(
+        &self,
+        key: impl AsRef<[u8]>,
+        cost: u64,
+        max_delay: Duration,
+    ) -> Result<Decision, Error> {
+        let key = key.as_ref();
+        self.validate_key(key, cost)?;
+        let patience = u64::try_from(max_delay.as_micros()).unwrap_or(u64::MAX);
+        let items: Vec<_> = self.rules.iter().map(|r| r.planned(key, cost)).collect();
+        let decisions = self
+            .store
+            .check_now(&items, now(&self.clock), Some(patience));
+        Ok(decisions.binding().expect("a limiter has a rule"))
+    }
+
     /// Decides `items` all-or-nothing, as [`check_batch`](Self::check_batch) does, without a
     /// future.
     ///

@@ -10,7 +10,7 @@ use serde::{Deserialize, Deserializer};
 ///
 /// # Errors
 /// A message saying what is accepted.
-pub(super) fn parse_duration(text: &str) -> Result<Duration, String> {
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let digits = text
         .find(|c: char| !c.is_ascii_digit())

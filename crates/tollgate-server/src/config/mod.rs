@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use tollgate::engine::{Domain, Engine, Route};
 
-pub use native::{RuleSpec, parse_rule_spec};
+pub use duration::parse_duration;
+pub use native::{RuleSpec, parse_algorithm, parse_rule_spec};
 
 /// Where the service listens and what it accepts.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -263,8 +263,11 @@ fn parse_policy(text: &str) -> Result<FailurePolicy, String> {
     }
 }
 
-/// Parses an algorithm name with its arguments in parentheses.
-fn parse_algorithm(text: &str) -> Result<Algorithm, String> {
+/// Parses an algorithm name with its arguments in parentheses, as rule files write it.
+///
+/// # Errors
+/// An unknown name or bad arguments, saying what is accepted.
+pub fn parse_algorithm(text: &str) -> Result<Algorithm, String> {
     let text = text.trim();
     let (name, args) = match text.split_once('(') {
         Some((name, rest)) => {

@@ -1,0 +1,341 @@
+//! `tollgate simulate`: runs a traffic pattern through chosen algorithms under one limit, on a
+//! manual clock (no waiting), and reports what each admitted: a table of the most admitted in
+//! any window of length T and the delay a shaper added, and a chart (PNG or SVG) of offered and
+//! admitted requests over time, one line per algorithm.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use plotters::prelude::*;
+use tollgate::{Limiter, ManualClock, Rule, Tier};
+
+use crate::config::parse_algorithm;
+
+/// A traffic pattern.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Pattern {
+    /// `rate` requests per second, evenly spaced.
+    Uniform,
+    /// Twice the limit at once at the start of every period, nothing between.
+    Burst,
+    /// The limit in the last second of the first window and again in the first second of the
+    /// next: the fixed window's edge.
+    Edge,
+    /// From 0 to `rate` requests per second over the duration, evenly.
+    Ramp,
+    /// Arrival times read from a file: one per line, seconds from the start.
+    Replay(Vec<f64>),
+}
+
+impl Pattern {
+    /// Parses `uniform`, `burst`, `edge`, `ramp` or `file:PATH`.
+    ///
+    /// # Errors
+    /// An unknown name, or a file that cannot be read or holds something else than seconds.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        Ok(match text {
+            "uniform" => Self::Uniform,
+            "burst" => Self::Burst,
+            "edge" => Self::Edge,
+            "ramp" => Self::Ramp,
+            _ => {
+                let Some(path) = text.strip_prefix("file:") else {
+                    return Err(format!(
+                        "unknown pattern `{text}`: expected uniform, burst, edge, ramp or file:PATH"
+                    ));
+                };
+                let content = std::fs::read_to_string(path)
+                    .map_err(|e| format!("cannot read {path}: {e}"))?;
+                let mut times = Vec::new();
+                for (n, line) in content.lines().enumerate() {
+                    let line = line.trim();
+                    if line.is_empty() || line.starts_with('#') {
+                        continue;
+                    }
+                    let t: f64 = line
+                        .parse()
+                        .ok()
+                        .filter(|t: &f64| *t >= 0.0 && t.is_finite())
+                        .ok_or_else(|| {
+                            format!("{path}:{}: `{line}` is not a time in seconds", n + 1)
+                        })?;
+                    times.push(t);
+                }
+                times.sort_by(f64::total_cmp);
+                Self::Replay(times)
+            }
+        })
+    }
+
+    /// Arrival times (µs from the start) over `duration`, for a limit of `limit` per `period`
+    /// and a rate of `rate` per second.
+    pub fn arrivals(
+        &self,
+        limit: u64,
+        period: Duration,
+        rate: f64,
+        duration: Duration,
+    ) -> Vec<u64> {
+        let end = duration.as_micros() as u64;
+        let period = period.as_micros() as u64;
+        match self {
+            Self::Uniform => {
+                let gap = (1e6 / rate.max(1e-9)) as u64;
+                (0..)
+                    .map(|i| i * gap.max(1))
+                    .take_while(|&t| t < end)
+                    .collect()
+            }
+            Self::Burst => (0..)
+                .map(|w| w * period)
+                .take_while(|&t| t < end)
+                .flat_map(|t| std::iter::repeat_n(t, 2 * limit as usize))
+                .collect(),
+            Self::Edge => {
+                let spread =
+                    |from: u64| (0..limit).map(move |i| from + i * 1_000_000 / limit.max(1));
+                spread(period.saturating_sub(1_000_000))
+                    .chain(spread(period))
+                    .filter(|&t| t < end)
+                    .collect()
+            }
+            Self::Ramp => {
+                // Rate grows linearly: n(t) = rate t^2 / (2 D); the i-th arrival at
+                // t = sqrt(2 D i / rate).
+                let d = duration.as_secs_f64();
+                (1..)
+                    .map(|i| ((2.0 * d * i as f64 / rate.max(1e-9)).sqrt() * 1e6) as u64)
+                    .take_while(|&t| t < end)
+                    .collect()
+            }
+            Self::Replay(times) => times
+                .iter()
+                .map(|t| (t * 1e6) as u64)
+                .filter(|&t| t < end)
+                .collect(),
+        }
+    }
+}
+
+/// What one algorithm did with the pattern.
+#[derive(Debug, Clone)]
+pub struct Run {
+    /// The algorithm as named.
+    pub algorithm: String,
+    /// When each admitted request went on (µs from the start: its arrival plus any delay).
+    pub admitted: Vec<u64>,
+    /// The longest delay a shaper added (µs).
+    pub max_delay: u64,
+}
+
+/// The start of the simulated time: an aligned epoch, so windows start at 0.
+const EPOCH: u64 = 1_700_006_400_000_000;
+
+/// Runs `arrivals` through each algorithm under `limit` per `period` (a shaper may delay a
+/// request by up to `max_delay`).
+///
+/// # Errors
+/// An unknown algorithm or an invalid limit.
+pub fn run(
+    algorithms: &[String],
+    limit: u64,
+    period: Duration,
+    arrivals: &[u64],
+    max_delay: Duration,
+) -> Result<Vec<Run>, String> {
+    algorithms
+        .iter()
+        .map(|name| {
+            let algorithm = parse_algorithm(name)?;
+            let rule = Rule::new("simulated", algorithm, [Tier::new(limit, period)])
+                .map_err(|e| e.to_string())?;
+            let clock = ManualClock::new();
+            let limiter = Limiter::builder(rule)
+                .clock(clock.clone())
+                .build()
+                .map_err(|e| e.to_string())?;
+            let (mut admitted, mut max) = (Vec::new(), 0);
+            for &t in arrivals {
+                clock.set_micros(EPOCH + t);
+                let decision = limiter
+                    .reserve_now("client", 1, max_delay)
+                    .map_err(|e| e.to_string())?;
+                if decision.allowed() {
+                    let delay = decision.delay().as_micros() as u64;
+                    max = max.max(delay);
+                    admitted.push(t + delay);
+                }
+            }
+            admitted.sort_unstable();
+            Ok(Run {
+                algorithm: name.clone(),
+                admitted,
+                max_delay: max,
+            })
+        })
+        .collect()
+}
+
+/// The most of `times` (sorted, µs) in any window of `window` µs.
+pub fn most_in_any_window(times: &[u64], window: u64) -> usize {
+    let mut start = 0;
+    let mut most = 0;
+    for (end, &t) in times.iter().enumerate() {
+        while times[start] + window <= t {
+            start += 1;
+        }
+        most = most.max(end + 1 - start);
+    }
+    most
+}
+
+/// The table: per algorithm, offered, admitted, the most admitted in any window of `window`,
+/// and the longest delay added.
+pub fn table(runs: &[Run], offered: usize, limit: u64, window: Duration) -> String {
+    let w = window.as_micros() as u64;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "| algorithm | offered | admitted | most in any {} s | vs limit {limit} | longest delay |",
+        window.as_secs_f64()
+    );
+    let _ = writeln!(out, "| --- | ---: | ---: | ---: | ---: | ---: |");
+    for r in runs {
+        let most = most_in_any_window(&r.admitted, w);
+        let _ = writeln!(
+            out,
+            "| {} | {offered} | {} | {most} | {:.2}x | {:.3} s |",
+            r.algorithm,
+            r.admitted.len(),
+            most as f64 / limit as f64,
+            r.max_delay as f64 / 1e6
+        );
+    }
+    out
+}
+
+const FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
+
+/// Draws offered and admitted requests per bucket of `bucket` over `duration` to `path` (PNG or
+/// SVG by its extension).
+///
+/// # Errors
+/// An unknown extension, or a file that cannot be written.
+pub fn chart(
+    path: &Path,
+    arrivals: &[u64],
+    runs: &[Run],
+    duration: Duration,
+    bucket: Duration,
+    title: &str,
+) -> Result<(), String> {
+    let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT);
+    let size = (1000, 560);
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("png") => draw(
+            BitMapBackend::new(path, size).into_drawing_area(),
+            arrivals,
+            runs,
+            duration,
+            bucket,
+            title,
+        ),
+        Some("svg") => draw(
+            SVGBackend::new(path, size).into_drawing_area(),
+            arrivals,
+            runs,
+            duration,
+            bucket,
+            title,
+        ),
+        _ => Err(format!(
+            "{}: the chart must be a .png or .svg file",
+            path.display()
+        )),
+    }
+}
+
+fn counts(times: &[u64], buckets: usize, bucket: u64) -> Vec<(f64, f64)> {
+    let mut n = vec![0u32; buckets];
+    for &t in times {
+        if let Some(slot) = n.get_mut((t / bucket) as usize) {
+            *slot += 1;
+        }
+    }
+    n.iter()
+        .enumerate()
+        .map(|(i, &c)| (i as f64 * bucket as f64 / 1e6, f64::from(c)))
+        .collect()
+}
+
+fn draw<DB: DrawingBackend>(
+    area: DrawingArea<DB, plotters::coord::Shift>,
+    arrivals: &[u64],
+    runs: &[Run],
+    duration: Duration,
+    bucket: Duration,
+    title: &str,
+) -> Result<(), String> {
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    area.fill(&WHITE).map_err(|e| err(&e))?;
+    let bucket_us = bucket.as_micros().max(1) as u64;
+    let buckets = (duration.as_micros() as u64).div_ceil(bucket_us) as usize;
+    let offered = counts(arrivals, buckets, bucket_us);
+    let series: Vec<(String, Vec<(f64, f64)>)> = runs
+        .iter()
+        .map(|r| (r.algorithm.clone(), counts(&r.admitted, buckets, bucket_us)))
+        .collect();
+    let top = offered
+        .iter()
+        .chain(series.iter().flat_map(|(_, s)| s.iter()))
+        .map(|p| p.1)
+        .fold(1.0, f64::max);
+    let mut chart = ChartBuilder::on(&area)
+        .caption(title, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0.0..duration.as_secs_f64(), 0.0..top * 1.1)
+        .map_err(|e| err(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("time (s)")
+        .y_desc(format!("requests per {} s", bucket.as_secs_f64()))
+        .label_style(("sans-serif", 14))
+        .draw()
+        .map_err(|e| err(&e))?;
+    chart
+        .draw_series(LineSeries::new(offered, BLACK.stroke_width(2)))
+        .map_err(|e| err(&e))?
+        .label("offered")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK));
+    for (i, (name, points)) in series.into_iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(points, color.stroke_width(2)))
+            .map_err(|e| err(&e))?
+            .label(name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 14))
+        .draw()
+        .map_err(|e| err(&e))?;
+    area.present().map_err(|e| err(&e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn most_in_any_window_slides() {
+        assert_eq!(most_in_any_window(&[0, 1, 2, 10, 11], 3), 3);
+        assert_eq!(most_in_any_window(&[0, 5, 10], 5), 1);
+        assert_eq!(most_in_any_window(&[], 5), 0);
+    }
+}
