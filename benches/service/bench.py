@@ -45,6 +45,10 @@ WRK_SCRIPT = """
 local n = 0
 request = function()
   n = (n + 7919) % 10000
+  if BODY == "LAYERED" then
+    return wrk.format("POST", PATH, {["content-type"] = "application/json", ["x-tenant"] = "t" .. n},
+                      '{"request": {"method": "POST", "path": "/v1/items"}}')
+  end
   if BODY == "" then
     return wrk.format("GET", PATH, {["x-original-uri"] = "/v1/items", ["x-original-method"] = "POST",
                                     ["x-tenant"] = "t" .. n})
@@ -153,6 +157,9 @@ def main():
     systems.append(System("ceiling: axum / tonic answering a constant",
                           [TRIVIAL, f"127.0.0.1:{port}", f"127.0.0.1:{grpc}"], port,
                           "/v1/check", CEILING_BODY, grpc=grpc))
+    # The ceiling's own handler behind tollgate's tower layer, in the same process.
+    systems.append(System("the ceiling behind tollgate's tower layer", None, port, "/v1/layered",
+                          "LAYERED"))
     for name, store in [
         ("tollgate, memory store", "{ kind: memory }"),
         ("tollgate, Redis strict", f"{{ kind: redis, url: 'redis://127.0.0.1:{redis_port}', mode: strict, timeout: 1s }}"),

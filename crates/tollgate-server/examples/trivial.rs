@@ -1,6 +1,8 @@
 //! The ceiling of the service benchmark: the same frameworks answering a constant and deciding
 //! nothing: axum for every `POST /v1/check` (after reading its body), and, given a second
-//! address, tonic for Envoy's `ShouldRateLimit` (always OK).
+//! address, tonic for Envoy's `ShouldRateLimit` (always OK). `POST /v1/layered` is the same
+//! handler behind tollgate's tower layer (GCRA, a billion per minute per `x-tenant`), to
+//! measure what the layer adds.
 //!
 //! Run: `cargo run --release -p tollgate-server --example trivial -- 127.0.0.1:9000 127.0.0.1:9001`
 
@@ -12,6 +14,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tollgate::layer::{KeyExtractor, RateLimitLayer};
+use tollgate::{Algorithm, Limiter, Rule, Tier};
 
 struct AlwaysOk;
 
@@ -40,13 +44,15 @@ async fn main() -> anyhow::Result<()> {
                 .serve(addr),
         );
     }
-    let app = Router::new().route(
-        "/v1/check",
-        post(|body: Bytes| async move {
-            let _ = body.len();
-            ([("content-type", "application/json")], "{\"allowed\":true}")
-        }),
-    );
+    let handler = |body: Bytes| async move {
+        let _ = body.len();
+        ([("content-type", "application/json")], "{\"allowed\":true}")
+    };
+    let rule = Rule::new("bench", Algorithm::Gcra, [Tier::per_minute(1_000_000_000)])?;
+    let layer = RateLimitLayer::new(Limiter::new(rule), KeyExtractor::header("x-tenant"));
+    let app = Router::new()
+        .route("/v1/check", post(handler))
+        .route("/v1/layered", post(handler).layer(layer));
     let listener = tokio::net::TcpListener::bind(&http).await?;
     axum::serve(listener, app).await?;
     Ok(())
