@@ -176,3 +176,68 @@ async fn a_key_too_long_is_the_clients_error() {
     let response = call(&app, "10.0.0.1", &[("x-org", &long)]).await;
     assert_eq!(response.status(), 400);
 }
+
+#[tokio::test]
+async fn the_rule_engine_checks_the_routes_a_request_matches() {
+    use std::sync::Arc;
+    use tollgate::engine::{Engine, KeyPart, Match, PathPattern, Route};
+
+    let route = |id: &str, method: &str, limit: u64| Route {
+        rule: Rule::new(id, Algorithm::SlidingLog, [Tier::per_hour(limit)]).unwrap(),
+        enabled: true,
+        matcher: Match {
+            methods: vec![method.into()],
+            path: Some(PathPattern::parse("/orgs/{org}/items").unwrap()),
+            headers: Vec::new(),
+        },
+        key: vec![KeyPart::Segment("org".into())],
+    };
+    let engine = Engine::new(
+        vec![route("reads", "GET", 2), route("writes", "POST", 1)],
+        vec![],
+    )
+    .unwrap();
+    let mut rules = engine.rules().cloned();
+    let first = rules.next().unwrap();
+    let limiter = rules
+        .fold(Limiter::builder(first), |b, r| b.rule(r))
+        .clock(ManualClock::new())
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::engine(Arc::new(limiter), Arc::new(engine));
+    let app = Router::new()
+        .route(
+            "/orgs/{org}/items",
+            get(|| async { "items" }).post(|| async { "added" }),
+        )
+        .route("/health", get(|| async { "ok" }))
+        .layer(layer);
+    let send = |method: &str, path: &str| {
+        let request = Request::builder()
+            .method(method)
+            .uri(path)
+            .body(Body::empty())
+            .unwrap();
+        app.clone().oneshot(request)
+    };
+    assert_eq!(send("POST", "/orgs/a/items").await.unwrap().status(), 200);
+    let denied = send("POST", "/orgs/a/items").await.unwrap();
+    assert_eq!(denied.status(), 429);
+    assert_eq!(
+        header(&denied, "ratelimit-policy"),
+        Some("\"writes\";q=1;w=3600")
+    );
+    // Reads are their own rule, organizations their own keys, unmatched paths unchecked.
+    let read = send("GET", "/orgs/a/items").await.unwrap();
+    assert_eq!(
+        (
+            read.status().as_u16(),
+            header(&read, "x-ratelimit-remaining")
+        ),
+        (200, Some("1"))
+    );
+    assert_eq!(send("POST", "/orgs/b/items").await.unwrap().status(), 200);
+    let health = send("GET", "/health").await.unwrap();
+    assert_eq!(health.status(), 200);
+    assert!(header(&health, "x-ratelimit-limit").is_none());
+}

@@ -1,5 +1,6 @@
 //! A tower [`Layer`] for axum and hyper services (feature `tower`): each request is checked
-//! under a [`Limiter`]'s rules for a key taken from it; a denied request gets 429 with
+//! under a [`Limiter`]'s rules for a key taken from it, or, with [`RateLimitLayer::engine`],
+//! under the rules of the routes it matches; a denied request gets 429 with
 //! `Retry-After`, and every answer carries the rate limit fields (see [`headers`]). Rules in
 //! shadow mode count and report but never deny; when the store fails, each rule's failure
 //! policy decides, as for any check.
@@ -30,6 +31,7 @@ use http::{Request, Response, StatusCode};
 use tower::{Layer, Service};
 
 use crate::clock::{Clock, SystemClock};
+use crate::engine::{Engine, Hit, Request as EngineRequest};
 use crate::error::Error;
 use crate::limiter::Limiter;
 use crate::store::{MemoryStore, Store};
@@ -113,8 +115,18 @@ impl KeyExtractor {
 #[derive(Debug)]
 pub struct RateLimitLayer<S: Store = MemoryStore, C: Clock = SystemClock> {
     limiter: Arc<Limiter<S, C>>,
-    key: KeyExtractor,
+    key: Keys,
     cost: u64,
+}
+
+/// How the layer finds what to check.
+#[derive(Debug, Clone)]
+enum Keys {
+    /// Every rule of the limiter, for one key.
+    Extract(KeyExtractor),
+    /// The rules whose routes match the request, each for its own key; the client's address
+    /// from the connection.
+    Engine(Arc<Engine>),
 }
 
 impl<S: Store, C: Clock> Clone for RateLimitLayer<S, C> {
@@ -137,7 +149,19 @@ impl<S: Store, C: Clock> RateLimitLayer<S, C> {
     pub fn shared(limiter: Arc<Limiter<S, C>>, key: KeyExtractor) -> Self {
         Self {
             limiter,
-            key,
+            key: Keys::Extract(key),
+            cost: 1,
+        }
+    }
+
+    /// Checks each request under the rules of `engine`'s routes that match it (method, path,
+    /// headers), each for the key its route builds, all-or-nothing. `limiter` must hold every
+    /// rule of the engine (build it from [`Engine::rules`]). A request no route matches passes
+    /// unchecked.
+    pub fn engine(limiter: Arc<Limiter<S, C>>, engine: Arc<Engine>) -> Self {
+        Self {
+            limiter,
+            key: Keys::Engine(engine),
             cost: 1,
         }
     }
@@ -196,22 +220,30 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let (parts, body) = request.into_parts();
-        let key = (self.layer.key.0)(&parts);
+        let hits = match &self.layer.key {
+            Keys::Extract(extract) => (extract.0)(&parts).map(Hits::One),
+            Keys::Engine(engine) => Some(Hits::Many(engine_hits(engine, &parts))),
+        };
         let request = Request::from_parts(parts, body);
         // The clone that was made ready serves this request; a fresh clone waits for the next.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let (limiter, cost) = (self.layer.limiter.clone(), self.layer.cost);
         Box::pin(async move {
-            let Some(key) = key else {
-                return inner.call(request).await;
+            let decisions = match hits {
+                None => return inner.call(request).await,
+                Some(Hits::Many(hits)) if hits.is_empty() => return inner.call(request).await,
+                Some(Hits::One(key)) => limiter.check(&key, cost).await.map(|d| vec![d]),
+                Some(Hits::Many(hits)) => {
+                    let items: Vec<_> = hits.iter().map(|h| h.item(cost)).collect();
+                    limiter.check_batch(&items).await.map(|d| d.to_vec())
+                }
             };
-            let decision = match limiter.check(&key, cost).await {
-                Ok(decision) => decision,
+            let decisions = match decisions {
+                Ok(decisions) => decisions,
                 Err(err) => return Ok(refused(&err)),
             };
-            let decisions = [decision];
-            if !decision.allowed() {
+            if !decisions.iter().all(crate::Decision::allowed) {
                 let mut response = Response::new(Body::from("too many requests\n"));
                 *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
                 headers::add(response.headers_mut(), &decisions);
@@ -222,6 +254,33 @@ where
             Ok(response)
         })
     }
+}
+
+/// What a request is checked for.
+enum Hits {
+    One(Vec<u8>),
+    Many(Vec<Hit>),
+}
+
+/// The (rule, key) items of the engine's routes that match a request's head.
+fn engine_hits(engine: &Engine, parts: &Parts) -> Vec<Hit> {
+    let headers: Vec<(&str, &[u8])> = parts
+        .headers
+        .iter()
+        .map(|(name, value)| (name.as_str(), value.as_bytes()))
+        .collect();
+    let client_ip = parts
+        .extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0)
+        .or_else(|| parts.extensions.get::<SocketAddr>().copied())
+        .map(|a| a.ip());
+    engine.hits(&EngineRequest {
+        method: parts.method.as_str(),
+        path: parts.uri.path(),
+        headers: &headers,
+        client_ip,
+    })
 }
 
 /// The answer to a request whose check is an error: a key too long is the client's (400);
