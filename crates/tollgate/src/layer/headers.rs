@@ -16,6 +16,20 @@ const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 const POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
+/// Appends one item of a structured field: `"rule";a=1;b=2`.
+fn item(out: &mut String, rule: &str, a: (char, u64), b: (char, u64)) {
+    use std::fmt::Write as _;
+    out.push('"');
+    out.push_str(rule);
+    out.push('"');
+    for (name, value) in [a, b] {
+        out.push(';');
+        out.push(name);
+        out.push('=');
+        let _ = write!(out, "{value}");
+    }
+}
+
 /// Seconds, rounded up: a client that waits this long is never early.
 pub fn ceil_secs(d: Duration) -> u64 {
     d.as_micros().div_ceil(1_000_000) as u64
@@ -42,27 +56,26 @@ pub fn add(headers: &mut HeaderMap, decisions: &[Decision]) {
     if let Some(retry) = binding.retry_after() {
         headers.insert(RETRY_AFTER, HeaderValue::from(ceil_secs(retry)));
     }
-    let policies: Vec<String> = decisions
-        .iter()
-        .map(|d| {
-            format!(
-                "\"{}\";q={};w={}",
-                d.rule(),
-                d.limit(),
-                ceil_secs(d.window())
-            )
-        })
-        .collect();
-    if let Ok(value) = HeaderValue::try_from(policies.join(", ")) {
+    // One buffer per field, no intermediate strings: this runs on every answer.
+    let mut policy = String::with_capacity(48 * decisions.len());
+    for (i, d) in decisions.iter().enumerate() {
+        if i > 0 {
+            policy.push_str(", ");
+        }
+        item(
+            &mut policy,
+            d.rule(),
+            ('q', d.limit()),
+            ('w', ceil_secs(d.window())),
+        );
+    }
+    if let Ok(value) = HeaderValue::try_from(policy) {
         headers.insert(POLICY, value);
     }
     let wait = binding.retry_after().unwrap_or(binding.reset_after());
-    let ratelimit = format!(
-        "\"{}\";r={};t={}",
-        binding.rule(),
-        binding.remaining(),
-        ceil_secs(wait)
-    );
+    let mut ratelimit = String::with_capacity(48);
+    let (remaining, wait) = (('r', binding.remaining()), ('t', ceil_secs(wait)));
+    item(&mut ratelimit, binding.rule(), remaining, wait);
     if let Ok(value) = HeaderValue::try_from(ratelimit) {
         headers.insert(RATELIMIT, value);
     }
