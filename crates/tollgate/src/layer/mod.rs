@@ -225,35 +225,77 @@ where
             Keys::Engine(engine) => Some(Hits::Many(engine_hits(engine, &parts))),
         };
         let request = Request::from_parts(parts, body);
+        let (limiter, cost) = (self.layer.limiter.clone(), self.layer.cost);
+        let Some(hits) = hits.filter(|h| !matches!(h, Hits::Many(m) if m.is_empty())) else {
+            let answer = self.inner.call(request);
+            return Box::pin(answer);
+        };
+        if S::DECIDES_AT_ONCE {
+            // The store decides on the first poll: decide here, and hand the request to the
+            // service made ready for it, with no clone of it and no waiting.
+            let mut check = std::pin::pin!(decide(&limiter, &hits, cost));
+            let waker = std::task::Waker::noop();
+            if let Poll::Ready(decisions) = check.as_mut().poll(&mut Context::from_waker(waker)) {
+                return match decisions {
+                    Err(err) => {
+                        let response = refused(&err);
+                        Box::pin(async move { Ok(response) })
+                    }
+                    Ok(decisions) if !decisions.iter().all(crate::Decision::allowed) => {
+                        let response = too_many(&decisions);
+                        Box::pin(async move { Ok(response) })
+                    }
+                    Ok(decisions) => {
+                        let answer = self.inner.call(request);
+                        Box::pin(async move {
+                            let mut response = answer.await?;
+                            headers::add(response.headers_mut(), &decisions);
+                            Ok(response)
+                        })
+                    }
+                };
+            }
+        }
         // The clone that was made ready serves this request; a fresh clone waits for the next.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let (limiter, cost) = (self.layer.limiter.clone(), self.layer.cost);
         Box::pin(async move {
-            let decisions = match hits {
-                None => return inner.call(request).await,
-                Some(Hits::Many(hits)) if hits.is_empty() => return inner.call(request).await,
-                Some(Hits::One(key)) => limiter.check(&key, cost).await.map(|d| vec![d]),
-                Some(Hits::Many(hits)) => {
-                    let items: Vec<_> = hits.iter().map(|h| h.item(cost)).collect();
-                    limiter.check_batch(&items).await.map(|d| d.to_vec())
-                }
-            };
-            let decisions = match decisions {
+            let decisions = match decide(&limiter, &hits, cost).await {
                 Ok(decisions) => decisions,
                 Err(err) => return Ok(refused(&err)),
             };
             if !decisions.iter().all(crate::Decision::allowed) {
-                let mut response = Response::new(Body::from("too many requests\n"));
-                *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-                headers::add(response.headers_mut(), &decisions);
-                return Ok(response);
+                return Ok(too_many(&decisions));
             }
             let mut response = inner.call(request).await?;
             headers::add(response.headers_mut(), &decisions);
             Ok(response)
         })
     }
+}
+
+/// Checks `hits` of `cost` permits each: one key under every rule, or the engine's items
+/// all-or-nothing.
+async fn decide<S: Store, C: Clock>(
+    limiter: &Limiter<S, C>,
+    hits: &Hits,
+    cost: u64,
+) -> Result<Vec<crate::Decision>, Error> {
+    match hits {
+        Hits::One(key) => limiter.check(key, cost).await.map(|d| vec![d]),
+        Hits::Many(hits) => {
+            let items: Vec<_> = hits.iter().map(|h| h.item(cost)).collect();
+            limiter.check_batch(&items).await.map(|d| d.to_vec())
+        }
+    }
+}
+
+/// A 429 with the fields of `decisions`.
+fn too_many(decisions: &[crate::Decision]) -> Response<Body> {
+    let mut response = Response::new(Body::from("too many requests\n"));
+    *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    headers::add(response.headers_mut(), decisions);
+    response
 }
 
 /// What a request is checked for.
