@@ -14,7 +14,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
-use tollgate::engine::{Descriptor, Entry, NodeLimit};
+use tollgate::engine::{Descriptor, NodeLimit, descriptor};
 use tonic::{Request, Response, Status};
 
 use crate::service::{CheckError, DescriptorOutcome, Service};
@@ -89,14 +89,7 @@ impl RateLimitService for Rls {
             .descriptors
             .iter()
             .map(|d| {
-                let entries = d
-                    .entries
-                    .iter()
-                    .map(|e| Entry {
-                        key: e.key.clone(),
-                        value: e.value.clone(),
-                    })
-                    .collect();
+                let entries = descriptor(d.entries.iter().map(|e| (&*e.key, &*e.value)));
                 let cost = d.hits_addend.as_ref().map_or(default_cost, |h| h.value);
                 (entries, cost)
             })

@@ -28,7 +28,7 @@ use axum::routing::{any, get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::{Deserialize, Serialize};
 use tollgate::Source;
-use tollgate::engine::{Descriptor, Entry, Request};
+use tollgate::engine::{Descriptor, Request, descriptor};
 
 use crate::admin;
 use tollgate::layer::headers::{self, ceil_secs};
@@ -265,14 +265,7 @@ async fn check(State(state): State<AppState>, headers: HeaderMap, bytes: Bytes) 
             let list: Vec<(Descriptor, u64)> = descriptors
                 .iter()
                 .map(|d| {
-                    let entries = d
-                        .entries
-                        .iter()
-                        .map(|e| Entry {
-                            key: e.key.clone(),
-                            value: e.value.clone(),
-                        })
-                        .collect();
+                    let entries = descriptor(d.entries.iter().map(|e| (&*e.key, &*e.value)));
                     (entries, d.cost.unwrap_or(cost))
                 })
                 .collect();

@@ -28,6 +28,17 @@ pub struct Entry {
 /// A descriptor: entries, from the outermost.
 pub type Descriptor = Vec<Entry>;
 
+/// A descriptor of `(key, value)` pairs, from the outermost.
+pub fn descriptor<'a>(entries: impl IntoIterator<Item = (&'a str, &'a str)>) -> Descriptor {
+    entries
+        .into_iter()
+        .map(|(key, value)| Entry {
+            key: key.into(),
+            value: value.into(),
+        })
+        .collect()
+}
+
 /// A node of a domain's tree, as configured.
 #[derive(Debug, Clone, Default)]
 pub struct Node {
@@ -356,13 +367,7 @@ mod tests {
     }
 
     fn d(entries: &[(&str, &str)]) -> Descriptor {
-        entries
-            .iter()
-            .map(|(k, v)| Entry {
-                key: (*k).into(),
-                value: (*v).into(),
-            })
-            .collect()
+        descriptor(entries.iter().copied())
     }
 
     fn rule_of(hit: &DescriptorHit<'_>) -> Option<&'static str> {

@@ -16,7 +16,9 @@ mod pattern;
 use std::collections::HashMap;
 use std::net::IpAddr;
 
-pub use descriptors::{Descriptor, DescriptorHit, Domain, DomainBuilder, Entry, Node, NodeLimit};
+pub use descriptors::{
+    Descriptor, DescriptorHit, Domain, DomainBuilder, Entry, Node, NodeLimit, descriptor,
+};
 pub use pattern::PathPattern;
 
 use crate::limiter::Item;
