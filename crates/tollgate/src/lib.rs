@@ -27,6 +27,10 @@
 //!
 //! Time is read from a [`Clock`]; tests use a [`ManualClock`] and advance it instead of
 //! sleeping.
+//!
+//! Also: [`engine`], which turns HTTP requests and Envoy descriptors into the (rule, key)
+//! items to check; [`retry`], backoff with full jitter for clients of throttled APIs; and,
+//! with the `tower` feature, `layer`, a tower layer for axum and hyper services.
 
 mod algorithm;
 mod clock;
