@@ -383,7 +383,7 @@ async fn auth(
 }
 
 async fn ready(State(state): State<AppState>) -> Response {
-    if state.service.ready().await {
+    if state.service.ready() {
         (StatusCode::OK, "ready\n").into_response()
     } else {
         (

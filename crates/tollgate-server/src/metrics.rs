@@ -47,7 +47,7 @@ impl RuleMetrics {
         }
     }
 
-    /// Records one decision.
+    /// Records one decision (as [`decision`] does, on the registered counters).
     pub fn record(&self, d: &Decision) {
         match (d.allowed(), d.shadowed()) {
             (true, false) => self.allowed.increment(1),
@@ -68,10 +68,29 @@ impl RuleMetrics {
 
 /// Records one decision under `rule`, a name not registered ahead (Envoy's detailed metrics).
 pub fn decision(rule: &str, d: &Decision) {
-    RuleMetrics::new(rule).record(d);
+    counter!("tollgate_decisions_total", "rule" => rule.to_string(), "outcome" => outcome(d))
+        .increment(1);
+    if near_limit(d) {
+        counter!("tollgate_near_limit_total", "rule" => rule.to_string()).increment(1);
+    }
+    policy(rule, d);
 }
 
-/// Records a decision the failure policy took.
+/// The outcome label of a decision.
+fn outcome(d: &Decision) -> &'static str {
+    match (d.allowed(), d.shadowed()) {
+        (true, false) => "allowed",
+        (true, true) => "shadow_denied",
+        (false, _) => "denied",
+    }
+}
+
+/// Admitted with under a fifth of the limit left.
+fn near_limit(d: &Decision) -> bool {
+    d.allowed() && !d.shadowed() && d.remaining() * 5 < d.limit()
+}
+
+/// Records a decision when the failure policy took it, not the store.
 fn policy(rule: &str, d: &Decision) {
     let source = match d.source() {
         Source::Fallback => "fallback",

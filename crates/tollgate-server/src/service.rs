@@ -40,7 +40,6 @@ pub struct Service {
     current: ArcSwap<Loaded>,
     store: AnyStore,
     files: Vec<PathBuf>,
-    generation: AtomicU64,
     /// Rules created, replaced (`Some`) or deleted (`None`) through the admin API, by id; they
     /// take precedence over the files' rules of the same id, across reloads.
     overlay: Mutex<Overlay>,
@@ -131,7 +130,6 @@ impl Service {
         Ok(Self {
             current: ArcSwap::from_pointee(loaded),
             files,
-            generation: AtomicU64::new(1),
             overlay: Mutex::new(overlay),
             shared,
             shared_version: AtomicU64::new(version),
@@ -144,11 +142,6 @@ impl Service {
     /// The rules loaded now.
     pub fn loaded(&self) -> arc_swap::Guard<Arc<Loaded>> {
         self.current.load()
-    }
-
-    /// How many rule sets have been loaded (1 at start).
-    pub fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Relaxed)
     }
 
     /// Reads the files again and swaps the rules in when they are valid; otherwise keeps the
@@ -174,7 +167,6 @@ impl Service {
             Ok(loaded) => {
                 let rules = loaded.engine.rules().count();
                 self.current.store(Arc::new(loaded));
-                self.generation.fetch_add(1, Ordering::Relaxed);
                 metrics::reload(true);
                 tracing::info!(rules, "rules reloaded");
                 Ok(())
@@ -216,7 +208,6 @@ impl Service {
         let mut overlay = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
         overlay.insert(id.to_string(), spec);
         self.current.store(Arc::new(loaded));
-        self.generation.fetch_add(1, Ordering::Relaxed);
         Ok(existed)
     }
 
@@ -247,7 +238,6 @@ impl Service {
             Ok(loaded) => {
                 *mine = overlay;
                 self.current.store(Arc::new(loaded));
-                self.generation.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(version, "shared admin rules applied");
             }
             Err(e) => {
@@ -312,14 +302,14 @@ impl Service {
     }
 
     /// Checks `hits`, each of its cost in `costs`, all-or-nothing, recording each decision
-    /// under its rule, or under its name in `named` (Envoy's detailed metrics) where that
-    /// differs.
+    /// under its rule, or under its name in `named` where it has one (Envoy's detailed
+    /// metrics).
     async fn check_hits(
         &self,
         loaded: &Loaded,
         hits: Vec<Hit>,
         costs: &[u64],
-        named: Option<&[String]>,
+        named: Option<&[Option<String>]>,
     ) -> Result<Outcome, CheckError> {
         let Some(limiter) = &loaded.limiter else {
             return Ok(Outcome::default());
@@ -335,9 +325,7 @@ impl Service {
             .iter()
             .enumerate()
             .map(|(i, &decision)| {
-                let name = named
-                    .map(|n| n[i].as_str())
-                    .filter(|n| *n != decision.rule());
+                let name = named.and_then(|n| n[i].as_deref());
                 match (name, loaded.metrics.get(decision.rule())) {
                     (None, Some(m)) => m.record(&decision),
                     (Some(name), _) => metrics::decision(name, &decision),
@@ -364,14 +352,16 @@ impl Service {
             tracing::debug!(domain, "no rules for this domain");
             return Ok(vec![DescriptorOutcome::None; descriptors.len()]);
         };
-        let list: Vec<Descriptor> = descriptors.iter().map(|(d, _)| d.clone()).collect();
-        let hits = found.hits(&list);
+        let mut hits = found.hits(descriptors.iter().map(|(d, _)| d));
         let blocked = hits.iter().any(|h| matches!(h, DescriptorHit::Blocked(_)));
         let (mut limited, mut names, mut costs) = (Vec::new(), Vec::new(), Vec::new());
-        for (hit, (_, cost)) in hits.iter().zip(descriptors) {
+        for (hit, (_, cost)) in hits.iter_mut().zip(descriptors) {
             if let DescriptorHit::Limited { hit, metric, .. } = hit {
-                limited.push(hit.clone());
-                names.push(metric.clone());
+                limited.push(Hit {
+                    rule: hit.rule,
+                    key: std::mem::take(&mut hit.key),
+                });
+                names.push(metric.take());
                 // Over a blocked descriptor nothing consumes: the others only look.
                 costs.push(if blocked { 0 } else { *cost });
             }
@@ -396,7 +386,7 @@ impl Service {
     }
 
     /// Whether the service can decide: rules are loaded and the shared store, if any, answers.
-    pub async fn ready(&self) -> bool {
+    pub fn ready(&self) -> bool {
         match &self.store {
             AnyStore::Redis(redis) => !redis.degraded(),
             AnyStore::Hybrid(_) | AnyStore::Lease(_) | AnyStore::Memory(_) => true,

@@ -82,12 +82,7 @@ async fn a_shadow_rule_reports_but_never_denies() {
         assert_eq!(status, 200);
         assert_eq!(answer["decisions"][0]["shadowed"], shadowed, "{answer}");
     }
-    let metrics = reqwest::get(format!("{}/metrics", server.http))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = support::metrics(&server.http).await;
     assert!(
         metrics.contains("tollgate_decisions_total{rule=\"watch\",outcome=\"shadow_denied\"} 2"),
         "{metrics}"
@@ -257,7 +252,7 @@ async fn health_readiness_and_metrics() {
     for _ in 0..4 {
         check(&client, &server.http, request("m")).await;
     }
-    let metrics = get("/metrics").await.unwrap().text().await.unwrap();
+    let metrics = support::metrics(&server.http).await;
     for line in [
         "tollgate_decisions_total{rule=\"api\",outcome=\"allowed\"} 3",
         "tollgate_decisions_total{rule=\"api\",outcome=\"denied\"} 1",

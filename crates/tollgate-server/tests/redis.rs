@@ -3,8 +3,9 @@
 
 mod support;
 
+use reqwest::Method;
 use serde_json::json;
-use support::{Redis, Server, check};
+use support::{Redis, Server, admin, admin_ids, check, eventually};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_limit_is_global_and_exact_across_processes() {
@@ -64,29 +65,16 @@ async fn admin_edits_reach_every_instance_on_the_same_redis() {
         "algorithm": "sliding_log",
         "tiers": [{ "limit": 3, "period": "1h" }]
     });
-    let created = client
-        .put(format!("{}/v1/rules/login", a.http))
-        .bearer_auth("tok")
-        .json(&rule)
-        .send()
-        .await
-        .unwrap();
+    let created = admin(&a.http, "tok", Method::PUT, "/login", Some(&rule)).await;
     assert_eq!(created.status().as_u16(), 201);
     // The other instance picks it up within its poll.
     let login =
         json!({ "request": { "method": "POST", "path": "/login", "client_ip": "10.1.1.1" } });
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
+    eventually("b sees the rule", || async {
         let (_, _, body) = check(&client, &b.http, login.clone()).await;
-        if body["decisions"][0]["rule"] == "login" {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "b never saw the rule: {body}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+        body["decisions"][0]["rule"] == "login"
+    })
+    .await;
     // One rule, one shared count: 3 in all across both (b used one above).
     let statuses = [
         check(&client, &a.http, login.clone()).await.0,
@@ -95,43 +83,16 @@ async fn admin_edits_reach_every_instance_on_the_same_redis() {
     ];
     assert_eq!(statuses, [200, 200, 429]);
     // A deletion through b reaches a.
-    let deleted = client
-        .delete(format!("{}/v1/rules/login", b.http))
-        .bearer_auth("tok")
-        .send()
-        .await
-        .unwrap();
+    let deleted = admin(&b.http, "tok", Method::DELETE, "/login", None).await;
     assert_eq!(deleted.status().as_u16(), 204);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
+    eventually("a drops the rule", || async {
         let (status, _, body) = check(&client, &a.http, login.clone()).await;
-        if status == 200 && body["decisions"].as_array().unwrap().is_empty() {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "a kept the rule: {body}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+        status == 200 && body["decisions"].as_array().unwrap().is_empty()
+    })
+    .await;
     // A new instance starts with the shared rules.
     let c = Server::start(&[("rules.yaml", &rules)], &args);
-    let listed: serde_json::Value = client
-        .get(format!("{}/v1/rules", c.http))
-        .bearer_auth("tok")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let ids: Vec<&str> = listed["rules"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|r| r["id"].as_str())
-        .collect();
-    assert_eq!(ids, ["base"]);
+    assert_eq!(admin_ids(&c.http, "tok").await, ["base"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -145,13 +106,7 @@ async fn an_admin_edit_redis_cannot_take_changes_nothing() {
     drop(redis);
     let client = reqwest::Client::new();
     let rule = json!({ "id": "new", "tiers": [{ "limit": 1, "period": "1h" }] });
-    let refused = client
-        .put(format!("{}/v1/rules/new", server.http))
-        .bearer_auth("tok")
-        .json(&rule)
-        .send()
-        .await
-        .unwrap();
+    let refused = admin(&server.http, "tok", Method::PUT, "/new", Some(&rule)).await;
     assert_eq!(refused.status().as_u16(), 503);
     assert!(
         refused
@@ -160,16 +115,7 @@ async fn an_admin_edit_redis_cannot_take_changes_nothing() {
             .unwrap()
             .contains("shared rules could not be written")
     );
-    let listed: serde_json::Value = client
-        .get(format!("{}/v1/rules", server.http))
-        .bearer_auth("tok")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(listed["rules"].as_array().unwrap().len(), 1);
+    assert_eq!(admin_ids(&server.http, "tok").await, ["base"]);
     // Checks go on under the rule's failure policy (open by default).
     let (status, _, body) =
         check(&client, &server.http, json!({ "rule": "base", "key": "k" })).await;

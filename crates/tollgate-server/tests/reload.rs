@@ -4,8 +4,9 @@ mod support;
 
 use std::time::Duration;
 
+use reqwest::Method;
 use serde_json::json;
-use support::{Server, check, header, signal};
+use support::{Server, admin, admin_ids, check, header, signal};
 
 fn rules(limit: u64) -> String {
     format!(
@@ -56,12 +57,7 @@ async fn an_invalid_file_is_rejected_and_the_old_rules_keep_serving() {
     let line = server.wait_for_log("rejected", Duration::from_secs(10));
     assert!(line.contains("rules.yaml:3:"), "{line}");
     assert_eq!(remaining(&client, &server).await, "8");
-    let metrics = reqwest::get(format!("{}/metrics", server.http))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = support::metrics(&server.http).await;
     assert!(
         metrics.contains("tollgate_reloads_total{result=\"error\"} 1"),
         "{metrics}"
@@ -84,26 +80,15 @@ async fn sighup_reloads() {
 async fn the_admin_api_needs_its_token_and_validates_like_the_files() {
     let server = Server::start(&[("rules.yaml", &rules(10))], &["--admin-token", "s3cret"]);
     let client = reqwest::Client::new();
-    let url = |path: &str| format!("{}/v1/rules{path}", server.http);
-    let without = client.get(url("")).send().await.unwrap();
+    let without = client
+        .get(format!("{}/v1/rules", server.http))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(without.status().as_u16(), 401);
-    let wrong = client
-        .get(url(""))
-        .bearer_auth("guess")
-        .send()
-        .await
-        .unwrap();
+    let wrong = admin(&server.http, "guess", Method::GET, "", None).await;
     assert_eq!(wrong.status().as_u16(), 401);
-    let list: serde_json::Value = client
-        .get(url(""))
-        .bearer_auth("s3cret")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(list["rules"][0]["id"], "api");
+    assert_eq!(admin_ids(&server.http, "s3cret").await, ["api"]);
 
     let new_rule = json!({
         "id": "login",
@@ -112,13 +97,14 @@ async fn the_admin_api_needs_its_token_and_validates_like_the_files() {
         "algorithm": "sliding_log",
         "tiers": [{ "limit": 2, "period": "1m" }]
     });
-    let created = client
-        .put(url("/login"))
-        .bearer_auth("s3cret")
-        .json(&new_rule)
-        .send()
-        .await
-        .unwrap();
+    let created = admin(
+        &server.http,
+        "s3cret",
+        Method::PUT,
+        "/login",
+        Some(&new_rule),
+    )
+    .await;
     assert_eq!(created.status().as_u16(), 201);
     let login =
         json!({ "request": { "method": "POST", "path": "/login", "client_ip": "10.0.0.1" } });
@@ -130,13 +116,7 @@ async fn the_admin_api_needs_its_token_and_validates_like_the_files() {
     assert_eq!(statuses, [200, 200, 429]);
 
     let bad = json!({ "id": "login", "tiers": [{ "limit": 0, "period": "1m" }] });
-    let refused = client
-        .put(url("/login"))
-        .bearer_auth("s3cret")
-        .json(&bad)
-        .send()
-        .await
-        .unwrap();
+    let refused = admin(&server.http, "s3cret", Method::PUT, "/login", Some(&bad)).await;
     assert_eq!(refused.status().as_u16(), 422);
     assert!(refused.text().await.unwrap().contains("limit"));
     // The refused edit changed nothing: the rule still denies.
@@ -147,12 +127,7 @@ async fn the_admin_api_needs_its_token_and_validates_like_the_files() {
     server.wait_for_log("rules reloaded", Duration::from_secs(10));
     assert_eq!(check(&client, &server.http, login.clone()).await.0, 429);
 
-    let deleted = client
-        .delete(url("/login"))
-        .bearer_auth("s3cret")
-        .send()
-        .await
-        .unwrap();
+    let deleted = admin(&server.http, "s3cret", Method::DELETE, "/login", None).await;
     assert_eq!(deleted.status().as_u16(), 204);
     let (status, _, body) = check(&client, &server.http, login).await;
     assert_eq!(status, 200);
@@ -163,23 +138,13 @@ async fn the_admin_api_needs_its_token_and_validates_like_the_files() {
         .filter_map(|d| d["rule"].as_str())
         .collect();
     assert_eq!(rules, ["api"]);
-    let gone = client
-        .get(url("/login"))
-        .bearer_auth("s3cret")
-        .send()
-        .await
-        .unwrap();
+    let gone = admin(&server.http, "s3cret", Method::GET, "/login", None).await;
     assert_eq!(gone.status().as_u16(), 404);
 }
 
 #[tokio::test]
 async fn without_a_token_the_admin_api_is_off() {
     let server = Server::start(&[("rules.yaml", &rules(10))], &[]);
-    let response = reqwest::Client::new()
-        .get(format!("{}/v1/rules", server.http))
-        .bearer_auth("anything")
-        .send()
-        .await
-        .unwrap();
+    let response = admin(&server.http, "anything", Method::GET, "", None).await;
     assert_eq!(response.status().as_u16(), 403);
 }

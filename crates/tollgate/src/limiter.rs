@@ -261,10 +261,7 @@ impl<S: LocalStore, C: Clock> Limiter<S, C> {
             let item = only.planned(key, cost);
             return Ok(self.store.check_one_now(&item, now(&self.clock), None));
         }
-        self.validate_key(key, cost)?;
-        let items: Vec<_> = self.rules.iter().map(|r| r.planned(key, cost)).collect();
-        let decisions = self.store.check_now(&items, now(&self.clock), None);
-        Ok(decisions.binding().expect("a limiter has a rule"))
+        self.decide_now(key, cost, None)
     }
 
     /// Decides whether `key` may take `cost` permits, accepting a shaping algorithm's delay
@@ -281,13 +278,15 @@ impl<S: LocalStore, C: Clock> Limiter<S, C> {
         cost: u64,
         max_delay: Duration,
     ) -> Result<Decision, Error> {
-        let key = key.as_ref();
-        self.validate_key(key, cost)?;
         let patience = u64::try_from(max_delay.as_micros()).unwrap_or(u64::MAX);
+        self.decide_now(key.as_ref(), cost, Some(patience))
+    }
+
+    /// Every rule about `key`, decided now, allowing a shaping delay of `max_delay` µs.
+    fn decide_now(&self, key: &[u8], cost: u64, max_delay: Option<u64>) -> Result<Decision, Error> {
+        self.validate_key(key, cost)?;
         let items: Vec<_> = self.rules.iter().map(|r| r.planned(key, cost)).collect();
-        let decisions = self
-            .store
-            .check_now(&items, now(&self.clock), Some(patience));
+        let decisions = self.store.check_now(&items, now(&self.clock), max_delay);
         Ok(decisions.binding().expect("a limiter has a rule"))
     }
 

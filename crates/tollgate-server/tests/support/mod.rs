@@ -200,3 +200,59 @@ pub fn header<'a>(headers: &'a reqwest::header::HeaderMap, name: &str) -> Option
 pub fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap()
 }
+
+/// Calls the admin API at `server`: `method` on `/v1/rules{path}`, with the bearer `token`
+/// and `body` as JSON.
+pub async fn admin(
+    server: &str,
+    token: &str,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<&serde_json::Value>,
+) -> reqwest::Response {
+    let mut request = reqwest::Client::new()
+        .request(method, format!("{server}/v1/rules{path}"))
+        .bearer_auth(token);
+    if let Some(body) = body {
+        request = request.json(body);
+    }
+    request.send().await.unwrap()
+}
+
+/// The ids of the rules the admin API at `server` lists.
+pub async fn admin_ids(server: &str, token: &str) -> Vec<String> {
+    let listed: serde_json::Value = admin(server, token, reqwest::Method::GET, "", None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    listed["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["id"].as_str().map(String::from))
+        .collect()
+}
+
+/// Waits, up to 10 s, until `ready` says the state it looks for has come.
+pub async fn eventually<F, Fut>(what: &str, mut ready: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ready().await {
+        assert!(Instant::now() < deadline, "{what}: not within 10 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// What `/metrics` of `server` says now.
+pub async fn metrics(server: &str) -> String {
+    reqwest::get(format!("{server}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}

@@ -106,9 +106,9 @@ pub enum DescriptorHit<'a> {
         hit: Hit,
         /// The node's limit.
         limit: &'a NodeLimit,
-        /// The name to report in metrics: the rule's, with the values when the node asks for
-        /// detailed metrics.
-        metric: String,
+        /// The name to report in metrics when a node asks for detailed metrics (the values
+        /// included); otherwise the rule's name is.
+        metric: Option<String>,
     },
 }
 
@@ -128,7 +128,8 @@ pub struct DomainBuilder {
 
 #[derive(Debug, Clone, Default)]
 struct Level {
-    exact: HashMap<(String, String), usize>,
+    /// Key, then value, to the node.
+    exact: HashMap<String, HashMap<String, usize>>,
     prefixes: Vec<(String, String, usize)>,
     any: HashMap<String, usize>,
     nodes: Vec<Built>,
@@ -195,7 +196,9 @@ fn build_level(path: &str, nodes: Vec<Node>, rules: &mut Vec<Rule>) -> Result<Le
             }
             Some(v) => level
                 .exact
-                .insert((node.key.clone(), v.clone()), index)
+                .entry(node.key.clone())
+                .or_default()
+                .insert(v.clone(), index)
                 .is_none(),
             None => level.any.insert(node.key.clone(), index).is_none(),
         };
@@ -255,11 +258,19 @@ fn rule_name(path: &str) -> String {
     name
 }
 
+impl Built {
+    /// The value the counter key and the metric name use for `entry`.
+    fn value<'e>(&'e self, entry: &'e Entry) -> &'e str {
+        self.shared.as_deref().unwrap_or(&entry.value)
+    }
+}
+
 impl Level {
     fn find(&self, entry: &Entry) -> Option<&Built> {
         let index = self
             .exact
-            .get(&(entry.key.clone(), entry.value.clone()))
+            .get(entry.key.as_str())
+            .and_then(|values| values.get(entry.value.as_str()))
             .or_else(|| {
                 self.prefixes
                     .iter()
@@ -284,8 +295,12 @@ impl Domain {
 
     /// What each of `descriptors` hits, in order, with limits that another applying limit
     /// `replaces` taken out (answered as not limited).
-    pub fn hits(&self, descriptors: &[Descriptor]) -> Vec<DescriptorHit<'_>> {
-        let mut hits: Vec<DescriptorHit<'_>> = descriptors.iter().map(|d| self.hit(d)).collect();
+    pub fn hits<'d>(
+        &self,
+        descriptors: impl IntoIterator<Item = &'d Descriptor>,
+    ) -> Vec<DescriptorHit<'_>> {
+        let mut hits: Vec<DescriptorHit<'_>> =
+            descriptors.into_iter().map(|d| self.hit(d)).collect();
         let replaced: Vec<&str> = hits
             .iter()
             .filter_map(|h| match h {
@@ -310,19 +325,13 @@ impl Domain {
     fn hit(&self, descriptor: &Descriptor) -> DescriptorHit<'_> {
         let mut level = &self.top;
         let mut key = Vec::new();
-        let mut metric = self.name.clone();
         let mut detailed = false;
         for (i, entry) in descriptor.iter().enumerate() {
             let Some(node) = level.find(entry) else {
                 return DescriptorHit::None;
             };
             push_part(&mut key, entry.key.as_bytes());
-            let value = node.shared.as_deref().unwrap_or(&entry.value);
-            push_part(&mut key, value.as_bytes());
-            metric.push('.');
-            metric.push_str(&entry.key);
-            metric.push('_');
-            metric.push_str(value);
+            push_part(&mut key, node.value(entry).as_bytes());
             detailed |= node.detailed_metric;
             if i + 1 == descriptor.len() {
                 return match (&node.limit, node.rule) {
@@ -331,7 +340,7 @@ impl Domain {
                     (Some(limit), Some(rule)) => DescriptorHit::Limited {
                         hit: Hit { rule, key },
                         limit,
-                        metric: if detailed { metric } else { rule.to_string() },
+                        metric: detailed.then(|| self.metric(descriptor)),
                     },
                     _ => DescriptorHit::None,
                 };
@@ -339,6 +348,24 @@ impl Domain {
             level = &node.children;
         }
         DescriptorHit::None
+    }
+
+    /// The detailed metric name of a descriptor that reached a limit: the domain and each
+    /// entry's key and value (a shared prefix's instead of the value), as Envoy names them.
+    fn metric(&self, descriptor: &Descriptor) -> String {
+        let mut metric = self.name.clone();
+        let mut level = &self.top;
+        for entry in descriptor {
+            let Some(node) = level.find(entry) else {
+                break;
+            };
+            metric.push('.');
+            metric.push_str(&entry.key);
+            metric.push('_');
+            metric.push_str(node.value(entry));
+            level = &node.children;
+        }
+        metric
     }
 }
 
@@ -471,7 +498,9 @@ mod tests {
         n.detailed_metric = true;
         let domain = DomainBuilder::new("d").build(vec![n]).unwrap();
         match &domain.hits(&[d(&[("ip", "1.2.3.4")])])[0] {
-            DescriptorHit::Limited { metric, .. } => assert_eq!(metric, "d.ip_1.2.3.4"),
+            DescriptorHit::Limited { metric, .. } => {
+                assert_eq!(metric.as_deref(), Some("d.ip_1.2.3.4"));
+            }
             other => panic!("{other:?}"),
         }
     }

@@ -230,32 +230,6 @@ where
             let answer = self.inner.call(request);
             return Box::pin(answer);
         };
-        if S::DECIDES_AT_ONCE {
-            // The store decides on the first poll: decide here, and hand the request to the
-            // service made ready for it, with no clone of it and no waiting.
-            let mut check = std::pin::pin!(decide(&limiter, &hits, cost));
-            let waker = std::task::Waker::noop();
-            if let Poll::Ready(decisions) = check.as_mut().poll(&mut Context::from_waker(waker)) {
-                return match decisions {
-                    Err(err) => {
-                        let response = refused(&err);
-                        Box::pin(async move { Ok(response) })
-                    }
-                    Ok(decisions) if !decisions.iter().all(crate::Decision::allowed) => {
-                        let response = too_many(&decisions);
-                        Box::pin(async move { Ok(response) })
-                    }
-                    Ok(decisions) => {
-                        let answer = self.inner.call(request);
-                        Box::pin(async move {
-                            let mut response = answer.await?;
-                            headers::add(response.headers_mut(), &decisions);
-                            Ok(response)
-                        })
-                    }
-                };
-            }
-        }
         // The clone that was made ready serves this request; a fresh clone waits for the next.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);

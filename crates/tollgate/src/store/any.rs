@@ -1,8 +1,6 @@
 //! A store chosen at run time: the service reads which from its configuration. Each arm is one
 //! of this crate's stores; a check costs one match over the arm.
 
-use std::future::Future;
-
 #[cfg(feature = "redis")]
 use super::{HybridPlan, HybridStore, LeasePlan, LeaseStore, RedisPlan, RedisStore};
 use super::{MemoryPlan, MemoryStore, Planned, Store};
@@ -98,51 +96,48 @@ impl Store for AnyStore {
         })
     }
 
-    fn check(
+    async fn check(
         &self,
         items: &[Planned<'_, AnyPlan>],
         now: u64,
         max_delay: Option<u64>,
-    ) -> impl Future<Output = Result<Decisions, Error>> + Send {
-        let store = self.clone();
-        // The items borrow the caller's plans; each arm narrows them before its future starts.
-        let narrowed = match &store {
-            Self::Memory(_) => narrow(items, |p| match p {
-                AnyPlan::Memory(p) => Some(p),
-                #[cfg(feature = "redis")]
-                _ => None,
-            })
-            .map(Narrowed::Memory),
+    ) -> Result<Decisions, Error> {
+        match self {
+            Self::Memory(s) => {
+                let items = narrow(items, |p| match p {
+                    AnyPlan::Memory(p) => Some(p),
+                    #[cfg(feature = "redis")]
+                    _ => None,
+                })
+                .ok_or_else(foreign)?;
+                s.check(&items, now, max_delay).await
+            }
             #[cfg(feature = "redis")]
-            Self::Redis(_) => narrow(items, |p| match p {
-                AnyPlan::Redis(p) => Some(p),
-                _ => None,
-            })
-            .map(Narrowed::Redis),
+            Self::Redis(s) => {
+                let items = narrow(items, |p| match p {
+                    AnyPlan::Redis(p) => Some(p),
+                    _ => None,
+                })
+                .ok_or_else(foreign)?;
+                s.check(&items, now, max_delay).await
+            }
             #[cfg(feature = "redis")]
-            Self::Hybrid(_) => narrow(items, |p| match p {
-                AnyPlan::Hybrid(p) => Some(p),
-                _ => None,
-            })
-            .map(Narrowed::Hybrid),
+            Self::Hybrid(s) => {
+                let items = narrow(items, |p| match p {
+                    AnyPlan::Hybrid(p) => Some(p),
+                    _ => None,
+                })
+                .ok_or_else(foreign)?;
+                s.check(&items, now, max_delay).await
+            }
             #[cfg(feature = "redis")]
-            Self::Lease(_) => narrow(items, |p| match p {
-                AnyPlan::Lease(p) => Some(p),
-                _ => None,
-            })
-            .map(Narrowed::Lease),
-        };
-        async move {
-            match (&store, narrowed.ok_or_else(foreign)?) {
-                (Self::Memory(s), Narrowed::Memory(i)) => s.check(&i, now, max_delay).await,
-                #[cfg(feature = "redis")]
-                (Self::Redis(s), Narrowed::Redis(i)) => s.check(&i, now, max_delay).await,
-                #[cfg(feature = "redis")]
-                (Self::Hybrid(s), Narrowed::Hybrid(i)) => s.check(&i, now, max_delay).await,
-                #[cfg(feature = "redis")]
-                (Self::Lease(s), Narrowed::Lease(i)) => s.check(&i, now, max_delay).await,
-                #[cfg(feature = "redis")]
-                _ => Err(foreign()),
+            Self::Lease(s) => {
+                let items = narrow(items, |p| match p {
+                    AnyPlan::Lease(p) => Some(p),
+                    _ => None,
+                })
+                .ok_or_else(foreign)?;
+                s.check(&items, now, max_delay).await
             }
         }
     }
@@ -158,14 +153,4 @@ impl Store for AnyStore {
             Self::Lease(s) => s.shutdown().await,
         }
     }
-}
-
-enum Narrowed<'a> {
-    Memory(Vec<Planned<'a, MemoryPlan>>),
-    #[cfg(feature = "redis")]
-    Redis(Vec<Planned<'a, RedisPlan>>),
-    #[cfg(feature = "redis")]
-    Hybrid(Vec<Planned<'a, HybridPlan>>),
-    #[cfg(feature = "redis")]
-    Lease(Vec<Planned<'a, LeasePlan>>),
 }

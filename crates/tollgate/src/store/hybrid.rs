@@ -674,7 +674,6 @@ fn judge(
 
 impl Store for HybridStore {
     type Plan = HybridPlan;
-    const DECIDES_AT_ONCE: bool = true;
 
     fn plan(&self, rule: &Rule) -> Result<HybridPlan, Error> {
         let sliding = match rule.algorithm() {

@@ -283,7 +283,6 @@ impl MemoryStore {
 
 impl Store for MemoryStore {
     type Plan = MemoryPlan;
-    const DECIDES_AT_ONCE: bool = true;
 
     fn plan(&self, rule: &Rule) -> Result<MemoryPlan, Error> {
         let words = rule.words();

@@ -56,11 +56,6 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// What the store prepares once per rule: a slot in a table, key names, arguments.
     type Plan: fmt::Debug + Send + Sync + 'static;
 
-    /// Whether [`check`](Self::check) always finishes on its first poll: the store decides
-    /// in this process without waiting (memory, hybrid). Callers may then decide at once
-    /// rather than in a future of their own.
-    const DECIDES_AT_ONCE: bool = false;
-
     /// Prepares `rule` for checks. Planning a rule again (a hot reload) is cheap, and a rule
     /// of the same name and state layout finds its keys' state again.
     ///
