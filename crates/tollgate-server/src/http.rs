@@ -16,17 +16,23 @@
 //! `RateLimit-Policy` and `RateLimit` fields (draft-ietf-httpapi-ratelimit-headers).
 
 use std::borrow::Cow;
+use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use axum::Router;
+use axum::body::Body;
 use axum::body::Bytes;
-use axum::extract::{ConnectInfo, DefaultBodyLimit, Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, FromRequestParts, Query, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
+use axum::serve::IncomingStream;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
+use tokio::net::TcpListener;
 use tollgate::engine::{Descriptor, Request, descriptor};
 use tollgate::{Decision, Source};
 
@@ -59,6 +65,55 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .with_state(state)
 }
 
+/// Serves the HTTP API on each connection of a listener: `axum::serve(listener,
+/// Connections(router))`.
+#[derive(Debug, Clone)]
+pub struct Connections(pub Router);
+
+impl<'a> tower::Service<IncomingStream<'a, TcpListener>> for Connections {
+    type Response = Connection;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Connection, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, incoming: IncomingStream<'a, TcpListener>) -> Self::Future {
+        let peer = *incoming.remote_addr();
+        std::future::ready(Ok(Connection {
+            router: self.0.clone(),
+            peer,
+        }))
+    }
+}
+
+/// The HTTP API on one connection: the router, with the peer's address (`ConnectInfo`)
+/// attached only to the requests of `/v1/auth`, the one endpoint that reads it, since
+/// attaching it costs a request an extension map.
+#[derive(Debug, Clone)]
+pub struct Connection {
+    router: Router,
+    peer: SocketAddr,
+}
+
+impl tower::Service<axum::extract::Request> for Connection {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = <Router as tower::Service<axum::extract::Request>>::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        tower::Service::<axum::extract::Request>::poll_ready(&mut self.router, cx)
+    }
+
+    fn call(&mut self, mut request: axum::extract::Request) -> Self::Future {
+        if request.uri().path() == "/v1/auth" {
+            request.extensions_mut().insert(ConnectInfo(self.peer));
+        }
+        self.router.call(request)
+    }
+}
+
 /// A check's body, borrowing its strings from the request's bytes where JSON escapes allow.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -86,7 +141,17 @@ struct RequestBody<'a> {
 }
 
 /// Header (name, value) pairs, borrowed from the body where they have no escapes.
-type Headers<'a> = Vec<(Cow<'a, str>, Cow<'a, str>)>;
+#[derive(Debug, Default)]
+struct Headers<'a>(Vec<(Cow<'a, str>, Cow<'a, str>)>);
+
+impl tollgate::engine::Headers for Headers<'_> {
+    fn get(&self, name: &str) -> Option<&[u8]> {
+        self.0
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_bytes())
+    }
+}
 
 /// A JSON object of strings as (name, value) pairs, borrowed where they have no escapes.
 fn pairs<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Headers<'de>, D::Error> {
@@ -123,7 +188,7 @@ fn pairs<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Headers<'de>, D::Erro
             while let Some((Text(k), Text(v))) = map.next_entry::<Text<'de>, Text<'de>>()? {
                 pairs.push((k, v));
             }
-            Ok(pairs)
+            Ok(Headers(pairs))
         }
     }
     d.deserialize_map(Pairs)
@@ -151,35 +216,38 @@ fn one() -> u64 {
 /// `{"allowed": bool, "decisions": [{"rule", "allowed", "limit", "remaining",
 /// "reset_after_ms", "retry_after_ms" (when denied), "window_s", "shadowed", "source"}]}`.
 /// Rule names are letters, digits and `_ - . : /`, so they need no escaping.
-fn answer_json(allowed: bool, decisions: &[Decision]) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::with_capacity(40 + 200 * decisions.len());
-    let _ = write!(out, "{{\"allowed\":{allowed},\"decisions\":[");
+fn answer_json(allowed: bool, decisions: &[Decision]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(40 + 200 * decisions.len());
+    let number = |out: &mut Vec<u8>, name: &str, n: u64| {
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+    };
+    let flag = |b: bool| if b { "true" } else { "false" };
+    out.extend_from_slice(b"{\"allowed\":");
+    out.extend_from_slice(flag(allowed).as_bytes());
+    out.extend_from_slice(b",\"decisions\":[");
     for (i, d) in decisions.iter().enumerate() {
         if i > 0 {
-            out.push(',');
+            out.push(b',');
         }
-        let _ = write!(
-            out,
-            "{{\"rule\":\"{}\",\"allowed\":{},\"limit\":{},\"remaining\":{},\"reset_after_ms\":{}",
-            d.rule(),
-            d.allowed(),
-            d.limit(),
-            d.remaining(),
-            millis(d.reset_after())
-        );
+        out.extend_from_slice(b"{\"rule\":\"");
+        out.extend_from_slice(d.rule().as_bytes());
+        out.extend_from_slice(b"\",\"allowed\":");
+        out.extend_from_slice(flag(d.allowed()).as_bytes());
+        number(&mut out, ",\"limit\":", d.limit());
+        number(&mut out, ",\"remaining\":", d.remaining());
+        number(&mut out, ",\"reset_after_ms\":", millis(d.reset_after()));
         if let Some(retry) = d.retry_after() {
-            let _ = write!(out, ",\"retry_after_ms\":{}", millis(retry));
+            number(&mut out, ",\"retry_after_ms\":", millis(retry));
         }
-        let _ = write!(
-            out,
-            ",\"window_s\":{},\"shadowed\":{},\"source\":\"{}\"}}",
-            ceil_secs(d.window()),
-            d.shadowed(),
-            source_name(d.source())
-        );
+        number(&mut out, ",\"window_s\":", ceil_secs(d.window()));
+        out.extend_from_slice(b",\"shadowed\":");
+        out.extend_from_slice(flag(d.shadowed()).as_bytes());
+        out.extend_from_slice(b",\"source\":\"");
+        out.extend_from_slice(source_name(d.source()).as_bytes());
+        out.extend_from_slice(b"\"}");
     }
-    out.push_str("]}");
+    out.extend_from_slice(b"]}");
     out
 }
 
@@ -207,11 +275,23 @@ fn source_name(source: Source) -> &'static str {
     }
 }
 
-async fn check(State(state): State<AppState>, headers: HeaderMap, bytes: Bytes) -> Response {
-    let json = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json"));
+/// Whether a request's body is declared JSON, read from its head without copying its headers.
+struct JsonBody(bool);
+
+impl<S: Send + Sync> FromRequestParts<S> for JsonBody {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let json = parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/json"));
+        Ok(Self(json))
+    }
+}
+
+async fn check(State(state): State<AppState>, JsonBody(json): JsonBody, bytes: Bytes) -> Response {
     if !json {
         return bad_request(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -231,17 +311,11 @@ async fn check(State(state): State<AppState>, headers: HeaderMap, bytes: Bytes) 
     let cost = body.cost;
     match (&body.request, &body.rule, &body.domain) {
         (Some(r), None, None) if body.key.is_none() && body.descriptors.is_none() => {
-            // Header names match without regard to case.
-            let pairs: Vec<(&str, &[u8])> = r
-                .headers
-                .iter()
-                .map(|(k, v)| (k.as_ref(), v.as_bytes()))
-                .collect();
             let path = r.path.split('?').next().unwrap_or_default();
             let request = Request {
                 method: &r.method,
                 path,
-                headers: &pairs,
+                headers: &r.headers,
                 client_ip: r.client_ip,
             };
             let outcome = state.service.check_request(&request, cost).await;
@@ -284,42 +358,48 @@ fn answer_outcome(
     denied: StatusCode,
     json: bool,
 ) -> Response {
-    let outcome = match outcome {
-        Ok(outcome) => outcome,
-        Err(CheckError::Invalid(message)) => return bad_request(StatusCode::BAD_REQUEST, message),
+    match outcome {
+        Ok(outcome) => answer(&outcome.decisions, denied, json),
+        Err(CheckError::Invalid(message)) => bad_request(StatusCode::BAD_REQUEST, message),
+    }
+}
+
+/// The answer to `decisions`, all-or-nothing: see [`answer_outcome`].
+fn answer(decisions: &[Decision], denied: StatusCode, json: bool) -> Response {
+    let allowed = decisions.iter().all(Decision::allowed);
+    let status = match (allowed, json) {
+        (true, true) => StatusCode::OK,
+        (true, false) => StatusCode::NO_CONTENT,
+        (false, _) => denied,
     };
-    let allowed = outcome.allowed();
-    let status = if allowed {
-        if json {
-            StatusCode::OK
-        } else {
-            StatusCode::NO_CONTENT
-        }
+    // Room for the content type and every rate limit field, so that the map never grows.
+    let mut fields = HeaderMap::with_capacity(8);
+    let body = if json {
+        let json = HeaderValue::from_static("application/json");
+        fields.insert(header::CONTENT_TYPE, json);
+        Body::from(answer_json(allowed, decisions))
     } else {
-        denied
+        Body::empty()
     };
-    let mut response = if json {
-        let body = answer_json(allowed, &outcome.decisions);
-        (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
-    } else {
-        status.into_response()
-    };
-    headers::add(response.headers_mut(), &outcome.decisions);
+    headers::add(&mut fields, decisions);
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    *response.headers_mut() = fields;
     response
 }
 
 fn answer_descriptors(outcomes: &[DescriptorOutcome]) -> Response {
-    let mut outcome = Outcome::default();
+    let mut decisions = Vec::with_capacity(outcomes.len());
     let mut blocked = false;
     for o in outcomes {
         match o {
-            DescriptorOutcome::Checked(_, decision) => outcome.decisions.push(*decision),
+            DescriptorOutcome::Checked(_, decision) => decisions.push(*decision),
             DescriptorOutcome::Blocked(_) => blocked = true,
             DescriptorOutcome::None | DescriptorOutcome::Unlimited => {}
         }
     }
-    let mut response = answer_outcome(Ok(outcome.clone()), StatusCode::TOO_MANY_REQUESTS, true);
-    if blocked && outcome.allowed() {
+    let mut response = answer(&decisions, StatusCode::TOO_MANY_REQUESTS, true);
+    if blocked && response.status().is_success() {
         *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
     }
     response
@@ -335,8 +415,9 @@ async fn auth(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Query(query): Query<AuthQuery>,
-    headers: HeaderMap,
+    request: axum::extract::Request,
 ) -> Response {
+    let headers = request.headers();
     let denied = match query.deny_status {
         None | Some(429) => StatusCode::TOO_MANY_REQUESTS,
         Some(401) => StatusCode::UNAUTHORIZED,
@@ -352,7 +433,6 @@ async fn auth(
         names
             .iter()
             .find_map(|n| headers.get(*n).and_then(|v| v.to_str().ok()))
-            .map(str::to_string)
     };
     let Some(uri) = text(&["x-original-uri", "x-forwarded-uri"]) else {
         return bad_request(
@@ -360,19 +440,15 @@ async fn auth(
             "missing X-Original-URI (nginx: proxy_set_header X-Original-URI $request_uri)",
         );
     };
-    let method = text(&["x-original-method", "x-forwarded-method"]).unwrap_or_else(|| "GET".into());
+    let method = text(&["x-original-method", "x-forwarded-method"]).unwrap_or("GET");
     let client_ip = text(&["x-real-ip"])
         .and_then(|ip| ip.trim().parse().ok())
         .unwrap_or(peer.ip());
-    let pairs: Vec<(&str, &[u8])> = headers
-        .iter()
-        .map(|(name, value)| (name.as_str(), value.as_bytes()))
-        .collect();
     let path = uri.split('?').next().unwrap_or_default();
     let request = Request {
-        method: &method,
+        method,
         path,
-        headers: &pairs,
+        headers,
         client_ip: Some(client_ip),
     };
     let outcome = state

@@ -253,8 +253,7 @@ async fn serve(
         metrics: Some(handle),
         admin_token: admin_token.filter(|t| !t.is_empty()).map(Into::into),
     };
-    let app = http::router(state, server.max_body_bytes)
-        .into_make_service_with_connect_info::<SocketAddr>();
+    let app = http::Connections(http::router(state, server.max_body_bytes));
     let listener = tokio::net::TcpListener::bind(http_addr)
         .await
         .with_context(|| format!("cannot listen on {http_addr}"))?;

@@ -9,10 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
-use tollgate::engine::{Descriptor, DescriptorHit, Engine, Hit, NodeLimit, Request};
+use tollgate::engine::{Descriptor, DescriptorHit, Engine, Headers, NodeLimit, Request};
 use tollgate::{
-    AnyStore, Decision, Error, HybridConfig, HybridStore, LeaseConfig, LeaseStore, Limiter,
-    MemoryStore, RedisStore, Store,
+    AnyStore, Decision, Decisions, Error, HybridConfig, HybridStore, Item, LeaseConfig, LeaseStore,
+    Limiter, MemoryStore, RedisStore, Store,
 };
 
 use crate::config::{self, Config, ConfigError, RedisMode, RuleSpec, StoreConfig};
@@ -30,8 +30,8 @@ pub struct Loaded {
     pub specs: Vec<RuleSpec>,
     /// The configuration these came from.
     pub config: Config,
-    /// Each rule's counters, by rule name.
-    metrics: HashMap<&'static str, RuleMetrics>,
+    /// Each rule's counters, by rule name (looked up on every decision: a fast hash).
+    metrics: HashMap<&'static str, RuleMetrics, foldhash::fast::RandomState>,
 }
 
 /// The service: see the module documentation. Cheap to share behind an `Arc`.
@@ -68,7 +68,7 @@ pub enum EditError {
 #[derive(Debug, Clone, Default)]
 pub struct Outcome {
     /// One decision per rule that applied, in order.
-    pub decisions: Vec<Decision>,
+    pub decisions: Decisions,
 }
 
 impl Outcome {
@@ -269,15 +269,20 @@ impl Service {
     ///
     /// # Errors
     /// [`CheckError`] for a cost no rule can admit.
-    pub async fn check_request(
+    pub async fn check_request<H: Headers + ?Sized>(
         &self,
-        request: &Request<'_>,
+        request: &Request<'_, H>,
         cost: u64,
     ) -> Result<Outcome, CheckError> {
         let loaded = self.loaded();
-        let hits = loaded.engine.hits(request);
-        let costs = vec![cost; hits.len()];
-        self.check_hits(&loaded, hits, &costs, None).await
+        match &*loaded.engine.hits(request) {
+            // One route, the common case: no vector of items.
+            [hit] => self.check_items(&loaded, &[hit.item(cost)], None).await,
+            hits => {
+                let items: Vec<_> = hits.iter().map(|h| h.item(cost)).collect();
+                self.check_items(&loaded, &items, None).await
+            }
+        }
     }
 
     /// Checks one key under one rule by name.
@@ -294,46 +299,35 @@ impl Service {
         let Some(found) = loaded.engine.rules().find(|r| r.name() == rule) else {
             return Err(CheckError::Invalid(format!("unknown rule `{rule}`")));
         };
-        let hit = Hit {
-            rule: found.name(),
-            key: key.to_vec(),
-        };
-        self.check_hits(&loaded, vec![hit], &[cost], None).await
+        let item = Item::new(found.name(), key, cost);
+        self.check_items(&loaded, &[item], None).await
     }
 
-    /// Checks `hits`, each of its cost in `costs`, all-or-nothing, recording each decision
-    /// under its rule, or under its name in `named` where it has one (Envoy's detailed
-    /// metrics).
-    async fn check_hits(
+    /// Checks `items` all-or-nothing, recording each decision under its rule, or under its
+    /// name in `named` where it has one (Envoy's detailed metrics).
+    async fn check_items(
         &self,
         loaded: &Loaded,
-        hits: Vec<Hit>,
-        costs: &[u64],
+        items: &[Item<'_>],
         named: Option<&[Option<String>]>,
     ) -> Result<Outcome, CheckError> {
         let Some(limiter) = &loaded.limiter else {
             return Ok(Outcome::default());
         };
-        if hits.is_empty() {
+        if items.is_empty() {
             return Ok(Outcome::default());
         }
-        let items: Vec<_> = hits.iter().zip(costs).map(|(h, &c)| h.item(c)).collect();
         let started = Instant::now();
-        let decisions = limiter.check_batch(&items).await?;
+        let decisions = limiter.check_batch(items).await?;
         metrics::record_latency(&self.latency, started.elapsed());
-        let decisions = decisions
-            .iter()
-            .enumerate()
-            .map(|(i, &decision)| {
-                let name = named.and_then(|n| n[i].as_deref());
-                match (name, loaded.metrics.get(decision.rule())) {
-                    (None, Some(m)) => m.record(&decision),
-                    (Some(name), _) => metrics::decision(name, &decision),
-                    (None, None) => metrics::decision(decision.rule(), &decision),
-                }
-                decision
-            })
-            .collect();
+        for (i, decision) in decisions.iter().enumerate() {
+            let name = named.and_then(|n| n[i].as_deref());
+            match (name, loaded.metrics.get(decision.rule())) {
+                (None, Some(m)) => m.record(decision),
+                (Some(name), _) => metrics::decision(name, decision),
+                (None, None) => metrics::decision(decision.rule(), decision),
+            }
+        }
         Ok(Outcome { decisions })
     }
 
@@ -354,23 +348,20 @@ impl Service {
         };
         let mut hits = found.hits(descriptors.iter().map(|(d, _)| d));
         let blocked = hits.iter().any(|h| matches!(h, DescriptorHit::Blocked(_)));
-        let (mut limited, mut names, mut costs) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut items, mut names) = (Vec::new(), Vec::new());
         for (hit, (_, cost)) in hits.iter_mut().zip(descriptors) {
             if let DescriptorHit::Limited { hit, metric, .. } = hit {
-                limited.push(Hit {
-                    rule: hit.rule,
-                    key: std::mem::take(&mut hit.key),
-                });
-                names.push(metric.take());
                 // Over a blocked descriptor nothing consumes: the others only look.
-                costs.push(if blocked { 0 } else { *cost });
+                items.push(hit.item(if blocked { 0 } else { *cost }));
+                names.push(metric.take());
             }
         }
-        let decisions: Vec<Decision> = self
-            .check_hits(&loaded, limited, &costs, Some(&names))
+        let decisions = self
+            .check_items(&loaded, &items, Some(&names))
             .await?
             .decisions;
-        let mut decisions = decisions.into_iter();
+        drop(items);
+        let mut decisions = decisions.iter().copied();
         Ok(hits
             .into_iter()
             .map(|hit| match hit {

@@ -14,6 +14,11 @@ rules:
     key: [header:x-tenant]
     algorithm: token_bucket
     tiers: [{ limit: 3, period: 1d }]
+  - id: per-ip
+    match: { path: "/ip/**" }
+    key: [client_ip]
+    algorithm: token_bucket
+    tiers: [{ limit: 1, period: 1d }]
   - id: watch
     shadow: true
     match: { path: "/watched/{id}" }
@@ -197,6 +202,26 @@ async fn auth_request_reads_the_original_request() {
             .status()
             .as_u16(),
         400
+    );
+    // The client is X-Real-IP when nginx sends it, else the connection's peer.
+    let by_ip = |real_ip: Option<&str>| {
+        let mut request = client
+            .get(format!("{}/v1/auth", server.http))
+            .header("X-Original-URI", "/ip/x");
+        if let Some(ip) = real_ip {
+            request = request.header("X-Real-IP", ip);
+        }
+        request.send()
+    };
+    assert_eq!(by_ip(None).await.unwrap().status().as_u16(), 204);
+    assert_eq!(by_ip(None).await.unwrap().status().as_u16(), 429);
+    assert_eq!(
+        by_ip(Some("10.1.1.1")).await.unwrap().status().as_u16(),
+        204
+    );
+    assert_eq!(
+        by_ip(Some("10.1.1.1")).await.unwrap().status().as_u16(),
+        429
     );
     let missing = client
         .get(format!("{}/v1/auth", server.http))

@@ -281,6 +281,13 @@ impl Decisions {
     }
 }
 
+/// No decisions: the batch of no items.
+impl Default for Decisions {
+    fn default() -> Self {
+        Self(Repr::Many(Vec::new()))
+    }
+}
+
 impl std::ops::Deref for Decisions {
     type Target = [Decision];
 

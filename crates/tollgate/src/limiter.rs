@@ -29,7 +29,8 @@ pub const MAX_BATCH: usize = 1_024;
 /// share its state, so a rule set can be rebuilt (a hot reload) without losing counts.
 pub struct Limiter<S: Store = MemoryStore, C: Clock = SystemClock> {
     rules: Box<[RulePlan<S::Plan>]>,
-    by_name: HashMap<&'static str, usize>,
+    /// Rule names are looked up on every batch item: a fast hash, seeded per process.
+    by_name: HashMap<&'static str, usize, foldhash::fast::RandomState>,
     store: S,
     clock: C,
 }
@@ -214,7 +215,8 @@ impl<S: Store, C: Clock> Limiter<S, C> {
             });
         }
         let mut planned: Vec<Planned<'a, S::Plan>> = Vec::with_capacity(items.len());
-        let mut positions = Vec::with_capacity(items.len());
+        // Filled at the first repeated item; empty while every item is its own.
+        let mut positions = Vec::new();
         for item in items {
             validate_key(item.key)?;
             let &index = self
@@ -229,11 +231,16 @@ impl<S: Store, C: Clock> Limiter<S, C> {
                 .position(|p| std::ptr::eq(p.rule, &rule.rule) && p.key == item.key);
             match same {
                 Some(at) => {
+                    if positions.is_empty() {
+                        positions.extend(0..planned.len());
+                    }
                     planned[at].cost = planned[at].cost.saturating_add(item.cost);
                     positions.push(at);
                 }
                 None => {
-                    positions.push(planned.len());
+                    if !positions.is_empty() {
+                        positions.push(planned.len());
+                    }
                     planned.push(rule.planned(item.key, item.cost));
                 }
             }
@@ -317,14 +324,14 @@ impl<P> RulePlan<P> {
 /// A batch as the store sees it, and where each item the caller gave went.
 struct Batch<'a, P> {
     planned: Vec<Planned<'a, P>>,
-    /// For each item given, its index in `planned`.
+    /// For each item given, its index in `planned`; empty when each item is its own.
     positions: Vec<usize>,
 }
 
 impl<P> Batch<'_, P> {
     /// One decision per item given, from the store's decisions of the merged items.
     fn spread(&self, decisions: Decisions) -> Decisions {
-        if self.positions.len() == self.planned.len() {
+        if self.positions.is_empty() {
             return decisions;
         }
         Decisions::many(self.positions.iter().map(|&at| decisions[at]).collect())
@@ -419,7 +426,7 @@ impl<S: Store, C: Clock> LimiterBuilder<S, C> {
     /// # Errors
     /// [`Error::Rule`] for two rules of one name, or a rule the store cannot hold.
     pub fn build(self) -> Result<Limiter<S, C>, Error> {
-        let mut by_name = HashMap::with_capacity(self.rules.len());
+        let mut by_name = HashMap::with_capacity_and_hasher(self.rules.len(), Default::default());
         let mut rules = Vec::with_capacity(self.rules.len());
         for rule in self.rules {
             if by_name.insert(rule.name(), rules.len()).is_some() {

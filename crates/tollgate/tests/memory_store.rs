@@ -209,6 +209,18 @@ fn a_batch_across_rules_consumes_from_all_or_from_none() {
     let both = limiter.check_batch_now(&twice).unwrap();
     assert!(both.allowed() && both[0] == both[1]);
     assert_eq!(both[0].remaining(), 0);
+    // A repeat between other items: one decision per item given, in order.
+    let mixed = [
+        Item::new("tenant", "beta", 1),
+        Item::new("ip", "7.7.7.7", 1),
+        Item::new("ip", "7.7.7.7", 1),
+        Item::new("tenant", "gamma", 3),
+    ];
+    let each = limiter.check_batch_now(&mixed).unwrap();
+    let rules: Vec<_> = each.iter().map(|d| d.rule()).collect();
+    assert_eq!(rules, ["tenant", "ip", "ip", "tenant"]);
+    assert!(each.allowed() && each[1] == each[2] && each[1].remaining() == 0);
+    assert_eq!(each[0].remaining() - each[3].remaining(), 2);
     let err = limiter
         .check_batch_now(&[Item::new("nope", "k", 1)])
         .unwrap_err();

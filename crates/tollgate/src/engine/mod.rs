@@ -24,25 +24,65 @@ pub use pattern::PathPattern;
 use crate::limiter::Item;
 use crate::rule::Rule;
 
-/// An HTTP request as the engine sees it.
-#[derive(Debug, Clone, Copy)]
-pub struct Request<'a> {
+/// An HTTP request as the engine sees it; its headers are (name, value) pairs or any other
+/// [`Headers`], such as an `http::HeaderMap` (feature `tower`), read where they are.
+#[derive(Debug)]
+pub struct Request<'a, H: Headers + ?Sized = [(&'a str, &'a [u8])]> {
     /// The method, e.g. `GET` (compared without regard to case).
     pub method: &'a str,
     /// The path, without the query.
     pub path: &'a str,
-    /// Headers, names in lowercase.
-    pub headers: &'a [(&'a str, &'a [u8])],
+    /// The headers.
+    pub headers: &'a H,
     /// The client's address, when known.
     pub client_ip: Option<IpAddr>,
 }
 
-impl Request<'_> {
-    fn header(&self, name: &str) -> Option<&[u8]> {
-        self.headers
-            .iter()
+impl<H: Headers + ?Sized> Clone for Request<'_, H> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<H: Headers + ?Sized> Copy for Request<'_, H> {}
+
+/// A request's headers, as the engine reads them.
+pub trait Headers {
+    /// The first value of the header `name` (given in lowercase; names compare without
+    /// regard to case).
+    fn get(&self, name: &str) -> Option<&[u8]>;
+}
+
+impl Headers for [(&str, &[u8])] {
+    fn get(&self, name: &str) -> Option<&[u8]> {
+        self.iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
             .map(|(_, v)| *v)
+    }
+}
+
+impl<const N: usize> Headers for [(&str, &[u8]); N] {
+    fn get(&self, name: &str) -> Option<&[u8]> {
+        Headers::get(&self[..], name)
+    }
+}
+
+impl Headers for Vec<(&str, &[u8])> {
+    fn get(&self, name: &str) -> Option<&[u8]> {
+        Headers::get(&self[..], name)
+    }
+}
+
+#[cfg(feature = "tower")]
+impl Headers for http::HeaderMap {
+    fn get(&self, name: &str) -> Option<&[u8]> {
+        http::HeaderMap::get(self, name).map(http::HeaderValue::as_bytes)
+    }
+}
+
+impl<H: Headers + ?Sized> Request<'_, H> {
+    fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers.get(name)
     }
 }
 
@@ -59,7 +99,10 @@ pub struct Match {
 }
 
 impl Match {
-    fn matches<'r>(&self, request: &Request<'r>) -> Option<Vec<(&str, &'r str)>> {
+    fn matches<'r, H: Headers + ?Sized>(
+        &self,
+        request: &Request<'r, H>,
+    ) -> Option<Vec<(&str, &'r str)>> {
         if !self.methods.is_empty()
             && !self
                 .methods
@@ -160,7 +203,11 @@ impl Route {
         Ok(())
     }
 
-    fn key(&self, request: &Request<'_>, named: &[(&str, &str)]) -> Vec<u8> {
+    fn key<H: Headers + ?Sized>(
+        &self,
+        request: &Request<'_, H>,
+        named: &[(&str, &str)],
+    ) -> Vec<u8> {
         let mut key = Vec::new();
         for part in &self.key {
             let upper;
@@ -280,7 +327,7 @@ impl Engine {
     }
 
     /// The (rule, key) of every enabled route that matches `request`, in route order.
-    pub fn hits(&self, request: &Request<'_>) -> Vec<Hit> {
+    pub fn hits<H: Headers + ?Sized>(&self, request: &Request<'_, H>) -> Vec<Hit> {
         self.routes
             .iter()
             .filter(|r| r.enabled)

@@ -4,8 +4,10 @@
 //! draft-ietf-httpapi-ratelimit-headers: `RateLimit-Policy` (every rule's quota and window)
 //! and `RateLimit` (the binding rule's remaining permits and seconds to wait or to reset).
 
+use std::ops::Range;
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
 use crate::decision::Decision;
@@ -16,17 +18,28 @@ const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 const POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
-/// Appends one item of a structured field: `"rule";a=1;b=2`.
-fn item(out: &mut String, rule: &str, a: (char, u64), b: (char, u64)) {
-    use std::fmt::Write as _;
-    out.push('"');
-    out.push_str(rule);
-    out.push('"');
-    for (name, value) in [a, b] {
-        out.push(';');
-        out.push(name);
-        out.push('=');
-        let _ = write!(out, "{value}");
+/// Every field's value, written into one buffer: the fields are slices of it, so an answer's
+/// fields cost one allocation, not one each (this runs on every answer).
+struct Values(Vec<u8>);
+
+impl Values {
+    /// Appends a number; its range in the buffer.
+    fn number(&mut self, n: u64) -> Range<usize> {
+        let start = self.0.len();
+        self.0
+            .extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+        start..self.0.len()
+    }
+
+    /// Appends one item of a structured field: `"rule";a=1;b=2`.
+    fn item(&mut self, rule: &str, a: (u8, u64), b: (u8, u64)) {
+        self.0.push(b'"');
+        self.0.extend_from_slice(rule.as_bytes());
+        self.0.push(b'"');
+        for (name, value) in [a, b] {
+            self.0.extend_from_slice(&[b';', name, b'=']);
+            self.number(value);
+        }
     }
 }
 
@@ -45,38 +58,46 @@ pub fn binding(decisions: &[Decision]) -> Option<&Decision> {
         .or_else(|| decisions.iter().min_by_key(|d| d.remaining()))
 }
 
-/// Adds the rate limit fields of `decisions` to `headers` (none when there are none).
+/// Adds the rate limit fields of `decisions` to `headers` (none when there are none). A rule
+/// name that cannot stand in a field leaves out the IETF fields.
 pub fn add(headers: &mut HeaderMap, decisions: &[Decision]) {
     let Some(binding) = binding(decisions) else {
         return;
     };
-    headers.insert(X_LIMIT, HeaderValue::from(binding.limit()));
-    headers.insert(X_REMAINING, HeaderValue::from(binding.remaining()));
-    headers.insert(X_RESET, HeaderValue::from(ceil_secs(binding.reset_after())));
-    if let Some(retry) = binding.retry_after() {
-        headers.insert(RETRY_AFTER, HeaderValue::from(ceil_secs(retry)));
-    }
-    // One buffer per field, no intermediate strings: this runs on every answer.
-    let mut policy = String::with_capacity(48 * decisions.len());
+    let mut values = Values(Vec::with_capacity(64 + 48 * decisions.len()));
+    let limit = values.number(binding.limit());
+    let remaining = values.number(binding.remaining());
+    let reset = values.number(ceil_secs(binding.reset_after()));
+    let retry = binding.retry_after().map(|r| values.number(ceil_secs(r)));
+    let start = values.0.len();
     for (i, d) in decisions.iter().enumerate() {
         if i > 0 {
-            policy.push_str(", ");
+            values.0.extend_from_slice(b", ");
         }
-        item(
-            &mut policy,
-            d.rule(),
-            ('q', d.limit()),
-            ('w', ceil_secs(d.window())),
-        );
+        let window = ceil_secs(d.window());
+        values.item(d.rule(), (b'q', d.limit()), (b'w', window));
     }
-    if let Ok(value) = HeaderValue::try_from(policy) {
-        headers.insert(POLICY, value);
-    }
+    let policy = start..values.0.len();
     let wait = binding.retry_after().unwrap_or(binding.reset_after());
-    let mut ratelimit = String::with_capacity(48);
-    let (remaining, wait) = (('r', binding.remaining()), ('t', ceil_secs(wait)));
-    item(&mut ratelimit, binding.rule(), remaining, wait);
-    if let Ok(value) = HeaderValue::try_from(ratelimit) {
-        headers.insert(RATELIMIT, value);
+    let start = values.0.len();
+    let (left, wait) = ((b'r', binding.remaining()), (b't', ceil_secs(wait)));
+    values.item(binding.rule(), left, wait);
+    let ratelimit = start..values.0.len();
+
+    let values = Bytes::from(values.0);
+    let field = |range: Range<usize>| HeaderValue::from_maybe_shared(values.slice(range)).ok();
+    headers.reserve(6);
+    for (name, range) in [(X_LIMIT, limit), (X_REMAINING, remaining), (X_RESET, reset)] {
+        if let Some(value) = field(range) {
+            headers.insert(name, value);
+        }
+    }
+    if let Some(value) = retry.and_then(field) {
+        headers.insert(RETRY_AFTER, value);
+    }
+    for (name, range) in [(POLICY, policy), (RATELIMIT, ratelimit)] {
+        if let Some(value) = field(range) {
+            headers.insert(name, value);
+        }
     }
 }

@@ -19,6 +19,7 @@
 
 pub mod headers;
 
+use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -31,6 +32,7 @@ use http::{Request, Response, StatusCode};
 use tower::{Layer, Service};
 
 use crate::clock::{Clock, SystemClock};
+use crate::decision::Decisions;
 use crate::engine::{Engine, Hit, Request as EngineRequest};
 use crate::error::Error;
 use crate::limiter::Limiter;
@@ -41,11 +43,25 @@ type Extract = dyn Fn(&Parts) -> Option<Vec<u8>> + Send + Sync;
 /// Takes a request's counter key. A request without one (no such header, no address) is
 /// passed on unchecked. Cheap to clone.
 #[derive(Clone)]
-pub struct KeyExtractor(Arc<Extract>);
+pub struct KeyExtractor(Source);
+
+/// Where the key comes from; the built-in sources borrow it from the request.
+#[derive(Clone)]
+enum Source {
+    ClientIp(Arc<[IpAddr]>),
+    Header(&'static str),
+    Route,
+    Custom(Arc<Extract>),
+}
 
 impl std::fmt::Debug for KeyExtractor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("KeyExtractor")
+        match &self.0 {
+            Source::ClientIp(trusted) => write!(f, "KeyExtractor::client_ip({trusted:?})"),
+            Source::Header(name) => write!(f, "KeyExtractor::header({name:?})"),
+            Source::Route => f.write_str("KeyExtractor::route()"),
+            Source::Custom(_) => f.write_str("KeyExtractor::custom(..)"),
+        }
     }
 }
 
@@ -54,60 +70,79 @@ impl KeyExtractor {
     /// `SocketAddr` extension), or, when the peer is one of `trusted_proxies`, the right-most
     /// address of `X-Forwarded-For` that is not itself a trusted proxy.
     pub fn client_ip(trusted_proxies: impl IntoIterator<Item = IpAddr>) -> Self {
-        let trusted: Vec<IpAddr> = trusted_proxies.into_iter().collect();
-        Self::custom(move |parts| {
-            let peer = parts
-                .extensions
-                .get::<ConnectInfo<SocketAddr>>()
-                .map(|c| c.0)
-                .or_else(|| parts.extensions.get::<SocketAddr>().copied())?
-                .ip();
-            let mut client = peer;
-            if trusted.contains(&peer) {
-                let hops = parts
-                    .headers
-                    .get_all("x-forwarded-for")
-                    .iter()
-                    .filter_map(|v| v.to_str().ok())
-                    .flat_map(|v| v.split(','))
-                    .map(|hop| hop.trim().parse::<IpAddr>())
-                    .collect::<Vec<_>>();
-                for hop in hops.iter().rev() {
-                    match hop {
-                        Ok(ip) if trusted.contains(ip) => client = *ip,
-                        Ok(ip) => {
-                            client = *ip;
-                            break;
-                        }
-                        // A hop that is not an address ends what can be believed.
-                        Err(_) => break,
-                    }
-                }
-            }
-            Some(client.to_string().into_bytes())
-        })
+        Self(Source::ClientIp(trusted_proxies.into_iter().collect()))
     }
 
     /// A header's value (the first, if repeated).
     pub fn header(name: &'static str) -> Self {
-        Self::custom(move |parts| parts.headers.get(name).map(|v| v.as_bytes().to_vec()))
+        Self(Source::Header(name))
     }
 
     /// The route axum matched (its pattern, e.g. `/orgs/{org}/products`): one counter per
     /// endpoint.
     pub fn route() -> Self {
-        Self::custom(|parts| {
-            parts
-                .extensions
-                .get::<MatchedPath>()
-                .map(|p| p.as_str().as_bytes().to_vec())
-        })
+        Self(Source::Route)
     }
 
     /// Any function of the request's head.
     pub fn custom(f: impl Fn(&Parts) -> Option<Vec<u8>> + Send + Sync + 'static) -> Self {
-        Self(Arc::new(f))
+        Self(Source::Custom(Arc::new(f)))
     }
+
+    /// The key of the request whose head is `parts`.
+    fn key<'a>(&self, parts: &'a Parts) -> Option<Cow<'a, [u8]>> {
+        match &self.0 {
+            Source::ClientIp(trusted) => {
+                let ip = client_ip(parts, trusted)?;
+                Some(Cow::Owned(ip.to_string().into_bytes()))
+            }
+            Source::Header(name) => parts.headers.get(*name).map(|v| v.as_bytes().into()),
+            Source::Route => parts
+                .extensions
+                .get::<MatchedPath>()
+                .map(|p| p.as_str().as_bytes().into()),
+            Source::Custom(f) => f(parts).map(Cow::Owned),
+        }
+    }
+}
+
+/// The connection's peer address, or, from a trusted proxy, the right-most address of
+/// `X-Forwarded-For` that is not itself a trusted proxy.
+fn client_ip(parts: &Parts, trusted: &[IpAddr]) -> Option<IpAddr> {
+    let peer = peer(parts)?;
+    let mut client = peer;
+    if trusted.contains(&peer) {
+        let hops = parts
+            .headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(|hop| hop.trim().parse::<IpAddr>())
+            .collect::<Vec<_>>();
+        for hop in hops.iter().rev() {
+            match hop {
+                Ok(ip) if trusted.contains(ip) => client = *ip,
+                Ok(ip) => {
+                    client = *ip;
+                    break;
+                }
+                // A hop that is not an address ends what can be believed.
+                Err(_) => break,
+            }
+        }
+    }
+    Some(client)
+}
+
+/// The connection's peer: axum's `ConnectInfo<SocketAddr>`, or a `SocketAddr` extension.
+fn peer(parts: &Parts) -> Option<IpAddr> {
+    parts
+        .extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0)
+        .or_else(|| parts.extensions.get::<SocketAddr>().copied())
+        .map(|a| a.ip())
 }
 
 /// Checks every request under a limiter's rules; see the module documentation. Clones share
@@ -219,48 +254,47 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        let (parts, body) = request.into_parts();
-        let hits = match &self.layer.key {
-            Keys::Extract(extract) => (extract.0)(&parts).map(Hits::One),
-            Keys::Engine(engine) => Some(Hits::Many(engine_hits(engine, &parts))),
-        };
-        let request = Request::from_parts(parts, body);
-        let (limiter, cost) = (self.layer.limiter.clone(), self.layer.cost);
-        let Some(hits) = hits.filter(|h| !matches!(h, Hits::Many(m) if m.is_empty())) else {
-            let answer = self.inner.call(request);
-            return Box::pin(answer);
-        };
         // The clone that was made ready serves this request; a fresh clone waits for the next.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
+        let layer = self.layer.clone();
         Box::pin(async move {
-            let decisions = match decide(&limiter, &hits, cost).await {
-                Ok(decisions) => decisions,
-                Err(err) => return Ok(refused(&err)),
+            let (parts, body) = request.into_parts();
+            // The key is borrowed from the request's head until the decision is taken.
+            let decided = match &layer.key {
+                Keys::Extract(extract) => match extract.key(&parts) {
+                    Some(key) => Some(
+                        layer
+                            .limiter
+                            .check(&key, layer.cost)
+                            .await
+                            .map(Decisions::one),
+                    ),
+                    None => None,
+                },
+                Keys::Engine(engine) => {
+                    let hits = engine_hits(engine, &parts);
+                    if hits.is_empty() {
+                        None
+                    } else {
+                        let items: Vec<_> = hits.iter().map(|h| h.item(layer.cost)).collect();
+                        Some(layer.limiter.check_batch(&items).await)
+                    }
+                }
             };
-            if !decisions.iter().all(crate::Decision::allowed) {
+            let request = Request::from_parts(parts, body);
+            let decisions = match decided {
+                None => return inner.call(request).await,
+                Some(Ok(decisions)) => decisions,
+                Some(Err(err)) => return Ok(refused(&err)),
+            };
+            if !decisions.allowed() {
                 return Ok(too_many(&decisions));
             }
             let mut response = inner.call(request).await?;
             headers::add(response.headers_mut(), &decisions);
             Ok(response)
         })
-    }
-}
-
-/// Checks `hits` of `cost` permits each: one key under every rule, or the engine's items
-/// all-or-nothing.
-async fn decide<S: Store, C: Clock>(
-    limiter: &Limiter<S, C>,
-    hits: &Hits,
-    cost: u64,
-) -> Result<Vec<crate::Decision>, Error> {
-    match hits {
-        Hits::One(key) => limiter.check(key, cost).await.map(|d| vec![d]),
-        Hits::Many(hits) => {
-            let items: Vec<_> = hits.iter().map(|h| h.item(cost)).collect();
-            limiter.check_batch(&items).await.map(|d| d.to_vec())
-        }
     }
 }
 
@@ -272,30 +306,13 @@ fn too_many(decisions: &[crate::Decision]) -> Response<Body> {
     response
 }
 
-/// What a request is checked for.
-enum Hits {
-    One(Vec<u8>),
-    Many(Vec<Hit>),
-}
-
 /// The (rule, key) items of the engine's routes that match a request's head.
 fn engine_hits(engine: &Engine, parts: &Parts) -> Vec<Hit> {
-    let headers: Vec<(&str, &[u8])> = parts
-        .headers
-        .iter()
-        .map(|(name, value)| (name.as_str(), value.as_bytes()))
-        .collect();
-    let client_ip = parts
-        .extensions
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|c| c.0)
-        .or_else(|| parts.extensions.get::<SocketAddr>().copied())
-        .map(|a| a.ip());
     engine.hits(&EngineRequest {
         method: parts.method.as_str(),
         path: parts.uri.path(),
-        headers: &headers,
-        client_ip,
+        headers: &parts.headers,
+        client_ip: peer(parts),
     })
 }
 
