@@ -23,7 +23,6 @@ use std::task::{Context, Poll};
 
 use axum::Router;
 use axum::body::Body;
-use axum::body::Bytes;
 use axum::extract::{ConnectInfo, DefaultBodyLimit, FromRequestParts, Query, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -50,18 +49,22 @@ pub struct AppState {
     pub metrics: Option<PrometheusHandle>,
     /// The admin API's bearer token; `None`: the admin API refuses every call.
     pub admin_token: Option<Arc<str>>,
+    /// The largest request body read, in bytes; a larger one gets 413.
+    pub max_body_bytes: usize,
 }
 
-/// The router of the HTTP API, bounding bodies to `max_body_bytes`.
-pub fn router(state: AppState, max_body_bytes: usize) -> Router {
+/// The router of the HTTP API. Bodies are bounded to `max_body_bytes` by the check handler
+/// itself and by a layer over the admin API: a layer over every route would cost each check
+/// an extension.
+pub fn router(state: AppState) -> Router {
+    let limit = DefaultBodyLimit::max(state.max_body_bytes);
     Router::new()
         .route("/v1/check", post(check))
         .route("/v1/auth", any(auth))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(render_metrics))
-        .merge(admin::router())
-        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .merge(admin::router().layer(limit))
         .with_state(state)
 }
 
@@ -291,13 +294,30 @@ impl<S: Send + Sync> FromRequestParts<S> for JsonBody {
     }
 }
 
-async fn check(State(state): State<AppState>, JsonBody(json): JsonBody, bytes: Bytes) -> Response {
+async fn check(State(state): State<AppState>, JsonBody(json): JsonBody, body: Body) -> Response {
     if !json {
         return bad_request(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "expected a body of content-type application/json",
         );
     }
+    let bytes = match axum::body::to_bytes(body, state.max_body_bytes).await {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            let over = std::error::Error::source(&e)
+                .is_some_and(|e| e.is::<http_body_util::LengthLimitError>());
+            return match over {
+                true => bad_request(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("the body is over {} bytes", state.max_body_bytes),
+                ),
+                false => bad_request(
+                    StatusCode::BAD_REQUEST,
+                    format!("cannot read the body: {e}"),
+                ),
+            };
+        }
+    };
     let body: CheckBody<'_> = match serde_json::from_slice(&bytes) {
         Ok(body) => body,
         Err(e) => {
