@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Drives the service benchmark (see `run`): starts each system on a free loopback port, runs
 wrk against it for a few seconds per round, interleaving systems round by round, and prints
-the median round of each as a Markdown table with ratios to the ceiling and to the peer.
+each system's median round as a Markdown table, with its ratios to the ceiling and to the
+peer taken within each round (median and range over the rounds).
 
 Every system gets the same request shape: a POST of a small JSON body naming one of 10,000
 tenants, limited to a billion per minute, so that every check is admitted and writes state.
@@ -194,32 +195,42 @@ def main():
         for s in systems:
             s.stop()
         redis.terminate()
-    medians = {s.name: sorted(s.rounds)[len(s.rounds) // 2] for s in systems}
-    ceiling = medians[systems[0].name][0]
-    peer = medians[systems[-1].name][0]
-    print(f"HTTP (wrk, {args.connections} connections, median of {args.rounds} rounds of {args.seconds} s)\n")
+    print(f"HTTP (wrk, {args.connections} connections, {args.rounds} rounds of {args.seconds} s)\n")
     print("| system | requests/s | p50 | p99 | vs ceiling | vs peer | vs memory store, same endpoint |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    ceiling, peer = systems[0], systems[-1]
     for s in systems:
-        rate, p50, p99 = medians[s.name]
+        rate, p50, p99 = (median(r[i] for r in s.rounds) for i in range(3))
         endpoint = s.name.split(", ")[-1]
         same = [m for m in systems if m.name == f"tollgate, memory store, {endpoint}"]
-        versus = f"{rate / medians[same[0].name][0]:.0%}" if same else ""
-        print(f"| {s.name} | {rate:,.0f} | {p50:.0f} µs | {p99:.0f} µs | {rate / ceiling:.0%} | "
-              f"{rate / peer:.2f}x | {versus} |")
+        versus = ratio(s.rounds, same[0].rounds, "{:.0%}") if same else ""
+        print(f"| {s.name} | {rate:,.0f} | {p50:.0f} µs | {p99:.0f} µs | "
+              f"{ratio(s.rounds, ceiling.rounds, '{:.0%}')} | {ratio(s.rounds, peer.rounds, '{:.2f}x')} | {versus} |")
     grpc = [s for s in systems if s.grpc]
     for s in grpc[1:]:
         s.name = s.name.replace(", /v1/check (JSON)", "")
-    medians = {s.name: sorted(s.grpc_rounds)[len(s.grpc_rounds) // 2] for s in grpc}
-    ceiling, memory = medians[grpc[0].name][0], medians[grpc[1].name][0]
     print(f"\ngRPC ShouldRateLimit (rls_load, {args.connections} connections, one request in flight on each)\n")
     print("| system | requests/s | p50 | p99 | vs ceiling | vs memory store |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for s in grpc:
-        rate, p50, p99 = medians[s.name]
-        print(f"| {s.name} | {rate:,.0f} | {p50:.0f} µs | {p99:.0f} µs | {rate / ceiling:.0%} | "
-              f"{rate / memory:.0%} |")
+        rate, p50, p99 = (median(r[i] for r in s.grpc_rounds) for i in range(3))
+        print(f"| {s.name} | {rate:,.0f} | {p50:.0f} µs | {p99:.0f} µs | "
+              f"{ratio(s.grpc_rounds, grpc[0].grpc_rounds, '{:.0%}')} | "
+              f"{ratio(s.grpc_rounds, grpc[1].grpc_rounds, '{:.0%}')} |")
 
+
+def median(values):
+    return statistics.median(list(values))
+
+
+def ratio(rounds, base, fmt):
+    """The median over rounds of a system's rate over `base`'s in the same round, with the
+    range: systems run one after another within a round, so a ratio within a round cancels
+    most of the drift of this shared machine between rounds."""
+    ratios = sorted(r[0] / b[0] for r, b in zip(rounds, base))
+    if len(ratios) < 3:
+        return fmt.format(statistics.median(ratios))
+    return f"{fmt.format(statistics.median(ratios))} ({fmt.format(ratios[0])}-{fmt.format(ratios[-1])})"
 
 if __name__ == "__main__":
     main()

@@ -460,8 +460,16 @@ impl RedisStore {
         if self.scripts_only.load(Ordering::Relaxed) {
             return self.script(entry, keys, args).await;
         }
-        let mut call = redis::cmd("FCALL");
-        call.arg(&entry.function).arg(keys.len()).arg(keys);
+        // Sized up front: growing the command's buffers cost more than the rest of building it.
+        let data = entry.function.len()
+            + keys.iter().map(Vec::len).sum::<usize>()
+            + args.iter().map(|a| a.len()).sum::<usize>()
+            + 8;
+        let mut call = redis::Cmd::with_capacity(3 + keys.len() + args.len(), data);
+        call.arg("FCALL")
+            .arg(&entry.function)
+            .arg(keys.len())
+            .arg(keys);
         for arg in args {
             call.arg(arg);
         }
