@@ -158,7 +158,10 @@ def main():
     systems.append(System("ceiling: axum / tonic answering a constant",
                           [TRIVIAL, f"127.0.0.1:{port}", f"127.0.0.1:{grpc}"], port,
                           "/v1/check", CEILING_BODY, grpc=grpc))
-    # The ceiling's own handler behind tollgate's tower layer, in the same process.
+    # The ceiling's own handler behind a layer that changes nothing (what axum charges for
+    # any layer), and behind tollgate's tower layer, in the same process.
+    systems.append(System("the ceiling behind a do-nothing tower layer", None, port, "/v1/identity",
+                          "LAYERED"))
     systems.append(System("the ceiling behind tollgate's tower layer", None, port, "/v1/layered",
                           "LAYERED"))
     for name, store in [

@@ -2,7 +2,8 @@
 //! nothing: axum for every `POST /v1/check` (after reading its body), and, given a second
 //! address, tonic for Envoy's `ShouldRateLimit` (always OK). `POST /v1/layered` is the same
 //! handler behind tollgate's tower layer (GCRA, a billion per minute per `x-tenant`), to
-//! measure what the layer adds.
+//! measure what the layer adds; `POST /v1/identity` the same handler behind a layer that
+//! changes nothing, to measure what axum charges for any layer.
 //!
 //! Run: `cargo run --release -p tollgate-server --example trivial -- 127.0.0.1:9000 127.0.0.1:9001`
 
@@ -50,8 +51,11 @@ async fn main() -> anyhow::Result<()> {
     };
     let rule = Rule::new("bench", Algorithm::Gcra, [Tier::per_minute(1_000_000_000)])?;
     let layer = RateLimitLayer::new(Limiter::new(rule), KeyExtractor::header("x-tenant"));
+    // What axum charges for any layer: one that passes every answer through unchanged.
+    let identity = tower::util::MapResponseLayer::new(|r: axum::response::Response| r);
     let app = Router::new()
         .route("/v1/check", post(handler))
+        .route("/v1/identity", post(handler).layer(identity))
         .route("/v1/layered", post(handler).layer(layer));
     let listener = tokio::net::TcpListener::bind(&http).await?;
     axum::serve(listener, app).await?;

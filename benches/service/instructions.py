@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""User-space instructions per request of each system of the service benchmark, counted by
+callgrind: unlike requests per second, the count repeats to within about 1% whatever else
+this shared machine is doing, so it shows what a change to a request's path saves.
+
+Each server runs under `valgrind --tool=callgrind`; wrk (16 connections) warms it up, its
+counters are zeroed, wrk runs for a few seconds more, the counters are dumped and divided by
+the requests wrk completed. Kernel time (the larger part of a request on loopback) is not
+counted. Usage (see `instructions`): instructions.py --throttlecrab PATH [--seconds 3]
+"""
+import argparse
+import glob
+import os
+import re
+import subprocess
+import tempfile
+import time
+
+import bench
+
+
+def count(argv, port, paths, seconds, workdir, env=None):
+    """Instructions per request of the server `argv` for each (name, path, body) in `paths`."""
+    out = os.path.join(workdir, "callgrind")
+    server = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p"] + argv,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        bench.wait_port(port, timeout=120)
+        results = []
+        for name, path, body in paths:
+            system = bench.System(name, None, port, path, body)
+            script = os.path.join(workdir, f"{port}.lua")
+            with open(script, "w") as f:
+                f.write(f"BODY = [[{body}]]\nPATH = [[{path}]]\n" + bench.WRK_SCRIPT)
+            wrk = ["wrk", "-t1", "-c16", "-s", script, f"http://127.0.0.1:{port}"]
+            subprocess.run(wrk + ["-d1s"], capture_output=True, check=True)
+            subprocess.run(["callgrind_control", "-z", str(server.pid)], capture_output=True, check=True)
+            text = subprocess.run(wrk + [f"-d{seconds}s"], capture_output=True, text=True, check=True).stdout
+            subprocess.run(["callgrind_control", "-d", str(server.pid)], capture_output=True, check=True)
+            requests = int(re.search(r"(\d+) requests in", text).group(1))
+            if "Non-2xx" in text:
+                raise SystemExit(f"{system.name}: answers that were not 2xx:\n{text}")
+            time.sleep(0.5)
+            dump = max(glob.glob(f"{out}.{server.pid}.*"), key=os.path.getmtime)
+            total = int(re.search(r"^(?:summary|totals): (\d+)", open(dump).read(), re.M).group(1))
+            results.append((name, total / requests))
+        return results
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=int, default=3)
+    parser.add_argument("--throttlecrab", required=True)
+    args = parser.parse_args()
+    workdir = tempfile.mkdtemp()
+    redis_port = bench.free_port()
+    redis = subprocess.Popen(["redis-server", "--bind", "127.0.0.1", "--port", str(redis_port), "--save", "",
+                              "--appendonly", "no", "--dir", workdir],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rows = []
+    try:
+        bench.wait_port(redis_port)
+        port = bench.free_port()
+        rows += count([bench.TRIVIAL, f"127.0.0.1:{port}"], port, [
+            ("ceiling: axum answering a constant", "/v1/check", bench.CEILING_BODY),
+            ("the ceiling behind a do-nothing tower layer", "/v1/identity", "LAYERED"),
+            ("the ceiling behind tollgate's tower layer", "/v1/layered", "LAYERED"),
+        ], args.seconds, workdir)
+        env = dict(os.environ, RUST_LOG="warn")
+        for name, store in [
+            ("tollgate, memory store", "{ kind: memory }"),
+            ("tollgate, Redis strict", f"{{ kind: redis, url: 'redis://127.0.0.1:{redis_port}', mode: strict, timeout: 1s }}"),
+        ]:
+            port, grpc = bench.free_port(), bench.free_port()
+            config = os.path.join(workdir, f"{port}.yaml")
+            with open(config, "w") as f:
+                f.write(bench.RULES.format(port=port, grpc=grpc, store=store))
+            rows += count([bench.TOLLGATE, "serve", "--config", config], port, [
+                (name + ", /v1/check (JSON)", "/v1/check", bench.TOLLGATE_BODY),
+                (name + ", /v1/auth (nginx)", "/v1/auth", ""),
+            ], args.seconds, workdir, env)
+        port = bench.free_port()
+        rows += count([args.throttlecrab, "--http", "--http-port", str(port), "--http-host", "127.0.0.1"], port,
+                      [("peer: throttlecrab-server (HTTP)", "/throttle", bench.PEER_BODY)], args.seconds, workdir)
+    finally:
+        redis.terminate()
+    ceiling, peer = rows[0][1], rows[-1][1]
+    print(f"User-space instructions per request (callgrind, wrk at 16 connections, {args.seconds} s)\n")
+    print("| system | instructions | vs ceiling | vs peer |")
+    print("| --- | ---: | ---: | ---: |")
+    for name, n in rows:
+        print(f"| {name} | {n:,.0f} | {n / ceiling:.2f}x | {n / peer:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
