@@ -244,6 +244,7 @@ async fn serve(
 ) -> anyhow::Result<()> {
     // Installed first: the service registers its counters when it loads the rules.
     let handle = metrics::install()?;
+    tokio::spawn(metrics::upkeep(handle.clone()));
     let service = Arc::new(Service::start(files.clone()).await?);
     let server = service.loaded().config.server.clone();
     let http_addr = http.unwrap_or(server.http);

@@ -284,6 +284,8 @@ async fn health_readiness_and_metrics() {
         "tollgate_near_limit_total{rule=\"api\"} 1",
         "tollgate_keys 1",
         "tollgate_store_seconds_count{store=\"memory\"} 4",
+        // A histogram (aggregable across instances), not a summary.
+        "tollgate_store_seconds_bucket{store=\"memory\",le=\"+Inf\"} 4",
     ] {
         assert!(metrics.contains(line), "{line} in\n{metrics}");
     }
