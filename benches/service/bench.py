@@ -111,19 +111,29 @@ class System:
                 self.proc.kill()
 
 
+def cpu_seconds(pid):
+    """User and system CPU time of process `pid`, all threads, in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def wrk(system, seconds, connections, workdir):
     script = os.path.join(workdir, f"{system.port}.lua")
     with open(script, "w") as f:
         f.write(f"BODY = [[{system.body}]]\nPATH = [[{system.path}]]\n" + WRK_SCRIPT)
     url = f"http://127.0.0.1:{system.port}"
+    cpu = cpu_seconds(system.pid)
     out = subprocess.run(pinned(0, ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency",
                                     "-s", script, url]), capture_output=True, text=True, check=True).stdout
+    cpu = cpu_seconds(system.pid) - cpu
+    requests = int(re.search(r"(\d+) requests in", out).group(1))
     rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     lat = dict(re.findall(r"^\s+(50|99)%\s+([\d.]+\w+)", out, re.M))
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     if errors:
         raise SystemExit(f"{system.name}: {errors.group(1)} answers were not 2xx:\n{out}")
-    return rate, micros(lat["50"]), micros(lat["99"])
+    return rate, micros(lat["50"]), micros(lat["99"]), cpu * 1e6 / requests
 
 
 def rls(system, seconds, connections):
@@ -187,6 +197,9 @@ def main():
     try:
         for s in systems:
             s.start()
+            # A system without a command is served by the process of the one before it.
+            s.pid = s.proc.pid if s.proc else pid
+            pid = s.pid
             wrk(s, 1, args.connections, workdir)  # warm up
         for _ in range(args.rounds):
             for s in systems:
@@ -209,6 +222,16 @@ def main():
         versus = ratio(s.rounds, same[0].rounds, "{:.0%}") if same else ""
         print(f"| {s.name} | {rate:,.0f} | {p50:.0f} µs | {p99:.0f} µs | "
               f"{ratio(s.rounds, ceiling.rounds, '{:.0%}')} | {ratio(s.rounds, peer.rounds, '{:.2f}x')} | {versus} |")
+    # The server's CPU time per request: what a request costs the server, whatever the load
+    # generator on the other core pays to parse the answer. Ratios as requests per CPU second.
+    print(f"\nServer CPU time per request (user and system, all threads; same rounds)\n")
+    print("| system | CPU per request | vs ceiling | vs peer |")
+    print("| --- | ---: | ---: | ---: |")
+    cost = lambda rounds: [(1 / r[3],) for r in rounds]
+    for s in systems:
+        print(f"| {s.name} | {median(r[3] for r in s.rounds):.2f} µs | "
+              f"{ratio(cost(s.rounds), cost(ceiling.rounds), '{:.0%}')} | "
+              f"{ratio(cost(s.rounds), cost(peer.rounds), '{:.2f}x')} |")
     grpc = [s for s in systems if s.grpc]
     for s in grpc[1:]:
         s.name = s.name.replace(", /v1/check (JSON)", "")
