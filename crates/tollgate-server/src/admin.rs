@@ -7,8 +7,9 @@
 //! store they are shared with every instance (see [`crate::shared`]).
 
 use axum::Router;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
@@ -38,27 +39,36 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
         .into_response()
 }
 
-/// The refusal of a call without the configured bearer token; `None` when it has it.
-fn refuse(state: &AppState, headers: &HeaderMap) -> Option<Response> {
-    let Some(token) = &state.admin_token else {
-        return Some(error(
-            StatusCode::FORBIDDEN,
-            "the admin API is off: start serve with --admin-token",
-        ));
-    };
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    match given {
-        Some(given) if constant_time_eq(given.as_bytes(), token.as_bytes()) => None,
-        _ => {
-            let mut response = error(StatusCode::UNAUTHORIZED, "a valid bearer token is required");
-            response.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                "Bearer".parse().expect("a valid header"),
-            );
-            Some(response)
+/// A call that carries the configured bearer token: extracted before anything else of the
+/// request (its body included) is read, and refused otherwise.
+struct Admin;
+
+impl FromRequestParts<AppState> for Admin {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Response> {
+        let Some(token) = &state.admin_token else {
+            return Err(error(
+                StatusCode::FORBIDDEN,
+                "the admin API is off: start serve with --admin-token",
+            ));
+        };
+        let given = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        match given {
+            Some(given) if constant_time_eq(given.as_bytes(), token.as_bytes()) => Ok(Admin),
+            _ => {
+                let mut response =
+                    error(StatusCode::UNAUTHORIZED, "a valid bearer token is required");
+                let bearer = HeaderValue::from_static("Bearer");
+                response
+                    .headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, bearer);
+                Err(response)
+            }
         }
     }
 }
@@ -68,22 +78,12 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-async fn list(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    if let Some(refused) = refuse(&state, &headers) {
-        return refused;
-    }
+async fn list(State(state): State<AppState>, _: Admin) -> Response {
     let loaded = state.service.loaded();
     axum::Json(serde_json::json!({ "rules": loaded.specs })).into_response()
 }
 
-async fn show(
-    State(state): State<AppState>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    if let Some(refused) = refuse(&state, &headers) {
-        return refused;
-    }
+async fn show(State(state): State<AppState>, _: Admin, Path(id): Path<String>) -> Response {
     let loaded = state.service.loaded();
     match loaded.specs.iter().find(|s| s.id == id) {
         Some(spec) => axum::Json(spec).into_response(),
@@ -93,13 +93,10 @@ async fn show(
 
 async fn put(
     State(state): State<AppState>,
+    _: Admin,
     Path(id): Path<String>,
-    headers: HeaderMap,
     body: String,
 ) -> Response {
-    if let Some(refused) = refuse(&state, &headers) {
-        return refused;
-    }
     let spec = match parse_rule_spec(&body) {
         Ok(spec) => spec,
         Err(message) => return error(StatusCode::UNPROCESSABLE_ENTITY, message),
@@ -117,14 +114,7 @@ async fn put(
     }
 }
 
-async fn delete(
-    State(state): State<AppState>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    if let Some(refused) = refuse(&state, &headers) {
-        return refused;
-    }
+async fn delete(State(state): State<AppState>, _: Admin, Path(id): Path<String>) -> Response {
     if !state.service.loaded().specs.iter().any(|s| s.id == id) {
         return error(StatusCode::NOT_FOUND, format!("no rule `{id}`"));
     }
