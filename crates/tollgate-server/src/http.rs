@@ -53,6 +53,9 @@ pub struct AppState {
     pub max_body_bytes: usize,
 }
 
+/// The path of the nginx `auth_request` endpoint.
+const AUTH: &str = "/v1/auth";
+
 /// The router of the HTTP API. Bodies are bounded to `max_body_bytes` by the check handler
 /// itself and by a layer over the admin API: a layer over every route would cost each check
 /// an extension.
@@ -60,7 +63,7 @@ pub fn router(state: AppState) -> Router {
     let limit = DefaultBodyLimit::max(state.max_body_bytes);
     Router::new()
         .route("/v1/check", post(check))
-        .route("/v1/auth", any(auth))
+        .route(AUTH, any(auth))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(render_metrics))
@@ -110,7 +113,7 @@ impl tower::Service<axum::extract::Request> for Connection {
     }
 
     fn call(&mut self, mut request: axum::extract::Request) -> Self::Future {
-        if request.uri().path() == "/v1/auth" {
+        if request.uri().path() == AUTH {
             request.extensions_mut().insert(ConnectInfo(self.peer));
         }
         self.router.call(request)

@@ -360,6 +360,7 @@ impl Service {
             .check_items(&loaded, &items, Some(&names))
             .await?
             .decisions;
+        // The items borrow from `hits`, which is consumed next.
         drop(items);
         let mut decisions = decisions.iter().copied();
         Ok(hits

@@ -80,12 +80,6 @@ impl Headers for http::HeaderMap {
     }
 }
 
-impl<H: Headers + ?Sized> Request<'_, H> {
-    fn header(&self, name: &str) -> Option<&[u8]> {
-        self.headers.get(name)
-    }
-}
-
 /// What a route requires of a request; every condition given must hold.
 #[derive(Debug, Clone, Default)]
 pub struct Match {
@@ -112,7 +106,7 @@ impl Match {
             return None;
         }
         for (name, value) in &self.headers {
-            let found = request.header(name)?;
+            let found = request.headers.get(name)?;
             if let Some(value) = value {
                 let ok = match value.strip_suffix('*') {
                     Some(prefix) => found.starts_with(prefix.as_bytes()),
@@ -226,7 +220,7 @@ impl Route {
                     .iter()
                     .find(|(n, _)| n == name)
                     .map_or(&b""[..], |(_, v)| v.as_bytes()),
-                KeyPart::Header(name) => request.header(name).unwrap_or_default(),
+                KeyPart::Header(name) => request.headers.get(name).unwrap_or_default(),
                 KeyPart::ClientIp => {
                     ip = request.client_ip.map(|a| a.to_string()).unwrap_or_default();
                     ip.as_bytes()

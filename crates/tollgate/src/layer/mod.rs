@@ -260,28 +260,7 @@ where
         let layer = self.layer.clone();
         Box::pin(async move {
             let (parts, body) = request.into_parts();
-            // The key is borrowed from the request's head until the decision is taken.
-            let decided = match &layer.key {
-                Keys::Extract(extract) => match extract.key(&parts) {
-                    Some(key) => Some(
-                        layer
-                            .limiter
-                            .check(&key, layer.cost)
-                            .await
-                            .map(Decisions::one),
-                    ),
-                    None => None,
-                },
-                Keys::Engine(engine) => {
-                    let hits = engine_hits(engine, &parts);
-                    if hits.is_empty() {
-                        None
-                    } else {
-                        let items: Vec<_> = hits.iter().map(|h| h.item(layer.cost)).collect();
-                        Some(layer.limiter.check_batch(&items).await)
-                    }
-                }
-            };
+            let decided = decide(&layer, &parts).await;
             let request = Request::from_parts(parts, body);
             let decisions = match decided {
                 None => return inner.call(request).await,
@@ -295,6 +274,34 @@ where
             headers::add(response.headers_mut(), &decisions);
             Ok(response)
         })
+    }
+}
+
+/// The decisions for the request whose head is `parts`, all-or-nothing; `None` when it has no
+/// key or matches no route, and goes through unchecked. The key is borrowed from the head.
+async fn decide<S: Store, C: Clock>(
+    layer: &RateLimitLayer<S, C>,
+    parts: &Parts,
+) -> Option<Result<Decisions, Error>> {
+    match &layer.key {
+        Keys::Extract(extract) => {
+            let key = extract.key(parts)?;
+            Some(
+                layer
+                    .limiter
+                    .check(&key, layer.cost)
+                    .await
+                    .map(Decisions::one),
+            )
+        }
+        Keys::Engine(engine) => {
+            let hits = engine_hits(engine, parts);
+            if hits.is_empty() {
+                return None;
+            }
+            let items: Vec<_> = hits.iter().map(|h| h.item(layer.cost)).collect();
+            Some(layer.limiter.check_batch(&items).await)
+        }
     }
 }
 
