@@ -63,12 +63,15 @@ def main():
     rows = []
     try:
         bench.wait_port(redis_port)
-        port = bench.free_port()
+        port, wrapped = bench.free_port(), bench.free_port()
         rows += count([bench.TRIVIAL, f"127.0.0.1:{port}"], port, [
             ("ceiling: axum answering a constant", "/v1/check", bench.CEILING_BODY),
             ("the ceiling behind a do-nothing tower layer", "/v1/identity", "LAYERED"),
             ("the ceiling behind tollgate's tower layer", "/v1/layered", "LAYERED"),
         ], args.seconds, workdir)
+        rows += count([bench.TRIVIAL, f"127.0.0.1:{port}", f"127.0.0.1:{bench.free_port()}", f"127.0.0.1:{wrapped}"],
+                      wrapped, [("the ceiling's app wrapped in tollgate's layer", "/v1/check", "LAYERED")],
+                      args.seconds, workdir)
         env = dict(os.environ, RUST_LOG="warn")
         for name, store in [
             ("tollgate, memory store", "{ kind: memory }"),

@@ -3,13 +3,15 @@
 //! address, tonic for Envoy's `ShouldRateLimit` (always OK). `POST /v1/layered` is the same
 //! handler behind tollgate's tower layer (GCRA, a billion per minute per `x-tenant`), to
 //! measure what the layer adds; `POST /v1/identity` the same handler behind a layer that
-//! changes nothing, to measure what axum charges for any layer.
+//! changes nothing, to measure what axum charges for any layer. Given a third address, the
+//! ceiling's app whole, wrapped in tollgate's layer from outside the router (as a hyper or
+//! `ServiceBuilder` user applies it), where axum boxes nothing more.
 //!
 //! Run: `cargo run --release -p tollgate-server --example trivial -- 127.0.0.1:9000 127.0.0.1:9001`
 
-use axum::Router;
 use axum::body::Bytes;
 use axum::routing::post;
+use axum::{Router, ServiceExt};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
@@ -17,6 +19,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tollgate::layer::{KeyExtractor, RateLimitLayer};
 use tollgate::{Algorithm, Limiter, Rule, Tier};
+use tower::Layer;
 
 struct AlwaysOk;
 
@@ -53,6 +56,12 @@ async fn main() -> anyhow::Result<()> {
     let layer = RateLimitLayer::new(Limiter::new(rule), KeyExtractor::header("x-tenant"));
     // What axum charges for any layer: one that passes every answer through unchanged.
     let identity = tower::util::MapResponseLayer::new(|r: axum::response::Response| r);
+    if let Some(wrapped) = args.next() {
+        let app = layer.layer(Router::new().route("/v1/check", post(handler)));
+        let listener = tokio::net::TcpListener::bind(&wrapped).await?;
+        let app = ServiceExt::<axum::extract::Request>::into_make_service(app);
+        tokio::spawn(axum::serve(listener, app).into_future());
+    }
     let app = Router::new()
         .route("/v1/check", post(handler))
         .route("/v1/identity", post(handler).layer(identity))

@@ -86,7 +86,8 @@ pub fn add(headers: &mut HeaderMap, decisions: &[Decision]) {
 
     let values = Bytes::from(values.0);
     let field = |range: Range<usize>| HeaderValue::from_maybe_shared(values.slice(range)).ok();
-    headers.reserve(6);
+    // Room for exactly these fields: reserving more than needed rehashes a map that had room.
+    headers.reserve(5 + usize::from(retry.is_some()));
     for (name, range) in [(X_LIMIT, limit), (X_REMAINING, remaining), (X_RESET, reset)] {
         if let Some(value) = field(range) {
             headers.insert(name, value);
