@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
-use tollgate::engine::{Descriptor, DescriptorHit, Engine, Headers, NodeLimit, Request};
+use tollgate::engine::{Descriptor, DescriptorHit, Engine, Headers, Items, NodeLimit, Request};
 use tollgate::{
     AnyStore, Decision, Decisions, Error, HybridConfig, HybridStore, Item, LeaseConfig, LeaseStore,
     Limiter, MemoryStore, RedisStore, Store,
@@ -275,14 +275,9 @@ impl Service {
         cost: u64,
     ) -> Result<Outcome, CheckError> {
         let loaded = self.loaded();
-        match &*loaded.engine.hits(request) {
-            // One route, the common case: no vector of items.
-            [hit] => self.check_items(&loaded, &[hit.item(cost)], None).await,
-            hits => {
-                let items: Vec<_> = hits.iter().map(|h| h.item(cost)).collect();
-                self.check_items(&loaded, &items, None).await
-            }
-        }
+        let hits = loaded.engine.hits(request);
+        self.check_items(&loaded, &Items::of(&hits, cost), None)
+            .await
     }
 
     /// Checks one key under one rule by name.

@@ -256,6 +256,37 @@ impl Hit {
     }
 }
 
+/// A request's hits as the items of one batch, `cost` permits each; dereferences to the
+/// items. One hit, the common case, takes no vector.
+#[derive(Debug)]
+pub enum Items<'a> {
+    /// The only hit.
+    One([Item<'a>; 1]),
+    /// None, or several.
+    Many(Vec<Item<'a>>),
+}
+
+impl<'a> Items<'a> {
+    /// The items of `hits`, `cost` permits each.
+    pub fn of(hits: &'a [Hit], cost: u64) -> Self {
+        match hits {
+            [hit] => Self::One([hit.item(cost)]),
+            hits => Self::Many(hits.iter().map(|h| h.item(cost)).collect()),
+        }
+    }
+}
+
+impl<'a> std::ops::Deref for Items<'a> {
+    type Target = [Item<'a>];
+
+    fn deref(&self) -> &[Item<'a>] {
+        match self {
+            Self::One(one) => one,
+            Self::Many(many) => many,
+        }
+    }
+}
+
 /// Routes and domains, ready to match requests; see the module documentation.
 #[derive(Debug, Clone, Default)]
 pub struct Engine {

@@ -33,7 +33,7 @@ use tower::{Layer, Service};
 
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decisions;
-use crate::engine::{Engine, Hit, Request as EngineRequest};
+use crate::engine::{Engine, Hit, Items, Request as EngineRequest};
 use crate::error::Error;
 use crate::limiter::Limiter;
 use crate::store::{MemoryStore, Store};
@@ -299,7 +299,7 @@ async fn decide<S: Store, C: Clock>(
             if hits.is_empty() {
                 return None;
             }
-            let items: Vec<_> = hits.iter().map(|h| h.item(layer.cost)).collect();
+            let items = Items::of(&hits, layer.cost);
             Some(layer.limiter.check_batch(&items).await)
         }
     }
