@@ -12,6 +12,7 @@ production) on the first (when taskset exists).
 import argparse
 import os
 import re
+import resource
 import shutil
 import socket
 import statistics
@@ -132,24 +133,32 @@ def wrk(system, seconds, connections, workdir):
     with open(script, "w") as f:
         f.write(f"BODY = [[{system.body}]]\nPATH = [[{system.path}]]\n" + WRK_SCRIPT)
     url = f"http://127.0.0.1:{system.port}"
-    cpu = cpu_seconds(system.pid)
+    cpu, sleeps = cpu_seconds(system.pid), client_sleeps()
     out = subprocess.run(pinned(0, ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency",
                                     "-s", script, url]), capture_output=True, text=True, check=True).stdout
-    cpu = cpu_seconds(system.pid) - cpu
+    cpu, sleeps = cpu_seconds(system.pid) - cpu, client_sleeps() - sleeps
     requests = int(re.search(r"(\d+) requests in", out).group(1))
     rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     lat = dict(re.findall(r"^\s+(50|99)%\s+([\d.]+\w+)", out, re.M))
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     if errors:
         raise SystemExit(f"{system.name}: {errors.group(1)} answers were not 2xx:\n{out}")
-    return rate, micros(lat["50"]), micros(lat["99"]), cpu * 1e6 / requests
+    return rate, micros(lat["50"]), micros(lat["99"]), cpu * 1e6 / requests, sleeps / requests
+
+
+def client_sleeps():
+    """Voluntary context switches of the waited-for children (the load generators so far):
+    how often the load generator ran out of answers to read and slept."""
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_nvcsw
 
 
 def rls(system, seconds, connections):
+    cpu = cpu_seconds(system.pid)
     out = subprocess.run(pinned(0, [RLS_LOAD, f"http://127.0.0.1:{system.grpc}", str(connections),
                                     str(seconds)]), capture_output=True, text=True, check=True).stdout
-    rate, p50, p99 = out.split()
-    return float(rate), float(p50), float(p99)
+    cpu = cpu_seconds(system.pid) - cpu
+    rate, p50, p99 = (float(x) for x in out.split())
+    return rate, p50, p99, cpu * 1e6 / (rate * seconds)
 
 
 def micros(text):
@@ -181,6 +190,9 @@ def main():
     # any layer), and behind tollgate's tower layer, in the same process.
     systems.append(System("the ceiling behind a do-nothing tower layer", None, port, "/v1/identity",
                           "LAYERED"))
+    # The floor of any layer that writes the rate limit fields: the same fields, as constants.
+    systems.append(System("the ceiling behind a layer adding constant rate limit fields", None, port,
+                          "/v1/fields", "LAYERED"))
     systems.append(System("the ceiling behind tollgate's tower layer", None, port, "/v1/layered",
                           "LAYERED"))
     # The ceiling's whole app wrapped in tollgate's layer from outside the router.
@@ -237,22 +249,25 @@ def main():
     # The server's CPU time per request: what a request costs the server, whatever the load
     # generator on the other core pays to parse the answer. Ratios as requests per CPU second.
     print(f"\nServer CPU time per request (user and system, all threads; same rounds)\n")
-    print("| system | CPU per request | vs ceiling | vs peer |")
-    print("| --- | ---: | ---: | ---: |")
+    # wrk sleeps when every connection waits for its answer; waking it again costs the server's
+    # kernel (an interprocessor interrupt when its core is idle), so a server whose answers
+    # trickle out pays more per request than one whose answers leave in bursts.
+    print("| system | CPU per request | vs ceiling | vs peer | wrk's sleeps per request |")
+    print("| --- | ---: | ---: | ---: | ---: |")
     cost = lambda rounds: [(1 / r[3],) for r in rounds]
     for s in systems:
         print(f"| {s.name} | {median(r[3] for r in s.rounds):.2f} µs | "
               f"{ratio(cost(s.rounds), cost(ceiling.rounds), '{:.0%}')} | "
-              f"{ratio(cost(s.rounds), cost(peer.rounds), '{:.2f}x')} |")
+              f"{ratio(cost(s.rounds), cost(peer.rounds), '{:.2f}x')} | {median(r[4] for r in s.rounds):.3f} |")
     grpc = [s for s in systems if s.grpc]
     for s in grpc[1:]:
         s.name = s.name.replace(", /v1/check (JSON)", "")
     print(f"\ngRPC ShouldRateLimit (rls_load, {args.connections} connections, one request in flight on each)\n")
-    print("| system | requests/s | p50 | p99 | vs ceiling | vs memory store |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| system | requests/s | p50 | p99 | server CPU per request | vs ceiling | vs memory store |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for s in grpc:
-        rate, p50, p99 = (median(r[i] for r in s.grpc_rounds) for i in range(3))
-        print(f"| {s.name} | {rate:,.0f} | {p50:.0f} µs | {p99:.0f} µs | "
+        rate, p50, p99, cpu = (median(r[i] for r in s.grpc_rounds) for i in range(4))
+        print(f"| {s.name} | {rate:,.0f} | {p50:.0f} µs | {p99:.0f} µs | {cpu:.1f} µs | "
               f"{ratio(s.grpc_rounds, grpc[0].grpc_rounds, '{:.0%}')} | "
               f"{ratio(s.grpc_rounds, grpc[1].grpc_rounds, '{:.0%}')} |")
 

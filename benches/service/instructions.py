@@ -67,6 +67,7 @@ def main():
         rows += count([bench.TRIVIAL, f"127.0.0.1:{port}"], port, [
             ("ceiling: axum answering a constant", "/v1/check", bench.CEILING_BODY),
             ("the ceiling behind a do-nothing tower layer", "/v1/identity", "LAYERED"),
+            ("the ceiling behind a layer adding constant rate limit fields", "/v1/fields", "LAYERED"),
             ("the ceiling behind tollgate's tower layer", "/v1/layered", "LAYERED"),
         ], args.seconds, workdir)
         rows += count([bench.TRIVIAL, f"127.0.0.1:{port}", f"127.0.0.1:{bench.free_port()}", f"127.0.0.1:{wrapped}"],

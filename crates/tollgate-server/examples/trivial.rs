@@ -3,13 +3,17 @@
 //! address, tonic for Envoy's `ShouldRateLimit` (always OK). `POST /v1/layered` is the same
 //! handler behind tollgate's tower layer (GCRA, a billion per minute per `x-tenant`), to
 //! measure what the layer adds; `POST /v1/identity` the same handler behind a layer that
-//! changes nothing, to measure what axum charges for any layer. Given a third address, the
+//! changes nothing, to measure what axum charges for any layer; `POST /v1/fields` the same
+//! handler behind a layer that adds the rate limit fields tollgate's layer writes, as
+//! constants, deciding nothing: the floor of any layer that must write them. Given a third
+//! address, the
 //! ceiling's app whole, wrapped in tollgate's layer from outside the router (as a hyper or
 //! `ServiceBuilder` user applies it), where axum boxes nothing more.
 //!
 //! Run: `cargo run --release -p tollgate-server --example trivial -- 127.0.0.1:9000 127.0.0.1:9001`
 
 use axum::body::Bytes;
+use axum::http::{HeaderName, HeaderValue};
 use axum::routing::post;
 use axum::{Router, ServiceExt};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -56,6 +60,32 @@ async fn main() -> anyhow::Result<()> {
     let layer = RateLimitLayer::new(Limiter::new(rule), KeyExtractor::header("x-tenant"));
     // What axum charges for any layer: one that passes every answer through unchanged.
     let identity = tower::util::MapResponseLayer::new(|r: axum::response::Response| r);
+    // The fields tollgate's layer adds to this rule's answers, as constants of the same length,
+    // inserted as it inserts them (names known at compile time, room reserved first).
+    let fields = tower::util::MapResponseLayer::new(|mut r: axum::response::Response| {
+        const FIELDS: [(HeaderName, &str); 5] = [
+            (HeaderName::from_static("x-ratelimit-limit"), "1000000000"),
+            (
+                HeaderName::from_static("x-ratelimit-remaining"),
+                "999999999",
+            ),
+            (HeaderName::from_static("x-ratelimit-reset"), "1"),
+            (
+                HeaderName::from_static("ratelimit-policy"),
+                "\"bench\";q=1000000000;w=60",
+            ),
+            (
+                HeaderName::from_static("ratelimit"),
+                "\"bench\";r=999999999;t=1",
+            ),
+        ];
+        let headers = r.headers_mut();
+        headers.reserve(FIELDS.len());
+        for (name, value) in FIELDS {
+            headers.insert(name, HeaderValue::from_static(value));
+        }
+        r
+    });
     if let Some(wrapped) = args.next() {
         let app = layer.layer(Router::new().route("/v1/check", post(handler)));
         let listener = tokio::net::TcpListener::bind(&wrapped).await?;
@@ -65,6 +95,7 @@ async fn main() -> anyhow::Result<()> {
     let app = Router::new()
         .route("/v1/check", post(handler))
         .route("/v1/identity", post(handler).layer(identity))
+        .route("/v1/fields", post(handler).layer(fields))
         .route("/v1/layered", post(handler).layer(layer));
     let listener = tokio::net::TcpListener::bind(&http).await?;
     axum::serve(listener, app).await?;
