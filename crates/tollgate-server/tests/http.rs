@@ -110,7 +110,7 @@ async fn bad_input_gets_a_clear_4xx_and_loses_nothing() {
         (
             b"{\"request\": {\"method\": \"GET\", \"path\": \"/\xff\"}}".to_vec(),
             400,
-            "",
+            "not UTF-8",
         ),
         (
             br#"{"rule": "nope", "key": "k"}"#.to_vec(),
