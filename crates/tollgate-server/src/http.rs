@@ -25,7 +25,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, DefaultBodyLimit, FromRequestParts, Query, State};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use axum::serve::IncomingStream;
@@ -444,6 +444,13 @@ struct AuthQuery {
     cost: Option<u64>,
 }
 
+// The original request's fields, named ahead: a name given as text is parsed on every lookup.
+const X_ORIGINAL_URI: HeaderName = HeaderName::from_static("x-original-uri");
+const X_FORWARDED_URI: HeaderName = HeaderName::from_static("x-forwarded-uri");
+const X_ORIGINAL_METHOD: HeaderName = HeaderName::from_static("x-original-method");
+const X_FORWARDED_METHOD: HeaderName = HeaderName::from_static("x-forwarded-method");
+const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+
 async fn auth(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -462,19 +469,19 @@ async fn auth(
             );
         }
     };
-    let text = |names: &[&str]| {
+    let text = |names: &[HeaderName]| {
         names
             .iter()
-            .find_map(|n| headers.get(*n).and_then(|v| v.to_str().ok()))
+            .find_map(|n| headers.get(n).and_then(|v| v.to_str().ok()))
     };
-    let Some(uri) = text(&["x-original-uri", "x-forwarded-uri"]) else {
+    let Some(uri) = text(&[X_ORIGINAL_URI, X_FORWARDED_URI]) else {
         return bad_request(
             StatusCode::BAD_REQUEST,
             "missing X-Original-URI (nginx: proxy_set_header X-Original-URI $request_uri)",
         );
     };
-    let method = text(&["x-original-method", "x-forwarded-method"]).unwrap_or("GET");
-    let client_ip = text(&["x-real-ip"])
+    let method = text(&[X_ORIGINAL_METHOD, X_FORWARDED_METHOD]).unwrap_or("GET");
+    let client_ip = text(&[X_REAL_IP])
         .and_then(|ip| ip.trim().parse().ok())
         .unwrap_or(peer.ip());
     let path = uri.split('?').next().unwrap_or_default();
