@@ -6,9 +6,8 @@
 //! changes nothing, to measure what axum charges for any layer; `POST /v1/fields` the same
 //! handler behind a layer that adds the rate limit fields tollgate's layer writes, as
 //! constants, deciding nothing: the floor of any layer that must write them. Given a third
-//! address, the
-//! ceiling's app whole, wrapped in tollgate's layer from outside the router (as a hyper or
-//! `ServiceBuilder` user applies it), where axum boxes nothing more.
+//! address, the ceiling's app whole, wrapped in tollgate's layer from outside the router (as
+//! a hyper or `ServiceBuilder` user applies it), where axum boxes nothing more.
 //!
 //! Run: `cargo run --release -p tollgate-server --example trivial -- 127.0.0.1:9000 127.0.0.1:9001`
 
