@@ -268,6 +268,7 @@ async fn serve(
             let grpc_listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("cannot listen on {addr}"))?;
+            let addr = grpc_listener.local_addr()?;
             tracing::info!(%addr, "gRPC (Envoy rate limit service) listening");
             let incoming = tonic::transport::server::TcpIncoming::from(grpc_listener);
             let svc = grpc::server(service.clone());

@@ -30,7 +30,15 @@ impl Drop for Nginx {
     }
 }
 
+/// Starts nginx in front of `tollgate`. A port found free can be taken before nginx binds
+/// it; nginx then exits, and another pair of ports is tried.
 fn start_nginx(tollgate: &str) -> Nginx {
+    (0..5)
+        .find_map(|_| try_nginx(tollgate))
+        .expect("nginx starts on one of five pairs of free ports")
+}
+
+fn try_nginx(tollgate: &str) -> Option<Nginx> {
     let dir = tempfile::tempdir().unwrap();
     let (port, upstream) = (free_port(), free_port());
     let d = dir.path().display();
@@ -83,7 +91,7 @@ http {{
 "#
     );
     std::fs::write(dir.path().join("nginx.conf"), conf).unwrap();
-    let child = Command::new("nginx")
+    let mut child = Command::new("nginx")
         .arg("-p")
         .arg(dir.path())
         .arg("-c")
@@ -94,14 +102,17 @@ http {{
         .expect("nginx is installed");
     let deadline = Instant::now() + Duration::from_secs(10);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if child.try_wait().unwrap().is_some() {
+            return None;
+        }
         assert!(Instant::now() < deadline, "nginx did not start");
         std::thread::sleep(Duration::from_millis(20));
     }
-    Nginx {
+    Some(Nginx {
         child,
         port,
         _dir: dir,
-    }
+    })
 }
 
 #[tokio::test]

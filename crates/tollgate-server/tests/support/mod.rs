@@ -25,6 +25,15 @@ impl Drop for Server {
     }
 }
 
+/// `http://` and the address a log line gives as `addr=`.
+fn address(line: &str) -> String {
+    let addr = line
+        .split_whitespace()
+        .find_map(|field| field.strip_prefix("addr="))
+        .unwrap_or_else(|| panic!("no address in `{line}`"));
+    format!("http://{addr}")
+}
+
 /// A free loopback port (bound, then released).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -45,10 +54,10 @@ impl Server {
             std::fs::write(&path, text).unwrap();
             command.arg("--config").arg(path);
         }
-        let (http, grpc) = (free_port(), free_port());
+        // Port 0: the server binds free ports itself and logs them, so no other process can
+        // take a port between its choice and its bind.
         command
-            .args(["--http", &format!("127.0.0.1:{http}")])
-            .args(["--grpc", &format!("127.0.0.1:{grpc}")])
+            .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
             .args(args)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
@@ -63,14 +72,18 @@ impl Server {
                 }
             }
         });
-        let server = Self {
+        let mut server = Self {
             child,
-            http: format!("http://127.0.0.1:{http}"),
-            grpc: format!("http://127.0.0.1:{grpc}"),
+            http: String::new(),
+            grpc: String::new(),
             dir,
             log,
         };
-        server.wait_for_log("HTTP listening", Duration::from_secs(20));
+        // The gRPC listener binds and logs first.
+        let within = Duration::from_secs(20);
+        server.grpc =
+            address(&server.wait_for_log("gRPC (Envoy rate limit service) listening", within));
+        server.http = address(&server.wait_for_log("HTTP listening", within));
         server
     }
 
@@ -146,28 +159,41 @@ impl Drop for Redis {
 }
 
 impl Redis {
+    /// Starts on a free port. A port found free can be taken before redis-server binds it,
+    /// so it counts as started only when it says it accepts connections, and it tries
+    /// another port when it exits instead.
     pub fn start() -> Self {
-        let port = free_port();
-        let dir = tempfile::tempdir().unwrap();
-        let child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server is installed");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
+        for _ in 0..5 {
+            let port = free_port();
+            let dir = tempfile::tempdir().unwrap();
+            let mut child = Command::new("redis-server")
+                .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+                .args(["--save", "", "--appendonly", "no"])
+                .arg("--dir")
+                .arg(dir.path())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server is installed");
+            let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+            // Until it is ready or gone (the end of its output).
+            let ready = lines
+                .by_ref()
+                .map_while(Result::ok)
+                .any(|line| line.contains("Ready to accept connections"));
+            if ready {
+                // The rest of its log, read so that its writes never block.
+                std::thread::spawn(move || lines.for_each(drop));
+                return Self {
+                    child,
+                    port,
+                    _dir: dir,
+                };
+            }
+            let _ = child.kill();
+            let _ = child.wait();
         }
-        Self {
-            child,
-            port,
-            _dir: dir,
-        }
+        panic!("redis-server did not start on any of five free ports");
     }
 
     pub fn url(&self) -> String {
