@@ -3,7 +3,7 @@
 
 #[cfg(feature = "redis")]
 use super::{HybridPlan, HybridStore, LeasePlan, LeaseStore, RedisPlan, RedisStore};
-use super::{MemoryPlan, MemoryStore, Planned, Store};
+use super::{LocalStore, MemoryPlan, MemoryStore, Planned, Store};
 use crate::decision::Decisions;
 use crate::error::Error;
 use crate::rule::Rule;
@@ -61,17 +61,19 @@ fn narrow<'a, P>(
     items: &[Planned<'a, AnyPlan>],
     arm: impl Fn(&'a AnyPlan) -> Option<&'a P>,
 ) -> Option<Vec<Planned<'a, P>>> {
-    items
-        .iter()
-        .map(|i| {
-            Some(Planned {
-                rule: i.rule,
-                plan: arm(i.plan)?,
-                key: i.key,
-                cost: i.cost,
-            })
-        })
-        .collect()
+    items.iter().map(|i| narrow_one(i, &arm)).collect()
+}
+
+fn narrow_one<'a, P>(
+    item: &Planned<'a, AnyPlan>,
+    arm: impl Fn(&'a AnyPlan) -> Option<&'a P>,
+) -> Option<Planned<'a, P>> {
+    Some(Planned {
+        rule: item.rule,
+        plan: arm(item.plan)?,
+        key: item.key,
+        cost: item.cost,
+    })
 }
 
 fn foreign() -> Error {
@@ -102,15 +104,24 @@ impl Store for AnyStore {
         now: u64,
         max_delay: Option<u64>,
     ) -> Result<Decisions, Error> {
+        // The memory store decides at once, a single item without a list. A remote store's
+        // check is a large future (2 KB), boxed so that every check through this type, memory
+        // ones included, does not carry and move it.
         match self {
             Self::Memory(s) => {
-                let items = narrow(items, |p| match p {
-                    AnyPlan::Memory(p) => Some(p),
-                    #[cfg(feature = "redis")]
-                    _ => None,
-                })
-                .ok_or_else(foreign)?;
-                s.check(&items, now, max_delay).await
+                fn arm(p: &AnyPlan) -> Option<&MemoryPlan> {
+                    match p {
+                        AnyPlan::Memory(p) => Some(p),
+                        #[cfg(feature = "redis")]
+                        _ => None,
+                    }
+                }
+                if let [item] = items {
+                    let item = narrow_one(item, arm).ok_or_else(foreign)?;
+                    return Ok(Decisions::one(s.check_one_now(&item, now, max_delay)));
+                }
+                let items = narrow(items, arm).ok_or_else(foreign)?;
+                Ok(s.check_now(&items, now, max_delay))
             }
             #[cfg(feature = "redis")]
             Self::Redis(s) => {
@@ -119,7 +130,7 @@ impl Store for AnyStore {
                     _ => None,
                 })
                 .ok_or_else(foreign)?;
-                s.check(&items, now, max_delay).await
+                Box::pin(s.check(&items, now, max_delay)).await
             }
             #[cfg(feature = "redis")]
             Self::Hybrid(s) => {
@@ -128,7 +139,7 @@ impl Store for AnyStore {
                     _ => None,
                 })
                 .ok_or_else(foreign)?;
-                s.check(&items, now, max_delay).await
+                Box::pin(s.check(&items, now, max_delay)).await
             }
             #[cfg(feature = "redis")]
             Self::Lease(s) => {
@@ -137,7 +148,7 @@ impl Store for AnyStore {
                     _ => None,
                 })
                 .ok_or_else(foreign)?;
-                s.check(&items, now, max_delay).await
+                Box::pin(s.check(&items, now, max_delay)).await
             }
         }
     }
