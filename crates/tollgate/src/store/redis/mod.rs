@@ -357,6 +357,17 @@ impl RedisStore {
             let decision = self.check_one(item, now, max_delay).await?;
             return Ok(Decisions::one(decision.shadow(item.rule.is_shadow())));
         }
+        // Boxed: inline, it would make the future of every check larger.
+        Box::pin(self.check_many(items, now, max_delay)).await
+    }
+
+    /// Decides several items, all-or-nothing, by the batch function.
+    async fn check_many(
+        &self,
+        items: &[Planned<'_, RedisPlan>],
+        now: u64,
+        max_delay: Option<u64>,
+    ) -> Result<Decisions, Error> {
         let groups = match &self.connection {
             Connection::Single(_) => vec![(0..items.len()).collect()],
             Connection::Cluster(_) => slot_groups(items),
@@ -457,8 +468,10 @@ impl RedisStore {
         keys: &[Vec<u8>],
         args: &[&[u8]],
     ) -> Result<Vec<u8>, RedisError> {
+        // Servers without functions are rare, and their path is boxed, as are the rare paths
+        // below: inline, they would make every check's future larger.
         if self.scripts_only.load(Ordering::Relaxed) {
-            return self.script(entry, keys, args).await;
+            return Box::pin(self.script(entry, keys, args)).await;
         }
         // Sized up front: growing the command's buffers cost more than the rest of building it.
         let data = entry.function.len()
@@ -475,9 +488,11 @@ impl RedisStore {
         }
         match self.query(&call).await {
             Err(err) if function_not_found(&err) => {
-                self.load_library(entry, keys, args, &call).await
+                Box::pin(self.load_library(entry, keys, args, &call)).await
             }
-            Err(err) if functions_refused(&err) => self.to_scripts(err, entry, keys, args).await,
+            Err(err) if functions_refused(&err) => {
+                Box::pin(self.to_scripts(err, entry, keys, args)).await
+            }
             reply => reply,
         }
     }
