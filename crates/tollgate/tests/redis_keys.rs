@@ -1,6 +1,6 @@
-//! What the Redis store leaves behind: every key expires as soon as its state is as good as
-//! new, nothing is written for a look, a denied unknown key or a bad check, any bytes make a
-//! key, and the memory a key takes.
+//! What the Redis store leaves behind: every key expires within a second of its state being as
+//! good as new, nothing is written for a look, a denied unknown key or a bad check, any bytes
+//! make a key, and the memory a key takes.
 
 mod support;
 
@@ -95,9 +95,10 @@ async fn keys_expire_when_their_state_is_as_good_as_new() {
         let mut bytes = Vec::new();
         for key in &keys {
             let ttl = server.cli(&["pttl", key]).parse::<u64>().expect("a TTL") - PADDING;
-            // No longer than the state needs; real time passing only shortens it.
+            // No longer than the state needs, rounded up to a whole second; real time passing
+            // only shortens it.
             assert!(
-                ttl <= lifetime_ms,
+                ttl < lifetime_ms + SECOND,
                 "{name}: {key} expires in {ttl} ms, needs {lifetime_ms}"
             );
             assert!(
@@ -185,6 +186,7 @@ async fn any_bytes_are_a_key_and_bad_checks_reach_no_server() {
 
 /// A window's writes all expire at its end, so they keep the TTL its first write set (Redis
 /// keeps a TTL for less than it sets one); the next window's first write sets a new one.
+/// Whole-second windows expire exactly at their end.
 #[tokio::test]
 async fn writes_within_a_window_keep_its_ttl() {
     let server = RedisServer::start();
@@ -216,6 +218,44 @@ async fn writes_within_a_window_keep_its_ttl() {
     assert_eq!(decision.remaining(), 4);
     let renewed = ttl();
     assert!(renewed > 50 * SECOND && renewed <= 55 * SECOND, "{renewed}");
+}
+
+/// A state whose expiry moves with each write (GCRA) expires at the next whole second: writes
+/// within that second keep the TTL the first set, and a write past it sets a new one.
+#[tokio::test]
+async fn writes_within_a_second_keep_their_ttl() {
+    let server = RedisServer::start();
+    // 10 ms per permit: each write moves the expiry by 10 ms.
+    let rule = Rule::new("second-ttl", Algorithm::Gcra, [Tier::per_second(100)]).unwrap();
+    let clock = ManualClock::new();
+    let limiter = Limiter::builder(rule)
+        .store(
+            RedisStore::open(&server.url())
+                .unwrap()
+                .store_time(StoreTime::Local)
+                .timeout(Duration::from_secs(5)),
+        )
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let key = String::from_utf8(support::redis_keys(&limiter, "tenant").remove(0)).unwrap();
+    let ttl = || server.cli(&["pttl", &key]).parse::<u64>().unwrap() - PADDING;
+    // 100 ms into a second: the state is as good as new 10 ms later, the key expires at the
+    // second's end.
+    clock.advance(Duration::from_millis(100));
+    assert!(limiter.check("tenant", 1).await.unwrap().allowed());
+    let first = ttl();
+    assert!(first > 850 && first <= 900, "{first}");
+    // 200 ms in: a TTL set anew would be 800 ms; the first one still has almost 900.
+    clock.advance(Duration::from_millis(100));
+    assert!(limiter.check("tenant", 1).await.unwrap().allowed());
+    let kept = ttl();
+    assert!(kept > 850 && kept <= first, "{kept}");
+    // 50 ms into the next second: the key now expires at that second's end.
+    clock.advance(Duration::from_millis(850));
+    assert!(limiter.check("tenant", 1).await.unwrap().allowed());
+    let renewed = ttl();
+    assert!(renewed > 900 && renewed <= 950, "{renewed}");
 }
 
 /// Checks once, runs `flush` on the server, and checks again: the second check is decided by

@@ -5,7 +5,8 @@
 //! `EVALSHA`): one round trip, atomic, all tiers at once. A batch of several keys is one call
 //! of the batch function, all-or-nothing across them. Concurrent checks are pipelined on a
 //! shared connection. Every key written expires when its state becomes equivalent to a key
-//! never seen.
+//! never seen, rounded up to the next whole second (writes within that second keep the TTL,
+//! which costs Redis less than setting one; the sliding log's sets expire exactly).
 //!
 //! On a Redis Cluster, keys of different slots cannot meet in one call: a batch whose keys
 //! span slots is first asked slot by slot without writing, and only if every slot admits is

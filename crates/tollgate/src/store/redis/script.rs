@@ -47,7 +47,7 @@ impl Driver {
     fn entry(self, keys: &str, args: &str) -> String {
         match self {
             Self::Words => {
-                format!("words({keys}, {args}, decide, first_seen, expires_at, windowed, forgets)")
+                format!("words({keys}, {args}, decide, first_seen, expires_at, forgets)")
             }
             Self::Log => format!("log({keys}, {args}, decide)"),
         }
@@ -101,7 +101,7 @@ fn registration(driver: Driver) -> &'static str {
     match driver {
         Driver::Words => {
             "{decide = decide, first_seen = first_seen, expires_at = expires_at, \
-             windowed = windowed, forgets = forgets}"
+             forgets = forgets}"
         }
         Driver::Log => "{decide = decide, log = true}",
     }

@@ -24,6 +24,3 @@ local function expires_at(t, w)
   if t.words > 1 and w[o + 2] > 0 then return w[o + 1] + 1 end
   return w[o + 1]
 end
-
--- A write moves when the state expires.
-local windowed = false

@@ -24,6 +24,3 @@ local function expires_at(t, w)
   if start == 0 then return 0 end
   return start + t.period
 end
-
--- A write moves when the state expires.
-local windowed = false

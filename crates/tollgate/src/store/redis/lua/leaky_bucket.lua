@@ -23,6 +23,3 @@ local function first_seen(t, w, at) end
 local function expires_at(t, w)
   return w[t.offset + 2] + micros(t, w[t.offset + 1])
 end
-
--- A write moves when the state expires.
-local windowed = false

@@ -62,6 +62,3 @@ local function first_seen(t, w, at) end
 local function expires_at(t, w)
   return reset_at(windows(t, w, w[t.offset + 1]), t.period)
 end
-
--- Every write within one window expires at the same time.
-local windowed = true

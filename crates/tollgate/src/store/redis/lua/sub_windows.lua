@@ -43,6 +43,3 @@ local function first_seen(t, w, at) end
 local function expires_at(t, w)
   return (w[t.offset + 1] + t.p1) * (t.period / t.p1)
 end
-
--- Every write within one window expires at the same time.
-local windowed = true

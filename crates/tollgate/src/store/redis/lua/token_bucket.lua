@@ -36,6 +36,3 @@ local function first_seen(t, w, at)
   local o = t.offset
   if t.p1 >= 0 and w[o + 2] == 0 then w[o + 1], w[o + 2] = units(t, t.p1), at end
 end
-
--- A write moves when the state expires.
-local windowed = false

@@ -41,6 +41,3 @@ local function expires_at(t, w)
   if w[o + 2] == 0 then return 0 end
   return w[o + 2] + ceil((t.p3 - w[o + 1]) * t.p5) + 1
 end
-
--- A write moves when the state expires.
-local windowed = false

@@ -3,8 +3,9 @@
 -- seen. Mirrors Rule::evaluate: one tier decides and writes at once; several are all asked
 -- without writing first, and write only if all admit. The key is written only when its state
 -- changed, with one SET that also sets when it expires: when its state becomes equivalent to
--- a key never seen. An algorithm is `windowed` when its writes within one window all expire
--- at one time: those keep the TTL the first set.
+-- a key never seen, rounded up to the next whole second. Within that second a key's later
+-- writes keep the TTL the first set (KEEPTTL), which costs Redis less than setting one; a key
+-- outlives its state by under a second, and an expired state reads as new anyway.
 
 -- Asks every tier, writing admitted costs if `commit`; puts the verdicts in `verdicts`.
 local function ask(tiers, w, a, decide, verdicts, commit)
@@ -19,18 +20,24 @@ local function ask(tiers, w, a, decide, verdicts, commit)
   return all
 end
 
--- Writes the words `w` to `key` if they differ from `stored`, to expire at `expires` (µs).
--- `kept` is when the stored words expire, where worked out: when it is `expires`, the
--- key keeps its TTL, which costs Redis less than setting one.
+-- When a state that is as good as new at `at` (µs) may expire: `at` rounded up to a whole
+-- second.
+local function expiry(at)
+  return ceil(at / 1000000) * 1000000
+end
+
+-- Writes the words `w` to `key` if they differ from `stored`; they are as good as new at
+-- `expires` (µs). `kept` is the expiry of the stored words (false for none): the key lives
+-- at least until then, so when the new expiry is no later, the key keeps its TTL.
 local function write(key, stored, tiers, w, a, expires, kept)
   local state = pack(tiers.state_format, unpack(w, 1, tiers.words))
   if state == (stored or tiers.zero_state) then return end
-  local ttl = floor((expires - a.now + 999) / 1000)
-  if ttl > 0 then
-    if expires == kept then
+  if expires > a.now then
+    local at = expiry(expires)
+    if kept and at <= kept then
       call('SET', key, state, 'KEEPTTL')
     else
-      call('SET', key, state, 'PX', decimal(ttl + a.ttl_padding))
+      call('SET', key, state, 'PX', decimal(floor((at - a.now + 999) / 1000) + a.ttl_padding))
     end
   elseif stored then
     call('DEL', key)
@@ -50,7 +57,7 @@ local function forgotten(tiers, w, a, expires_at, forgets)
   return forgets and forgets(tiers) and latest(tiers, w, expires_at) <= a.now
 end
 
-local function words(keys, args, decide, first_seen, expires_at, windowed, forgets)
+local function words(keys, args, decide, first_seen, expires_at, forgets)
   local a, tiers = attempt_of(args[1]), tiers_of(args[2])
   local key = keys[1]
   local stored = call('GET', key)
@@ -62,13 +69,13 @@ local function words(keys, args, decide, first_seen, expires_at, windowed, forge
   local wants_write = a.cost > 0
   if #tiers == 1 then
     local t = tiers[1]
-    local kept = windowed and stored and expires_at(t, w)
+    local kept = stored and expiry(expires_at(t, w))
     local allowed, limit, remaining, reset_after, retry_after, delay = decide(t, w, a)
     if allowed ~= 1 and wants_write then first_seen(t, w, a.now) end
     write(key, stored, tiers, w, a, expires_at(t, w), kept)
     return pack(tiers.reply_format, allowed, limit, remaining, reset_after, retry_after, delay)
   end
-  local kept = windowed and stored and latest(tiers, w, expires_at)
+  local kept = stored and expiry(latest(tiers, w, expires_at))
   local verdicts = {}
   local allowed = ask(tiers, w, a, decide, verdicts, not wants_write)
   if allowed and wants_write then allowed = ask(tiers, w, a, decide, verdicts, true) end
