@@ -98,9 +98,11 @@ def pinned(core, argv):
 
 
 class System:
-    def __init__(self, name, argv, port, path, body, env=None, grpc=None):
+    def __init__(self, name, argv, port, path, body, env=None, grpc=None, redis=None):
         self.name, self.argv, self.port, self.path, self.body = name, argv, port, path, body
         self.env, self.grpc = env, grpc
+        # The redis-server process this system checks against, if any.
+        self.redis = redis
         self.proc = None
         self.rounds = []
         self.grpc_rounds = []
@@ -133,32 +135,43 @@ def wrk(system, seconds, connections, workdir):
     with open(script, "w") as f:
         f.write(f"BODY = [[{system.body}]]\nPATH = [[{system.path}]]\n" + WRK_SCRIPT)
     url = f"http://127.0.0.1:{system.port}"
-    cpu, sleeps = cpu_seconds(system.pid), client_sleeps()
+    cpu, client, redis = cpu_seconds(system.pid), client_usage(), redis_seconds(system)
     out = subprocess.run(pinned(0, ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency",
                                     "-s", script, url]), capture_output=True, text=True, check=True).stdout
-    cpu, sleeps = cpu_seconds(system.pid) - cpu, client_sleeps() - sleeps
+    cpu, redis = cpu_seconds(system.pid) - cpu, redis_seconds(system) - redis
+    client = [after - before for after, before in zip(client_usage(), client)]
     requests = int(re.search(r"(\d+) requests in", out).group(1))
     rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     lat = dict(re.findall(r"^\s+(50|99)%\s+([\d.]+\w+)", out, re.M))
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     if errors:
         raise SystemExit(f"{system.name}: {errors.group(1)} answers were not 2xx:\n{out}")
-    return rate, micros(lat["50"]), micros(lat["99"]), cpu * 1e6 / requests, sleeps / requests
+    per_request = lambda x: x / requests
+    return (rate, micros(lat["50"]), micros(lat["99"]), per_request(cpu * 1e6),
+            per_request(client[1]), per_request(client[0] * 1e6), per_request(redis * 1e6))
 
 
-def client_sleeps():
-    """Voluntary context switches of the waited-for children (the load generators so far):
-    how often the load generator ran out of answers to read and slept."""
-    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_nvcsw
+def client_usage():
+    """CPU seconds (user and system) and voluntary context switches of the waited-for
+    children, the load generators so far: what wrk spent, and how often it ran out of answers
+    to read and slept."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime, usage.ru_nvcsw
+
+
+def redis_seconds(system):
+    """CPU seconds of the system's redis-server so far (0 for a system without one)."""
+    return cpu_seconds(system.redis) if system.redis else 0.0
 
 
 def rls(system, seconds, connections):
-    cpu = cpu_seconds(system.pid)
+    cpu, redis = cpu_seconds(system.pid), redis_seconds(system)
     out = subprocess.run(pinned(0, [RLS_LOAD, f"http://127.0.0.1:{system.grpc}", str(connections),
                                     str(seconds)]), capture_output=True, text=True, check=True).stdout
-    cpu = cpu_seconds(system.pid) - cpu
+    cpu, redis = cpu_seconds(system.pid) - cpu, redis_seconds(system) - redis
     rate, p50, p99 = (float(x) for x in out.split())
-    return rate, p50, p99, cpu * 1e6 / (rate * seconds)
+    calls = rate * seconds
+    return rate, p50, p99, cpu * 1e6 / calls, redis * 1e6 / calls
 
 
 def micros(text):
@@ -210,10 +223,11 @@ def main():
         with open(envoy, "w") as f:
             f.write(ENVOY)
         env = dict(os.environ, RUST_LOG="warn")
+        uses = redis.pid if "redis" in store else None
         systems.append(System(name + ", /v1/check (JSON)", [TOLLGATE, "serve", "--config", config, envoy],
-                              port, "/v1/check", TOLLGATE_BODY, env, grpc=grpc))
+                              port, "/v1/check", TOLLGATE_BODY, env, grpc=grpc, redis=uses))
         # The same server's nginx auth_request endpoint: headers in, 204 and headers out.
-        systems.append(System(name + ", /v1/auth (nginx)", None, port, "/v1/auth", ""))
+        systems.append(System(name + ", /v1/auth (nginx)", None, port, "/v1/auth", "", redis=uses))
     port = free_port()
     systems.append(System("peer: throttlecrab-server (HTTP)",
                           [args.throttlecrab, "--http", "--http-port", str(port), "--http-host", "127.0.0.1"],
@@ -248,26 +262,32 @@ def main():
               f"{ratio(s.rounds, ceiling.rounds, '{:.0%}')} | {ratio(s.rounds, peer.rounds, '{:.2f}x')} | {versus} |")
     # The server's CPU time per request: what a request costs the server, whatever the load
     # generator on the other core pays to parse the answer. Ratios as requests per CPU second.
-    print(f"\nServer CPU time per request (user and system, all threads; same rounds)\n")
+    print(f"\nCPU time per request (user and system, all threads; same rounds)\n")
     # wrk sleeps when every connection waits for its answer; waking it again costs the server's
     # kernel (an interprocessor interrupt when its core is idle), so a server whose answers
-    # trickle out pays more per request than one whose answers leave in bursts.
-    print("| system | CPU per request | vs ceiling | vs peer | wrk's sleeps per request |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    # trickle out pays more per request than one whose answers leave in bursts. wrk and Redis
+    # share the first core: their CPU per request says how busy it is.
+    print("| system | server CPU per request | vs ceiling | vs peer | wrk's sleeps per request "
+          "| wrk CPU per request | Redis CPU per request |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     cost = lambda rounds: [(1 / r[3],) for r in rounds]
     for s in systems:
+        redis_cpu = f"{median(r[6] for r in s.rounds):.2f} µs" if s.redis else ""
         print(f"| {s.name} | {median(r[3] for r in s.rounds):.2f} µs | "
               f"{ratio(cost(s.rounds), cost(ceiling.rounds), '{:.0%}')} | "
-              f"{ratio(cost(s.rounds), cost(peer.rounds), '{:.2f}x')} | {median(r[4] for r in s.rounds):.3f} |")
+              f"{ratio(cost(s.rounds), cost(peer.rounds), '{:.2f}x')} | {median(r[4] for r in s.rounds):.3f} | "
+              f"{median(r[5] for r in s.rounds):.2f} µs | {redis_cpu} |")
     grpc = [s for s in systems if s.grpc]
     for s in grpc[1:]:
         s.name = s.name.replace(", /v1/check (JSON)", "")
     print(f"\ngRPC ShouldRateLimit (rls_load, {args.connections} connections, one request in flight on each)\n")
-    print("| system | requests/s | p50 | p99 | server CPU per request | vs ceiling | vs memory store |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| system | requests/s | p50 | p99 | server CPU per request | Redis CPU per request "
+          "| vs ceiling | vs memory store |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for s in grpc:
-        rate, p50, p99, cpu = (median(r[i] for r in s.grpc_rounds) for i in range(4))
-        print(f"| {s.name} | {rate:,.0f} | {p50:.0f} µs | {p99:.0f} µs | {cpu:.1f} µs | "
+        rate, p50, p99, cpu, redis_cpu = (median(r[i] for r in s.grpc_rounds) for i in range(5))
+        redis_cpu = f"{redis_cpu:.1f} µs" if s.redis else ""
+        print(f"| {s.name} | {rate:,.0f} | {p50:.0f} µs | {p99:.0f} µs | {cpu:.1f} µs | {redis_cpu} | "
               f"{ratio(s.grpc_rounds, grpc[0].grpc_rounds, '{:.0%}')} | "
               f"{ratio(s.grpc_rounds, grpc[1].grpc_rounds, '{:.0%}')} |")
 
