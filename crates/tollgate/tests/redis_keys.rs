@@ -258,6 +258,35 @@ async fn writes_within_a_second_keep_their_ttl() {
     assert!(renewed > 900 && renewed <= 950, "{renewed}");
 }
 
+/// On the server's clock, keys expire at a whole second of it, one time for every key
+/// written within a second.
+#[tokio::test]
+async fn on_the_servers_clock_keys_expire_at_a_whole_second() {
+    let server = RedisServer::start();
+    let rule = Rule::new("server-ttl", Algorithm::Gcra, [Tier::per_second(100)]).unwrap();
+    let limiter = Limiter::builder(rule)
+        .store(
+            RedisStore::open(&server.url())
+                .unwrap()
+                .timeout(Duration::from_secs(5)),
+        )
+        .build()
+        .unwrap();
+    for tenant in ["a", "b"] {
+        assert!(limiter.check(tenant, 1).await.unwrap().allowed());
+        let key = String::from_utf8(support::redis_keys(&limiter, tenant).remove(0)).unwrap();
+        let at: u64 = server.cli(&["pexpiretime", &key]).parse().unwrap();
+        let time = server.cli(&["time"]);
+        let now: u64 = time.lines().next().unwrap().parse::<u64>().unwrap() * SECOND;
+        assert_eq!(at % SECOND, 0, "{at}");
+        // The state is as good as new 10 ms after the check, so the next whole second.
+        assert!(
+            at > now.saturating_sub(SECOND) && at <= now + 2 * SECOND,
+            "{at} {now}"
+        );
+    }
+}
+
 /// Checks once, runs `flush` on the server, and checks again: the second check is decided by
 /// Redis on the state the first left.
 async fn survives(server: &RedisServer, flush: &str) {

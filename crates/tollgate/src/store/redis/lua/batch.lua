@@ -61,7 +61,7 @@ local function batch(keys, args)
           if admitted then log_commit(tiers, keys, item.first, a, item.newest) end
         else
           local w = item.w
-          local kept = item.stored and expiry(latest(tiers, w, f.expires_at))
+          local kept = item.stored and latest(tiers, w, f.expires_at)
           if admitted then
             ask(tiers, w, a, f.decide, item.verdicts, true)
           else

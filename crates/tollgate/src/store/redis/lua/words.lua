@@ -20,22 +20,22 @@ local function ask(tiers, w, a, decide, verdicts, commit)
   return all
 end
 
--- When a state that is as good as new at `at` (µs) may expire: `at` rounded up to a whole
--- second.
-local function expiry(at)
-  return ceil(at / 1000000) * 1000000
-end
-
 -- Writes the words `w` to `key` if they differ from `stored`; they are as good as new at
--- `expires` (µs). `kept` is the expiry of the stored words (false for none): the key lives
--- at least until then, so when the new expiry is no later, the key keeps its TTL.
+-- `expires` (µs), and the key expires at the next whole second (PXAT, Redis 6.2 and later, on
+-- the server's clock; on the caller's, PX). `kept` is when the stored words were as good as
+-- new (false for none): the key lives at least until the whole second after, so when that
+-- is no earlier, the key keeps its TTL. (`x + (-x) % s` rounds x up to a multiple of s,
+-- exactly for integers below 2^53, without a call.)
 local function write(key, stored, tiers, w, a, expires, kept)
   local state = pack(tiers.state_format, unpack(w, 1, tiers.words))
   if state == (stored or tiers.zero_state) then return end
   if expires > a.now then
-    local at = expiry(expires)
-    if kept and at <= kept then
+    local at = expires + (-expires) % 1000000
+    if kept and at <= kept + (-kept) % 1000000 then
       call('SET', key, state, 'KEEPTTL')
+    elseif a.server_time then
+      -- One time for every key written within a second: its text is formatted once.
+      call('SET', key, state, 'PXAT', decimal(at / 1000))
     else
       call('SET', key, state, 'PX', decimal(floor((at - a.now + 999) / 1000) + a.ttl_padding))
     end
@@ -69,13 +69,13 @@ local function words(keys, args, decide, first_seen, expires_at, forgets)
   local wants_write = a.cost > 0
   if #tiers == 1 then
     local t = tiers[1]
-    local kept = stored and expiry(expires_at(t, w))
+    local kept = stored and expires_at(t, w)
     local allowed, limit, remaining, reset_after, retry_after, delay = decide(t, w, a)
     if allowed ~= 1 and wants_write then first_seen(t, w, a.now) end
     write(key, stored, tiers, w, a, expires_at(t, w), kept)
     return pack(tiers.reply_format, allowed, limit, remaining, reset_after, retry_after, delay)
   end
-  local kept = stored and expiry(latest(tiers, w, expires_at))
+  local kept = stored and latest(tiers, w, expires_at)
   local verdicts = {}
   local allowed = ask(tiers, w, a, decide, verdicts, not wants_write)
   if allowed and wants_write then allowed = ask(tiers, w, a, decide, verdicts, true) end
