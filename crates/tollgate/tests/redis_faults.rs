@@ -99,10 +99,8 @@ async fn assert_strict(limiter: &RedisLimiter, key: &str) {
 async fn killed_and_restarted_fails_open_then_resumes_strict_limiting() {
     let mut server = RedisServer::start();
     let limiter = limiter(&server.url(), FailurePolicy::Open);
-    assert_eq!(
-        limiter.check("warm", 1).await.unwrap().source(),
-        Source::Redis
-    );
+    // Connected, the library loaded: a first call may take longer than the timeout.
+    assert_eq!(wait_for_redis(&limiter, "warm").await, Source::Redis);
     let load = Load::start(&limiter);
     tokio::time::sleep(Duration::from_millis(200)).await;
     server.kill();
@@ -128,10 +126,8 @@ async fn killed_and_restarted_fails_open_then_resumes_strict_limiting() {
 async fn frozen_fails_closed_within_the_timeout_then_thaws() {
     let server = RedisServer::start();
     let limiter = limiter(&server.url(), FailurePolicy::Closed);
-    assert_eq!(
-        limiter.check("warm", 1).await.unwrap().source(),
-        Source::Redis
-    );
+    // Connected, the library loaded: a first call may take longer than the timeout.
+    assert_eq!(wait_for_redis(&limiter, "warm").await, Source::Redis);
     let load = Load::start(&limiter);
     tokio::time::sleep(Duration::from_millis(100)).await;
     server.pause();
@@ -157,7 +153,7 @@ async fn frozen_fails_closed_within_the_timeout_then_thaws() {
 async fn falls_back_to_a_local_share_of_the_limit() {
     let mut server = RedisServer::start();
     let limiter = limiter(&server.url(), FailurePolicy::Local { share: 0.5 });
-    assert_eq!(limiter.check("k", 1).await.unwrap().source(), Source::Redis);
+    assert_eq!(wait_for_redis(&limiter, "warm").await, Source::Redis);
     server.kill();
     // This instance alone enforces half the limit: 5 of 10 per minute.
     let mut admitted = 0;
@@ -198,7 +194,7 @@ async fn a_probe_cancelled_by_its_caller_does_not_keep_the_breaker_open() {
         .timeout(Duration::from_millis(300))
         .circuit_breaker(1, Duration::from_millis(100));
     let limiter = Limiter::builder(rule).store(store).build().unwrap();
-    assert_eq!(limiter.check("k", 1).await.unwrap().source(), Source::Redis);
+    assert_eq!(wait_for_redis(&limiter, "warm").await, Source::Redis);
     server.pause();
     // One failure opens the breaker.
     assert_eq!(
