@@ -60,18 +60,33 @@ fn limiter(
     tier: Tier,
 ) -> Limiter<RedisStore, ManualClock> {
     let rule = Rule::new(format!("keys-{}", algorithm.name()), algorithm, [tier]).unwrap();
-    let clock = ManualClock::new();
+    let (limiter, clock) = on_a_manual_clock(server, rule);
     clock.advance(Duration::from_secs(10));
-    Limiter::builder(rule)
+    limiter
+}
+
+/// A limiter of `rule` deciding on the caller's time, a manual clock at a whole second.
+fn on_a_manual_clock(
+    server: &RedisServer,
+    rule: Rule,
+) -> (Limiter<RedisStore, ManualClock>, ManualClock) {
+    let clock = ManualClock::new();
+    let limiter = Limiter::builder(rule)
         .store(
             RedisStore::open(&server.url())
                 .unwrap()
                 .store_time(StoreTime::Local)
                 .timeout(Duration::from_secs(5)),
         )
-        .clock(clock)
+        .clock(clock.clone())
         .build()
-        .unwrap()
+        .unwrap();
+    (limiter, clock)
+}
+
+/// The TTL (ms) of `key`, its padding taken off.
+fn ttl(server: &RedisServer, key: &str) -> u64 {
+    server.cli(&["pttl", key]).parse::<u64>().unwrap() - PADDING
 }
 
 #[tokio::test]
@@ -94,7 +109,7 @@ async fn keys_expire_when_their_state_is_as_good_as_new() {
         assert!(limiter.check("tenant", 1).await.unwrap().allowed());
         let mut bytes = Vec::new();
         for key in &keys {
-            let ttl = server.cli(&["pttl", key]).parse::<u64>().expect("a TTL") - PADDING;
+            let ttl = ttl(&server, key);
             // No longer than the state needs, rounded up to a whole second; real time passing
             // only shortens it.
             assert!(
@@ -191,19 +206,9 @@ async fn any_bytes_are_a_key_and_bad_checks_reach_no_server() {
 async fn writes_within_a_window_keep_its_ttl() {
     let server = RedisServer::start();
     let rule = Rule::new("window-ttl", Algorithm::FixedWindow, [Tier::per_minute(5)]).unwrap();
-    let clock = ManualClock::new();
-    let limiter = Limiter::builder(rule)
-        .store(
-            RedisStore::open(&server.url())
-                .unwrap()
-                .store_time(StoreTime::Local)
-                .timeout(Duration::from_secs(5)),
-        )
-        .clock(clock.clone())
-        .build()
-        .unwrap();
+    let (limiter, clock) = on_a_manual_clock(&server, rule);
     let key = String::from_utf8(support::redis_keys(&limiter, "tenant").remove(0)).unwrap();
-    let ttl = || server.cli(&["pttl", &key]).parse::<u64>().unwrap() - PADDING;
+    let ttl = || ttl(&server, &key);
     clock.advance(Duration::from_secs(10));
     assert!(limiter.check("tenant", 1).await.unwrap().allowed());
     assert!(ttl() <= 50 * SECOND);
@@ -227,19 +232,9 @@ async fn writes_within_a_second_keep_their_ttl() {
     let server = RedisServer::start();
     // 10 ms per permit: each write moves the expiry by 10 ms.
     let rule = Rule::new("second-ttl", Algorithm::Gcra, [Tier::per_second(100)]).unwrap();
-    let clock = ManualClock::new();
-    let limiter = Limiter::builder(rule)
-        .store(
-            RedisStore::open(&server.url())
-                .unwrap()
-                .store_time(StoreTime::Local)
-                .timeout(Duration::from_secs(5)),
-        )
-        .clock(clock.clone())
-        .build()
-        .unwrap();
+    let (limiter, clock) = on_a_manual_clock(&server, rule);
     let key = String::from_utf8(support::redis_keys(&limiter, "tenant").remove(0)).unwrap();
-    let ttl = || server.cli(&["pttl", &key]).parse::<u64>().unwrap() - PADDING;
+    let ttl = || ttl(&server, &key);
     // 100 ms into a second: the state is as good as new 10 ms later, the key expires at the
     // second's end.
     clock.advance(Duration::from_millis(100));
