@@ -1,10 +1,10 @@
 //! The Redis store, on one server or a Redis Cluster: strict limiting shared by every instance.
 //!
-//! Each check of one key is one call of its algorithm's function (`FCALL`; the library is
-//! loaded when a server lacks it, and servers without functions get the same code by
-//! `EVALSHA`; Redis 6.2 or later): one round trip, atomic, all tiers at once. A batch of several keys is one call
-//! of the batch function, all-or-nothing across them. Concurrent checks are pipelined on a
-//! shared connection. Every key written expires when its state becomes equivalent to a key
+//! Needs Redis 6.2 or later. Each check of one key is one call of its algorithm's function
+//! (`FCALL`; the library is loaded when a server lacks it, and servers without functions get
+//! the same code by `EVALSHA`): one round trip, atomic, all tiers at once. A batch of several
+//! keys is one call of the batch function, all-or-nothing across them. Concurrent checks are
+//! pipelined on a shared connection. Every key written expires when its state becomes equivalent to a key
 //! never seen, rounded up to the next whole second (writes within that second keep the TTL,
 //! which costs Redis less than setting one; the sliding log's sets expire exactly).
 //!
