@@ -146,9 +146,11 @@ async fn sigterm_returns_unused_leases_and_pushes_hybrid_counts() {
     let client = reqwest::Client::new();
     for (mode, rule) in [("lease", "leased"), ("hybrid", "synced")] {
         let rules = format!(
-            "store:\n  kind: redis\n  url: {}\n  mode: {mode}\n  sync_interval: 1h\nrules:\n  - id: {rule}\n    key: [header:x-tenant]\n    tiers: [{{ limit: 1000, period: 1d }}]\n",
+            "store:\n  kind: redis\n  url: {}\n  mode: {mode}\n  sync_interval: 1h\n  timeout: 2s\nrules:\n  - id: {rule}\n    key: [header:x-tenant]\n    tiers: [{{ limit: 1000, period: 1d }}]\n",
             redis.url()
         );
+        // A timeout of seconds: the first lease connects and loads the library, which on a
+        // busy machine takes longer than the default 20 ms, and this test is about shutdown.
         let server = Server::start(&[("rules.yaml", &rules)], &[]);
         let body =
             json!({ "request": { "method": "GET", "path": "/", "headers": { "x-tenant": "t" } } });
