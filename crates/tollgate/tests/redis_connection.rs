@@ -1,8 +1,10 @@
-//! Connection URLs: a password, an ACL user, a database number, TLS with a private CA.
+//! Connection URLs: a password, an ACL user, a database number, TLS with a private CA; and how
+//! concurrent checks share a connection.
 
 mod support;
 
 use std::fs;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
@@ -101,4 +103,60 @@ async fn tls_verified_against_a_private_ca() {
     // Without the CA, the server's certificate is not trusted and nothing is sent in clear.
     let untrusted = RedisStore::open(&url).unwrap();
     assert!(untrusted.ping().await.is_err());
+}
+
+/// Runs 64 checks of different keys at once, each in its own task spawned by one task (as a
+/// server's connections are), and asserts that Redis decided them all.
+async fn sixty_four_at_once(limiter: &Arc<Limiter<RedisStore>>) {
+    let limiter = Arc::clone(limiter);
+    let spawner = tokio::spawn(async move {
+        let tasks: Vec<_> = (0..64)
+            .map(|i| {
+                let limiter = Arc::clone(&limiter);
+                tokio::spawn(async move { limiter.check(&format!("t{i}"), 1).await })
+            })
+            .collect();
+        for task in tasks {
+            let decision = task.await.unwrap().unwrap();
+            assert_eq!(decision.source(), Source::Redis);
+        }
+    });
+    spawner.await.unwrap();
+}
+
+/// The first number after `field` in a section of the server's `INFO` (0 when absent).
+fn info(server: &support::RedisServer, section: &str, field: &str) -> u64 {
+    let text = server.cli(&["info", section]);
+    let Some(line) = text.lines().find(|l| l.starts_with(field)) else {
+        return 0;
+    };
+    let rest = line[field.len()..].trim_start_matches(|c: char| !c.is_ascii_digit());
+    let digits = rest.split(|c: char| !c.is_ascii_digit()).next();
+    digits.and_then(|d| d.parse().ok()).unwrap_or(0)
+}
+
+/// On one worker thread, where Tokio runs a task woken by another right after it: the checks'
+/// commands are still written together, and Redis reads them at once rather than one by one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn concurrent_checks_reach_redis_in_one_write() {
+    let server = RedisServer::start();
+    let limiter = Arc::new(checked_by_redis(RedisStore::open(&server.url()).unwrap()).await);
+    let before = info(&server, "stats", "total_reads_processed");
+    sixty_four_at_once(&limiter).await;
+    // The checks' reads, and those of the two redis-cli connections that read the count.
+    let reads = info(&server, "stats", "total_reads_processed") - before;
+    assert!(reads <= 4, "Redis read 64 checks in {reads} reads");
+}
+
+/// After a flush (or a restart), every check in flight finds its function missing: one of
+/// them loads the library, the others wait for it, and all are decided by Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_that_find_the_library_missing_load_it_once() {
+    let server = RedisServer::start();
+    let limiter = Arc::new(checked_by_redis(RedisStore::open(&server.url()).unwrap()).await);
+    assert_eq!(server.cli(&["function", "flush"]), "OK");
+    assert_eq!(server.cli(&["config", "resetstat"]), "OK");
+    sixty_four_at_once(&limiter).await;
+    let loads = info(&server, "commandstats", "cmdstat_function|load:");
+    assert_eq!(loads, 1, "{}", server.cli(&["info", "commandstats"]));
 }

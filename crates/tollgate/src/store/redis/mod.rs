@@ -4,9 +4,11 @@
 //! (`FCALL`; the library is loaded when a server lacks it, and servers without functions get
 //! the same code by `EVALSHA`): one round trip, atomic, all tiers at once. A batch of several
 //! keys is one call of the batch function, all-or-nothing across them. Concurrent checks are
-//! pipelined on a shared connection. Every key written expires when its state becomes equivalent to a key
-//! never seen, rounded up to the next whole second (writes within that second keep the TTL,
-//! which costs Redis less than setting one; the sliding log's sets expire exactly).
+//! pipelined on a shared connection, and those ready in the same pass of the scheduler are
+//! written to it together (one server; a cluster's connections pipeline as they come). Every
+//! key written expires when its state becomes equivalent to a key never seen, rounded up to the
+//! next whole second (writes within that second keep the TTL, which costs Redis less than
+//! setting one; the sliding log's sets expire exactly).
 //!
 //! On a Redis Cluster, keys of different slots cannot meet in one call: a batch whose keys
 //! span slots is first asked slot by slot without writing, and only if every slot admits is
@@ -18,12 +20,13 @@
 //! one check live in one cluster slot. The fingerprint changes with the rule's definition, so a
 //! changed rule starts from fresh state rather than misreading the old one.
 
+mod queue;
 mod script;
 
 use std::fmt;
 use std::io::Write as _;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use redis::RedisError;
@@ -31,6 +34,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 
+use self::queue::Queue;
 pub(crate) use self::script::Entry;
 use super::Planned;
 use super::guard::{Guard, GuardConfig, GuardPlan, Guarded};
@@ -64,8 +68,19 @@ pub struct RedisStore {
     connection: Connection,
     /// Set once the server turned out to have no functions: checks run as scripts.
     scripts_only: Arc<AtomicBool>,
+    library: Arc<Library>,
     time: StoreTime,
     guard: Arc<Guard>,
+}
+
+/// Loads of the function library, one at a time: after a restart, every check in flight finds
+/// its function missing, and one load serves them all (each load blocks Redis for about a
+/// millisecond).
+#[derive(Default)]
+struct Library {
+    /// How many loads this store has made.
+    loads: AtomicU64,
+    loading: tokio::sync::Mutex<()>,
 }
 
 #[derive(Clone)]
@@ -75,10 +90,11 @@ enum Connection {
 }
 
 /// Multiplexed connections to one server (one unless configured), taken in turn; concurrent
-/// checks are pipelined on each. Each connects on first use and reconnects by itself.
+/// checks are pipelined on each, and queued to be written together (see [`Queue`]). Each
+/// connects on first use and reconnects by itself.
 struct Pool {
     client: redis::Client,
-    managers: Vec<ConnectionManager>,
+    queues: Vec<Arc<Queue>>,
     next: AtomicUsize,
 }
 
@@ -90,19 +106,22 @@ impl Pool {
             .set_min_delay(Duration::from_millis(50))
             .set_max_delay(Duration::from_secs(2))
             .set_number_of_retries(2);
-        let managers = (0..connections.max(1))
-            .map(|_| ConnectionManager::new_lazy_with_config(client.clone(), config.clone()))
+        let queues = (0..connections.max(1))
+            .map(|_| {
+                ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
+                    .map(Queue::new)
+            })
             .collect::<Result<_, _>>()?;
         Ok(Self {
             client: client.clone(),
-            managers,
+            queues,
             next: AtomicUsize::new(0),
         })
     }
 
-    fn pick(&self) -> ConnectionManager {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.managers.len();
-        self.managers[i].clone()
+    fn pick(&self) -> &Arc<Queue> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.queues.len();
+        &self.queues[i]
     }
 }
 
@@ -179,6 +198,7 @@ impl RedisStore {
         Self {
             connection,
             scripts_only: Arc::new(AtomicBool::new(false)),
+            library: Arc::new(Library::default()),
             time: StoreTime::Server,
             guard: Arc::new(Guard::new(GuardConfig::default(), "redis")),
         }
@@ -328,7 +348,7 @@ impl RedisStore {
     /// # Errors
     /// [`Error::Store`] saying why not.
     pub async fn ping(&self) -> Result<(), Error> {
-        let pong = self.query::<String>(&redis::cmd("PING")).await;
+        let pong = self.query::<String>(redis::cmd("PING")).await;
         pong.map(drop).map_err(store_error)
     }
 
@@ -474,22 +494,10 @@ impl RedisStore {
         if self.scripts_only.load(Ordering::Relaxed) {
             return Box::pin(self.script(entry, keys, args)).await;
         }
-        // Sized up front: growing the command's buffers cost more than the rest of building it.
-        let data = entry.function.len()
-            + keys.iter().map(Vec::len).sum::<usize>()
-            + args.iter().map(|a| a.len()).sum::<usize>()
-            + 8;
-        let mut call = redis::Cmd::with_capacity(3 + keys.len() + args.len(), data);
-        call.arg("FCALL")
-            .arg(&entry.function)
-            .arg(keys.len())
-            .arg(keys);
-        for arg in args {
-            call.arg(arg);
-        }
-        match self.query(&call).await {
+        let loads = self.library.loads.load(Ordering::Acquire);
+        match self.query(fcall(entry, keys, args)).await {
             Err(err) if function_not_found(&err) => {
-                Box::pin(self.load_library(entry, keys, args, &call)).await
+                Box::pin(self.load_library(entry, keys, args, loads)).await
             }
             Err(err) if functions_refused(&err) => {
                 Box::pin(self.to_scripts(err, entry, keys, args)).await
@@ -498,26 +506,34 @@ impl RedisStore {
         }
     }
 
-    /// Loads the library and repeats `call`; or, when the server cannot load it, calls the
-    /// script.
+    /// Loads the library, unless another check loaded it since this one read `loads`, and
+    /// repeats the call; or, when the server cannot load it, calls the script.
     async fn load_library(
         &self,
         entry: &Entry,
         keys: &[Vec<u8>],
         args: &[&[u8]],
-        call: &redis::Cmd,
+        loads: u64,
     ) -> Result<Vec<u8>, RedisError> {
-        let mut load = redis::cmd("FUNCTION");
-        load.arg("LOAD").arg("REPLACE").arg(&script::LIBRARY.code);
-        match self.query::<()>(&load).await {
-            Ok(()) => self.query(call).await,
-            // ERR: no FUNCTION command, or a server that cannot run the library; NOPERM: a
-            // user allowed scripts but not functions. Busy, loading or failing servers pass.
-            Err(err) if matches!(err.code(), Some("ERR" | "NOPERM")) => {
-                self.to_scripts(err, entry, keys, args).await
+        let one_at_a_time = self.library.loading.lock().await;
+        if self.library.loads.load(Ordering::Acquire) == loads {
+            let mut load = redis::cmd("FUNCTION");
+            load.arg("LOAD").arg("REPLACE").arg(&script::LIBRARY.code);
+            match self.query::<()>(load).await {
+                Ok(()) => {
+                    self.library.loads.fetch_add(1, Ordering::Release);
+                }
+                // ERR: no FUNCTION command, or a server that cannot run the library; NOPERM: a
+                // user allowed scripts but not functions. Busy, loading or failing servers pass.
+                Err(err) if matches!(err.code(), Some("ERR" | "NOPERM")) => {
+                    drop(one_at_a_time);
+                    return self.to_scripts(err, entry, keys, args).await;
+                }
+                Err(err) => return Err(err),
             }
-            Err(err) => Err(err),
         }
+        drop(one_at_a_time);
+        self.query(fcall(entry, keys, args)).await
     }
 
     /// Switches to scripts for good, because of `err`, and calls the script.
@@ -549,14 +565,20 @@ impl RedisStore {
             invocation.arg(arg);
         }
         match &self.connection {
-            Connection::Single(pool) => invocation.invoke_async(&mut pool.pick()).await,
+            Connection::Single(pool) => {
+                let mut connection = pool.pick().connection().clone();
+                invocation.invoke_async(&mut connection).await
+            }
             Connection::Cluster(c) => invocation.invoke_async(&mut c.clone()).await,
         }
     }
 
-    async fn query<T: redis::FromRedisValue>(&self, command: &redis::Cmd) -> Result<T, RedisError> {
+    async fn query<T: redis::FromRedisValue>(&self, command: redis::Cmd) -> Result<T, RedisError> {
         match &self.connection {
-            Connection::Single(pool) => command.query_async(&mut pool.pick()).await,
+            Connection::Single(pool) => {
+                let reply = pool.pick().query(command).await?;
+                Ok(redis::from_redis_value(reply)?)
+            }
             Connection::Cluster(c) => command.query_async(&mut c.clone()).await,
         }
     }
@@ -680,6 +702,24 @@ pub(crate) fn slot(name: &[u8]) -> u16 {
         }
     }
     crc % 16_384
+}
+
+/// The call of `entry`'s function with `keys` and `args`.
+fn fcall(entry: &Entry, keys: &[Vec<u8>], args: &[&[u8]]) -> redis::Cmd {
+    // Sized up front: growing the command's buffers cost more than the rest of building it.
+    let data = entry.function.len()
+        + keys.iter().map(Vec::len).sum::<usize>()
+        + args.iter().map(|a| a.len()).sum::<usize>()
+        + 8;
+    let mut call = redis::Cmd::with_capacity(3 + keys.len() + args.len(), data);
+    call.arg("FCALL")
+        .arg(&entry.function)
+        .arg(keys.len())
+        .arg(keys);
+    for arg in args {
+        call.arg(arg);
+    }
+    call
 }
 
 /// Whether `err` says the called function is not on the server (a new or restarted one).

@@ -1,0 +1,176 @@
+//! Commands queued for one connection and written to it together, once per pass of the
+//! scheduler: concurrent checks reach Redis in one write and are read by it in one read, which
+//! costs Redis and this process less per check than a write each.
+//!
+//! The connection's own pipelining only batches what is waiting when its writer task runs,
+//! and Tokio runs a task woken by another task right after it: left alone, the writer wakes
+//! after each check's command and writes it alone. Here a command sent while others wait for
+//! their replies is queued; the first one queued spawns a flush that yields first, so every
+//! check ready to run in this pass queues its command before the flush takes them all. A
+//! command sent while none waits goes at once: alone, it has nothing to wait for. Flushes do
+//! not wait for each other's replies: the connection keeps pipelining.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+
+use redis::aio::{ConnectionLike as _, ConnectionManager};
+use redis::{Cmd, ErrorKind, RedisError, RedisResult, Value};
+use tokio::sync::oneshot;
+
+/// The most commands one pipeline carries; a flush splits more into several.
+const MAX_BATCH: usize = 256;
+
+/// A connection's queue of commands waiting for the next flush. Cheap to share.
+pub(super) struct Queue {
+    connection: ConnectionManager,
+    waiting: Mutex<Waiting>,
+    /// Commands sent (or queued) whose callers still wait for the reply.
+    in_flight: AtomicUsize,
+}
+
+#[derive(Default)]
+struct Waiting {
+    commands: Vec<(Cmd, oneshot::Sender<RedisResult<Value>>)>,
+    /// Whether a flush is spawned and has not yet taken the commands.
+    flush_spawned: bool,
+}
+
+impl Queue {
+    pub(super) fn new(connection: ConnectionManager) -> Arc<Self> {
+        Arc::new(Self {
+            connection,
+            waiting: Mutex::new(Waiting::default()),
+            in_flight: AtomicUsize::new(0),
+        })
+    }
+
+    /// The connection the commands are written to.
+    pub(super) fn connection(&self) -> &ConnectionManager {
+        &self.connection
+    }
+
+    /// Sends `command`, at once when no other command waits for its reply (nothing to write
+    /// it with), else with the others queued in this pass; its reply, a server error as an
+    /// `Err`. Must be called within a Tokio runtime. If the caller stops waiting, the command
+    /// is still sent.
+    pub(super) async fn query(self: &Arc<Self>, command: Cmd) -> RedisResult<Value> {
+        let _waiting = InFlight::new(&self.in_flight);
+        if _waiting.alone {
+            let mut connection = self.connection.clone();
+            let reply = connection.req_packed_command(&command).await;
+            return reply.and_then(Value::extract_error);
+        }
+        let (reply, replied) = oneshot::channel();
+        let spawn = {
+            let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+            waiting.commands.push((command, reply));
+            !std::mem::replace(&mut waiting.flush_spawned, true)
+        };
+        if spawn {
+            tokio::spawn(Arc::clone(self).flush());
+        }
+        match replied.await {
+            Ok(reply) => reply.and_then(Value::extract_error),
+            Err(_) => Err(RedisError::from((
+                ErrorKind::Io,
+                "the command's flush ended without a reply",
+            ))),
+        }
+    }
+
+    /// Yields, so that this pass's other checks queue their commands, then writes every
+    /// queued command as one pipeline (or several of [`MAX_BATCH`]) and hands out the replies.
+    async fn flush(self: Arc<Self>) {
+        BackOfTheQueue(false).await;
+        let mut batch = {
+            let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+            waiting.flush_spawned = false;
+            std::mem::take(&mut waiting.commands)
+        };
+        while batch.len() > MAX_BATCH {
+            let rest = batch.split_off(MAX_BATCH);
+            tokio::spawn(send(self.connection.clone(), batch));
+            batch = rest;
+        }
+        send(self.connection.clone(), batch).await;
+    }
+}
+
+/// Counts a caller waiting for a reply, from its creation to its drop.
+struct InFlight<'a> {
+    count: &'a AtomicUsize,
+    /// Whether no other caller was waiting.
+    alone: bool,
+}
+
+impl<'a> InFlight<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        let alone = count.fetch_add(1, Ordering::Relaxed) == 0;
+        Self { count, alone }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Ready on its second poll. On its first it wakes its task, which Tokio then runs again after
+/// every task already waiting to run (`tokio::task::yield_now` also waits for the I/O driver,
+/// which on an idle runtime costs a poll of it per check).
+struct BackOfTheQueue(bool);
+
+impl Future for BackOfTheQueue {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0 {
+            return Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+/// Writes `batch` as one pipeline and hands out the replies.
+async fn send(
+    mut connection: ConnectionManager,
+    batch: Vec<(Cmd, oneshot::Sender<RedisResult<Value>>)>,
+) {
+    let mut pipeline = redis::Pipeline::with_capacity(batch.len());
+    let mut replies = Vec::with_capacity(batch.len());
+    for (command, reply) in batch {
+        pipeline.add_command(command);
+        replies.push(reply);
+    }
+    match connection
+        .req_packed_commands(&pipeline, 0, replies.len())
+        .await
+    {
+        Ok(values) if values.len() == replies.len() => {
+            for (reply, value) in replies.into_iter().zip(values) {
+                // A caller that stopped waiting dropped its receiver: nothing to tell.
+                let _ = reply.send(Ok(value));
+            }
+        }
+        Ok(values) => {
+            let err = RedisError::from((
+                ErrorKind::Parse,
+                "a pipeline's replies did not match its commands",
+                format!("{} replies for {} commands", values.len(), replies.len()),
+            ));
+            for reply in replies {
+                let _ = reply.send(Err(err.clone()));
+            }
+        }
+        Err(err) => {
+            for reply in replies {
+                let _ = reply.send(Err(err.clone()));
+            }
+        }
+    }
+}
