@@ -165,13 +165,14 @@ def redis_seconds(system):
 
 
 def rls(system, seconds, connections):
-    cpu, redis = cpu_seconds(system.pid), redis_seconds(system)
+    cpu, redis, client = cpu_seconds(system.pid), redis_seconds(system), client_usage()[0]
     out = subprocess.run(pinned(0, [RLS_LOAD, f"http://127.0.0.1:{system.grpc}", str(connections),
                                     str(seconds)]), capture_output=True, text=True, check=True).stdout
     cpu, redis = cpu_seconds(system.pid) - cpu, redis_seconds(system) - redis
+    client = client_usage()[0] - client
     rate, p50, p99 = (float(x) for x in out.split())
     calls = rate * seconds
-    return rate, p50, p99, cpu * 1e6 / calls, redis * 1e6 / calls
+    return rate, p50, p99, cpu * 1e6 / calls, redis * 1e6 / calls, client * 1e6 / calls
 
 
 def micros(text):
@@ -281,14 +282,14 @@ def main():
     for s in grpc[1:]:
         s.name = s.name.replace(", /v1/check (JSON)", "")
     print(f"\ngRPC ShouldRateLimit (rls_load, {args.connections} connections, one request in flight on each)\n")
-    print("| system | requests/s | p50 | p99 | server CPU per request | Redis CPU per request "
-          "| vs ceiling | vs memory store |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| system | requests/s | p50 | p99 | server CPU per request | client CPU per request "
+          "| Redis CPU per request | vs ceiling | vs memory store |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for s in grpc:
-        rate, p50, p99, cpu, redis_cpu = (median(r[i] for r in s.grpc_rounds) for i in range(5))
+        rate, p50, p99, cpu, redis_cpu, client = (median(r[i] for r in s.grpc_rounds) for i in range(6))
         redis_cpu = f"{redis_cpu:.1f} µs" if s.redis else ""
-        print(f"| {s.name} | {rate:,.0f} | {p50:.0f} µs | {p99:.0f} µs | {cpu:.1f} µs | {redis_cpu} | "
-              f"{ratio(s.grpc_rounds, grpc[0].grpc_rounds, '{:.0%}')} | "
+        print(f"| {s.name} | {rate:,.0f} | {p50:.0f} µs | {p99:.0f} µs | {cpu:.1f} µs | {client:.1f} µs | "
+              f"{redis_cpu} | {ratio(s.grpc_rounds, grpc[0].grpc_rounds, '{:.0%}')} | "
               f"{ratio(s.grpc_rounds, grpc[1].grpc_rounds, '{:.0%}')} |")
 
 
