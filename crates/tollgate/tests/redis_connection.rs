@@ -160,3 +160,36 @@ async fn checks_that_find_the_library_missing_load_it_once() {
     let loads = info(&server, "commandstats", "cmdstat_function|load:");
     assert_eq!(loads, 1, "{}", server.cli(&["info", "commandstats"]));
 }
+
+/// A check queued behind another whose runtime shuts down before its flush runs (a store
+/// shared by two runtimes): the queued command is dropped with the flush, and the store's
+/// later checks, on the other runtime, are still written and decided by Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_flush_lost_with_its_runtime_strands_no_check() {
+    let server = RedisServer::start();
+    let limiter = Arc::new(checked_by_redis(RedisStore::open(&server.url()).unwrap()).await);
+    let other = Arc::clone(&limiter);
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let mut first = std::pin::pin!(other.check("first", 1));
+            let mut second = std::pin::pin!(other.check("second", 1));
+            // The first is sent at once; the second, sent while the first waits, is queued
+            // and spawns a flush, which never runs: this future ends, then the runtime.
+            std::future::poll_fn(|cx| {
+                assert!(first.as_mut().poll(cx).is_pending());
+                assert!(second.as_mut().poll(cx).is_pending());
+                std::task::Poll::Ready(())
+            })
+            .await;
+        });
+    })
+    .join()
+    .unwrap();
+    let (a, b) = tokio::join!(limiter.check("a", 1), limiter.check("b", 1));
+    assert_eq!(a.unwrap().source(), Source::Redis);
+    assert_eq!(b.unwrap().source(), Source::Redis);
+}

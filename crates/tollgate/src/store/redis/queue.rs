@@ -30,9 +30,12 @@ pub(super) struct Queue {
     in_flight: AtomicUsize,
 }
 
+/// A queued command, and where its reply goes.
+type Queued = (Cmd, oneshot::Sender<RedisResult<Value>>);
+
 #[derive(Default)]
 struct Waiting {
-    commands: Vec<(Cmd, oneshot::Sender<RedisResult<Value>>)>,
+    commands: Vec<Queued>,
     /// Whether a flush is spawned and has not yet taken the commands.
     flush_spawned: bool,
 }
@@ -56,8 +59,8 @@ impl Queue {
     /// `Err`. Must be called within a Tokio runtime. If the caller stops waiting, the command
     /// is still sent.
     pub(super) async fn query(self: &Arc<Self>, command: Cmd) -> RedisResult<Value> {
-        let _waiting = InFlight::new(&self.in_flight);
-        if _waiting.alone {
+        let in_flight = InFlight::new(&self.in_flight);
+        if in_flight.alone {
             let mut connection = self.connection.clone();
             let reply = connection.req_packed_command(&command).await;
             return reply.and_then(Value::extract_error);
@@ -69,7 +72,7 @@ impl Queue {
             !std::mem::replace(&mut waiting.flush_spawned, true)
         };
         if spawn {
-            tokio::spawn(Arc::clone(self).flush());
+            tokio::spawn(flush(Unflushed(Some(Arc::clone(self)))));
         }
         match replied.await {
             Ok(reply) => reply.and_then(Value::extract_error),
@@ -80,21 +83,45 @@ impl Queue {
         }
     }
 
-    /// Yields, so that this pass's other checks queue their commands, then writes every
-    /// queued command as one pipeline (or several of [`MAX_BATCH`]) and hands out the replies.
-    async fn flush(self: Arc<Self>) {
-        BackOfTheQueue(false).await;
-        let mut batch = {
-            let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
-            waiting.flush_spawned = false;
-            std::mem::take(&mut waiting.commands)
-        };
-        while batch.len() > MAX_BATCH {
-            let rest = batch.split_off(MAX_BATCH);
-            tokio::spawn(send(self.connection.clone(), batch));
-            batch = rest;
+    /// The queued commands, leaving none and no flush spawned.
+    fn take(&self) -> Vec<Queued> {
+        let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        waiting.flush_spawned = false;
+        std::mem::take(&mut waiting.commands)
+    }
+}
+
+/// Yields, so that this pass's other checks queue their commands, then writes every queued
+/// command as one pipeline (or several of [`MAX_BATCH`]) and hands out the replies.
+async fn flush(unflushed: Unflushed) {
+    BackOfTheQueue(false).await;
+    let (queue, mut batch) = unflushed.take();
+    while batch.len() > MAX_BATCH {
+        let rest = batch.split_off(MAX_BATCH);
+        tokio::spawn(send(queue.connection.clone(), batch));
+        batch = rest;
+    }
+    send(queue.connection.clone(), batch).await;
+}
+
+/// A spawned flush's hold on its queue until it takes the commands. Dropped before (the
+/// runtime shut down before the flush ran), it drops them, so that their callers get an error
+/// rather than wait forever, and lets the next command spawn a flush.
+struct Unflushed(Option<Arc<Queue>>);
+
+impl Unflushed {
+    fn take(mut self) -> (Arc<Queue>, Vec<Queued>) {
+        let queue = self.0.take().expect("held until taken");
+        let batch = queue.take();
+        (queue, batch)
+    }
+}
+
+impl Drop for Unflushed {
+    fn drop(&mut self) {
+        if let Some(queue) = self.0.take() {
+            drop(queue.take());
         }
-        send(self.connection.clone(), batch).await;
     }
 }
 
@@ -137,10 +164,7 @@ impl Future for BackOfTheQueue {
 }
 
 /// Writes `batch` as one pipeline and hands out the replies.
-async fn send(
-    mut connection: ConnectionManager,
-    batch: Vec<(Cmd, oneshot::Sender<RedisResult<Value>>)>,
-) {
+async fn send(mut connection: ConnectionManager, batch: Vec<Queued>) {
     let mut pipeline = redis::Pipeline::with_capacity(batch.len());
     let mut replies = Vec::with_capacity(batch.len());
     for (command, reply) in batch {
