@@ -105,12 +105,12 @@ async fn tls_verified_against_a_private_ca() {
     assert!(untrusted.ping().await.is_err());
 }
 
-/// Runs 64 checks of different keys at once, each in its own task spawned by one task (as a
+/// Runs `n` checks of different keys at once, each in its own task spawned by one task (as a
 /// server's connections are), and asserts that Redis decided them all.
-async fn sixty_four_at_once(limiter: &Arc<Limiter<RedisStore>>) {
+async fn at_once(limiter: &Arc<Limiter<RedisStore>>, n: usize) {
     let limiter = Arc::clone(limiter);
     let spawner = tokio::spawn(async move {
-        let tasks: Vec<_> = (0..64)
+        let tasks: Vec<_> = (0..n)
             .map(|i| {
                 let limiter = Arc::clone(&limiter);
                 tokio::spawn(async move { limiter.check(&format!("t{i}"), 1).await })
@@ -142,10 +142,20 @@ async fn concurrent_checks_reach_redis_in_one_write() {
     let server = RedisServer::start();
     let limiter = Arc::new(checked_by_redis(RedisStore::open(&server.url()).unwrap()).await);
     let before = info(&server, "stats", "total_reads_processed");
-    sixty_four_at_once(&limiter).await;
+    at_once(&limiter, 64).await;
     // The checks' reads, and those of the two redis-cli connections that read the count.
     let reads = info(&server, "stats", "total_reads_processed") - before;
     assert!(reads <= 4, "Redis read 64 checks in {reads} reads");
+}
+
+/// More checks in one pass than one pipeline carries (256): written in several, all decided
+/// by Redis. On a current-thread runtime, whose run queue has no bound, all 600 run in one
+/// pass (a worker of the multi-thread runtime runs at most 256 before it looks elsewhere).
+#[tokio::test]
+async fn a_pass_of_more_checks_than_a_pipeline_carries() {
+    let server = RedisServer::start();
+    let limiter = Arc::new(checked_by_redis(RedisStore::open(&server.url()).unwrap()).await);
+    at_once(&limiter, 600).await;
 }
 
 /// After a flush (or a restart), every check in flight finds its function missing: one of
@@ -156,7 +166,7 @@ async fn checks_that_find_the_library_missing_load_it_once() {
     let limiter = Arc::new(checked_by_redis(RedisStore::open(&server.url()).unwrap()).await);
     assert_eq!(server.cli(&["function", "flush"]), "OK");
     assert_eq!(server.cli(&["config", "resetstat"]), "OK");
-    sixty_four_at_once(&limiter).await;
+    at_once(&limiter, 64).await;
     let loads = info(&server, "commandstats", "cmdstat_function|load:");
     assert_eq!(loads, 1, "{}", server.cli(&["info", "commandstats"]));
 }
@@ -169,6 +179,8 @@ async fn a_flush_lost_with_its_runtime_strands_no_check() {
     let server = RedisServer::start();
     let limiter = Arc::new(checked_by_redis(RedisStore::open(&server.url()).unwrap()).await);
     let other = Arc::clone(&limiter);
+    // Stopped, Redis answers nothing: the first check waits for as long as this runtime lives.
+    server.pause();
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -189,6 +201,7 @@ async fn a_flush_lost_with_its_runtime_strands_no_check() {
     })
     .join()
     .unwrap();
+    server.resume();
     let (a, b) = tokio::join!(limiter.check("a", 1), limiter.check("b", 1));
     assert_eq!(a.unwrap().source(), Source::Redis);
     assert_eq!(b.unwrap().source(), Source::Redis);
