@@ -47,13 +47,12 @@ fn body(n: u64) -> Bytes {
 
 /// One connection's calls until `until`: the latency of each, in µs.
 async fn calls(
-    address: String,
     authority: String,
     bodies: Arc<[Bytes]>,
     first: usize,
     until: Instant,
 ) -> anyhow::Result<Vec<u64>> {
-    let tcp = TcpStream::connect(&address).await?;
+    let tcp = TcpStream::connect(&authority).await?;
     tcp.set_nodelay(true)?;
     let (client, connection) = h2::client::handshake(tcp).await?;
     tokio::spawn(connection);
@@ -104,8 +103,7 @@ async fn main() -> anyhow::Result<()> {
     let until = Instant::now() + Duration::from_secs(seconds);
     let mut tasks = Vec::new();
     for c in 0..connections {
-        let (address, bodies) = (authority.clone(), Arc::clone(&bodies));
-        let task = calls(address, authority.clone(), bodies, c, until);
+        let task = calls(authority.clone(), Arc::clone(&bodies), c, until);
         tasks.push(tokio::spawn(task));
     }
     let mut all = Vec::new();

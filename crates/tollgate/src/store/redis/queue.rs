@@ -25,7 +25,9 @@ const MAX_BATCH: usize = 256;
 /// A connection's queue of commands waiting for the next flush. Cheap to share.
 pub(super) struct Queue {
     connection: ConnectionManager,
-    waiting: Mutex<Waiting>,
+    /// Commands queued for the flush that the first of them spawned: while any wait, that
+    /// flush has not yet taken them.
+    waiting: Mutex<Vec<Queued>>,
     /// Commands sent (or queued) whose callers still wait for the reply.
     in_flight: AtomicUsize,
 }
@@ -33,18 +35,11 @@ pub(super) struct Queue {
 /// A queued command, and where its reply goes.
 type Queued = (Cmd, oneshot::Sender<RedisResult<Value>>);
 
-#[derive(Default)]
-struct Waiting {
-    commands: Vec<Queued>,
-    /// Whether a flush is spawned and has not yet taken the commands.
-    flush_spawned: bool,
-}
-
 impl Queue {
     pub(super) fn new(connection: ConnectionManager) -> Arc<Self> {
         Arc::new(Self {
             connection,
-            waiting: Mutex::new(Waiting::default()),
+            waiting: Mutex::new(Vec::new()),
             in_flight: AtomicUsize::new(0),
         })
     }
@@ -68,8 +63,8 @@ impl Queue {
         let (reply, replied) = oneshot::channel();
         let spawn = {
             let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
-            waiting.commands.push((command, reply));
-            !std::mem::replace(&mut waiting.flush_spawned, true)
+            waiting.push((command, reply));
+            waiting.len() == 1
         };
         if spawn {
             tokio::spawn(flush(Unflushed(Some(Arc::clone(self)))));
@@ -83,11 +78,9 @@ impl Queue {
         }
     }
 
-    /// The queued commands, leaving none and no flush spawned.
+    /// The queued commands, leaving none: the next one queued spawns a flush.
     fn take(&self) -> Vec<Queued> {
-        let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
-        waiting.flush_spawned = false;
-        std::mem::take(&mut waiting.commands)
+        std::mem::take(&mut *self.waiting.lock().unwrap_or_else(PoisonError::into_inner))
     }
 }
 
