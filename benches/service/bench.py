@@ -196,10 +196,12 @@ def main():
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_port(redis_port)
     systems = []
-    port, grpc, wrapped = free_port(), free_port(), free_port()
+    port, grpc, wrapped, bare = free_port(), free_port(), free_port(), free_port()
     systems.append(System("ceiling: axum / tonic answering a constant",
-                          [TRIVIAL, f"127.0.0.1:{port}", f"127.0.0.1:{grpc}", f"127.0.0.1:{wrapped}"], port,
-                          "/v1/check", CEILING_BODY, grpc=grpc))
+                          [TRIVIAL, f"127.0.0.1:{port}", f"127.0.0.1:{grpc}", f"127.0.0.1:{wrapped}",
+                           f"127.0.0.1:{bare}"], port, "/v1/check", CEILING_BODY, grpc=grpc))
+    # The same handler with no router in front, as tollgate serves its two checks.
+    systems.append(System("the ceiling's handler without axum's router", None, bare, "/v1/check", CEILING_BODY))
     # The ceiling's own handler behind a layer that changes nothing (what axum charges for
     # any layer), and behind tollgate's tower layer, in the same process.
     systems.append(System("the ceiling behind a do-nothing tower layer", None, port, "/v1/identity",

@@ -73,6 +73,11 @@ def main():
         rows += count([bench.TRIVIAL, f"127.0.0.1:{port}", f"127.0.0.1:{bench.free_port()}", f"127.0.0.1:{wrapped}"],
                       wrapped, [("the ceiling's app wrapped in tollgate's layer", "/v1/check", "LAYERED")],
                       args.seconds, workdir)
+        bare = bench.free_port()
+        rows += count([bench.TRIVIAL, f"127.0.0.1:{port}", f"127.0.0.1:{bench.free_port()}",
+                       f"127.0.0.1:{bench.free_port()}", f"127.0.0.1:{bare}"],
+                      bare, [("the ceiling's handler without axum's router", "/v1/check", bench.CEILING_BODY)],
+                      args.seconds, workdir)
         env = dict(os.environ, RUST_LOG="warn")
         for name, store in [
             ("tollgate, memory store", "{ kind: memory }"),

@@ -7,12 +7,15 @@
 //! handler behind a layer that adds the rate limit fields tollgate's layer writes, as
 //! constants, deciding nothing: the floor of any layer that must write them. Given a third
 //! address, the ceiling's app whole, wrapped in tollgate's layer from outside the router (as
-//! a hyper or `ServiceBuilder` user applies it), where axum boxes nothing more.
+//! a hyper or `ServiceBuilder` user applies it), where axum boxes nothing more. Given a fourth
+//! address, the ceiling's handler with no router in front of it, as `tollgate serve` answers
+//! its two checks.
 //!
 //! Run: `cargo run --release -p tollgate-server --example trivial -- 127.0.0.1:9000 127.0.0.1:9001`
 
 use axum::body::Bytes;
 use axum::http::{HeaderName, HeaderValue};
+use axum::response::IntoResponse;
 use axum::routing::post;
 use axum::{Router, ServiceExt};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -88,6 +91,17 @@ async fn main() -> anyhow::Result<()> {
     if let Some(wrapped) = args.next() {
         let app = layer.layer(Router::new().route("/v1/check", post(handler)));
         let listener = tokio::net::TcpListener::bind(&wrapped).await?;
+        let app = ServiceExt::<axum::extract::Request>::into_make_service(app);
+        tokio::spawn(axum::serve(listener, app).into_future());
+    }
+    if let Some(bare) = args.next() {
+        let app = tower::service_fn(move |request: axum::extract::Request| async move {
+            let body = axum::body::to_bytes(request.into_body(), usize::MAX).await;
+            Ok::<_, std::convert::Infallible>(
+                handler(body.unwrap_or_default()).await.into_response(),
+            )
+        });
+        let listener = tokio::net::TcpListener::bind(&bare).await?;
         let app = ServiceExt::<axum::extract::Request>::into_make_service(app);
         tokio::spawn(axum::serve(listener, app).into_future());
     }

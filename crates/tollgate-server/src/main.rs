@@ -255,7 +255,7 @@ async fn serve(
         admin_token: admin_token.filter(|t| !t.is_empty()).map(Into::into),
         max_body_bytes: server.max_body_bytes,
     };
-    let app = http::Connections(http::router(state));
+    let app = http::Connections::new(state);
     let listener = tokio::net::TcpListener::bind(http_addr)
         .await
         .with_context(|| format!("cannot listen on {http_addr}"))?;

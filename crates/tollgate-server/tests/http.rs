@@ -156,6 +156,17 @@ async fn bad_input_gets_a_clear_4xx_and_loses_nothing() {
         .await
         .unwrap();
     assert_eq!(plain.status().as_u16(), 415);
+    let get = client.get(&url).send().await.unwrap();
+    assert_eq!(get.status().as_u16(), 405);
+    assert_eq!(header(get.headers(), "allow"), Some("POST"));
+    let auth = client
+        .get(format!("{}/v1/auth?cost=many", server.http))
+        .header("X-Original-URI", "/api/things")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(auth.status().as_u16(), 400);
+    assert!(auth.text().await.unwrap().contains("cost"));
     // The key the bad checks named still has all of its permits.
     let (status, headers, _) =
         check(&client, &server.http, json!({ "rule": "api", "key": "k" })).await;
