@@ -58,6 +58,11 @@ local function render(tenant)
   end
   return wrk.format("POST", PATH, {["content-type"] = "application/json"}, string.format(BODY, tenant))
 end
+-- A steady load: each connection waits after an answer before its next request, a whole
+-- number of ms drawn evenly from 0 to 2 PAUSE, so that connections do not fall into step.
+if PAUSE and PAUSE > 0 then
+  delay = function() return math.random(0, 2 * PAUSE) end
+end
 init = function(args)
   for tenant = 0, 9999 do
     requests[tenant] = render(tenant)
@@ -100,12 +105,17 @@ def pinned(core, argv):
 class System:
     def __init__(self, name, argv, port, path, body, env=None, grpc=None, redis=None):
         self.name, self.argv, self.port, self.path, self.body = name, argv, port, path, body
+        self.http_name = name
         self.env, self.grpc = env, grpc
         # The redis-server process this system checks against, if any.
         self.redis = redis
         self.proc = None
         self.rounds = []
         self.grpc_rounds = []
+        # Rounds at a steady load (see --pause-ms), for the systems that answer checks.
+        self.steady = body != "LAYERED"
+        self.steady_rounds = []
+        self.grpc_steady_rounds = []
 
     def start(self):
         if self.argv is None:
@@ -130,10 +140,10 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def wrk(system, seconds, connections, workdir):
+def wrk(system, seconds, connections, workdir, pause_ms=0):
     script = os.path.join(workdir, f"{system.port}.lua")
     with open(script, "w") as f:
-        f.write(f"BODY = [[{system.body}]]\nPATH = [[{system.path}]]\n" + WRK_SCRIPT)
+        f.write(f"BODY = [[{system.body}]]\nPATH = [[{system.path}]]\nPAUSE = {pause_ms}\n" + WRK_SCRIPT)
     url = f"http://127.0.0.1:{system.port}"
     cpu, client, redis = cpu_seconds(system.pid), client_usage(), redis_seconds(system)
     out = subprocess.run(pinned(0, ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency",
@@ -164,10 +174,11 @@ def redis_seconds(system):
     return cpu_seconds(system.redis) if system.redis else 0.0
 
 
-def rls(system, seconds, connections):
+def rls(system, seconds, connections, pause_ms=0):
     cpu, redis, client = cpu_seconds(system.pid), redis_seconds(system), client_usage()[0]
     out = subprocess.run(pinned(0, [RLS_LOAD, f"http://127.0.0.1:{system.grpc}", str(connections),
-                                    str(seconds)]), capture_output=True, text=True, check=True).stdout
+                                    str(seconds), "10000", str(pause_ms)]),
+                         capture_output=True, text=True, check=True).stdout
     cpu, redis = cpu_seconds(system.pid) - cpu, redis_seconds(system) - redis
     client = client_usage()[0] - client
     rate, p50, p99 = (float(x) for x in out.split())
@@ -185,6 +196,10 @@ def main():
     parser.add_argument("--seconds", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--connections", type=int, default=64)
+    # Latency away from saturation: each connection waits this long after an answer, on
+    # average (drawn evenly from 0 to twice as long).
+    parser.add_argument("--pause-ms", type=int, default=2)
+    parser.add_argument("--steady-rounds", type=int, default=3)
     parser.add_argument("--throttlecrab", required=True)
     args = parser.parse_args()
     workdir = tempfile.mkdtemp()
@@ -248,6 +263,13 @@ def main():
             for s in systems:
                 if s.grpc:
                     s.grpc_rounds.append(rls(s, args.seconds, args.connections))
+        for _ in range(args.steady_rounds):
+            for s in systems:
+                if s.steady:
+                    s.steady_rounds.append(wrk(s, args.seconds, args.connections, workdir, args.pause_ms))
+            for s in systems:
+                if s.grpc:
+                    s.grpc_steady_rounds.append(rls(s, args.seconds, args.connections, args.pause_ms))
     finally:
         for s in systems:
             s.stop()
@@ -293,6 +315,18 @@ def main():
         print(f"| {s.name} | {rate:,.0f} | {p50:.0f} µs | {p99:.0f} µs | {cpu:.1f} µs | {client:.1f} µs | "
               f"{redis_cpu} | {ratio(s.grpc_rounds, grpc[0].grpc_rounds, '{:.0%}')} | "
               f"{ratio(s.grpc_rounds, grpc[1].grpc_rounds, '{:.0%}')} |")
+    if args.steady_rounds:
+        # Under saturation every answer waits for the 63 before it: p99 there is mostly the
+        # queue. At a steady load below every system's capacity it is what a check adds.
+        print(f"\nLatency at a steady load ({args.connections} connections, each waiting {args.pause_ms} ms on "
+              f"average after an answer; {args.steady_rounds} rounds of {args.seconds} s)\n")
+        print("| system | protocol | requests/s | p50 | p99 |")
+        print("| --- | --- | ---: | ---: | ---: |")
+        rows = [(s.http_name, "HTTP", s.steady_rounds) for s in systems if s.steady]
+        rows += [(s.name, "gRPC", s.grpc_steady_rounds) for s in grpc]
+        for name, protocol, rounds in rows:
+            rate, p50, p99 = (median(r[i] for r in rounds) for i in range(3))
+            print(f"| {name} | {protocol} | {rate:,.0f} | {p50:.0f} µs | {p99:.0f} µs |")
 
 
 def median(values):

@@ -1,14 +1,16 @@
 //! A small load client for Envoy's rate limit service: `connections` HTTP/2 connections, one
 //! `ShouldRateLimit` call in flight on each, for `seconds`, over `keys` client addresses in
-//! the domain `bench`; prints `rate p50_us p99_us` of the answers, and fails on any answer
-//! that is not gRPC OK.
+//! the domain `bench`, each connection waiting after an answer before its next call a time
+//! drawn evenly from 0 to twice `pause_ms` (0: at once; drawn, so that the connections do not
+//! fall into step and arrive in bursts); prints `rate p50_us p99_us` of the answers, and fails on any answer that is
+//! not gRPC OK.
 //!
 //! It speaks gRPC on the `h2` crate with every request encoded when it starts, as wrk renders
 //! its requests once: a call then costs this client little more than its frames, and the
 //! core it shares with Redis in the benchmark is left to Redis (tonic's client spent 24-31 µs
 //! of CPU per call).
 //!
-//! Run: `cargo run --release -p tollgate-server --example rls_load -- http://127.0.0.1:8081 64 5`
+//! Run: `cargo run --release -p tollgate-server --example rls_load -- http://127.0.0.1:8081 64 5 10000 0`
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -51,6 +53,7 @@ async fn calls(
     bodies: Arc<[Bytes]>,
     first: usize,
     until: Instant,
+    pause: Duration,
 ) -> anyhow::Result<Vec<u64>> {
     let tcp = TcpStream::connect(&authority).await?;
     tcp.set_nodelay(true)?;
@@ -63,6 +66,9 @@ async fn calls(
     let mut latencies = Vec::new();
     let mut n = first;
     let mut client = client.ready().await?;
+    // xorshift64, seeded per connection: the pauses.
+    let mut seed = (first as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let pause_us = pause.as_micros() as u64;
     while Instant::now() < until {
         n = (n + 7_919) % bodies.len();
         let started = Instant::now();
@@ -82,6 +88,13 @@ async fn calls(
             bail!("an answer that is not OK: {trailers:?}");
         }
         latencies.push(started.elapsed().as_micros() as u64);
+        if pause_us > 0 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let wait = seed % (2 * pause_us + 1);
+            tokio::time::sleep(Duration::from_micros(wait)).await;
+        }
         client = client.ready().await?;
     }
     Ok(latencies)
@@ -94,6 +107,7 @@ async fn main() -> anyhow::Result<()> {
     let connections: usize = args.get(1).map_or(Ok(64), |a| a.parse())?;
     let seconds: u64 = args.get(2).map_or(Ok(5), |a| a.parse())?;
     let keys: u64 = args.get(3).map_or(Ok(10_000), |a| a.parse())?;
+    let pause = Duration::from_millis(args.get(4).map_or(Ok(0), |a| a.parse())?);
     let authority = url
         .strip_prefix("http://")
         .context("an http:// URL")?
@@ -103,7 +117,7 @@ async fn main() -> anyhow::Result<()> {
     let until = Instant::now() + Duration::from_secs(seconds);
     let mut tasks = Vec::new();
     for c in 0..connections {
-        let task = calls(authority.clone(), Arc::clone(&bodies), c, until);
+        let task = calls(authority.clone(), Arc::clone(&bodies), c, until, pause);
         tasks.push(tokio::spawn(task));
     }
     let mut all = Vec::new();
