@@ -174,10 +174,11 @@ def redis_seconds(system):
     return cpu_seconds(system.redis) if system.redis else 0.0
 
 
-def rls(system, seconds, connections, pause_ms=0):
+def rls(system, seconds, connections, pause_ms=0, streams=1):
+    """`connections` calls in flight, `streams` of them on each HTTP/2 connection."""
     cpu, redis, client = cpu_seconds(system.pid), redis_seconds(system), client_usage()[0]
-    out = subprocess.run(pinned(0, [RLS_LOAD, f"http://127.0.0.1:{system.grpc}", str(connections),
-                                    str(seconds), "10000", str(pause_ms)]),
+    out = subprocess.run(pinned(0, [RLS_LOAD, f"http://127.0.0.1:{system.grpc}", str(connections // streams),
+                                    str(seconds), "10000", str(pause_ms), str(streams)]),
                          capture_output=True, text=True, check=True).stdout
     cpu, redis = cpu_seconds(system.pid) - cpu, redis_seconds(system) - redis
     client = client_usage()[0] - client
@@ -200,6 +201,8 @@ def main():
     # average (drawn evenly from 0 to twice as long).
     parser.add_argument("--pause-ms", type=int, default=2)
     parser.add_argument("--steady-rounds", type=int, default=3)
+    # At the steady load, gRPC calls share connections as Envoy's do: this many on each.
+    parser.add_argument("--steady-streams", type=int, default=16)
     parser.add_argument("--throttlecrab", required=True)
     args = parser.parse_args()
     workdir = tempfile.mkdtemp()
@@ -269,7 +272,8 @@ def main():
                     s.steady_rounds.append(wrk(s, args.seconds, args.connections, workdir, args.pause_ms))
             for s in systems:
                 if s.grpc:
-                    s.grpc_steady_rounds.append(rls(s, args.seconds, args.connections, args.pause_ms))
+                    s.grpc_steady_rounds.append(rls(s, args.seconds, args.connections, args.pause_ms,
+                                                    args.steady_streams))
     finally:
         for s in systems:
             s.stop()
@@ -320,6 +324,8 @@ def main():
         # queue. At a steady load below every system's capacity it is what a check adds.
         print(f"\nLatency at a steady load ({args.connections} connections, each waiting {args.pause_ms} ms on "
               f"average after an answer; {args.steady_rounds} rounds of {args.seconds} s)\n")
+        print(f"gRPC: {args.connections // args.steady_streams} connections, {args.steady_streams} calls in "
+              f"flight on each, as Envoy shares its connections.\n")
         print("| system | protocol | requests/s | p50 | p99 |")
         print("| --- | --- | ---: | ---: | ---: |")
         rows = [(s.http_name, "HTTP", s.steady_rounds) for s in systems if s.steady]

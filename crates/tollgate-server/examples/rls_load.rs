@@ -1,16 +1,17 @@
-//! A small load client for Envoy's rate limit service: `connections` HTTP/2 connections, one
-//! `ShouldRateLimit` call in flight on each, for `seconds`, over `keys` client addresses in
-//! the domain `bench`, each connection waiting after an answer before its next call a time
-//! drawn evenly from 0 to twice `pause_ms` (0: at once; drawn, so that the connections do not
-//! fall into step and arrive in bursts); prints `rate p50_us p99_us` of the answers, and fails on any answer that is
-//! not gRPC OK.
+//! A small load client for Envoy's rate limit service: `connections` HTTP/2 connections,
+//! `streams` `ShouldRateLimit` calls in flight on each (1 unless given; Envoy sends many over
+//! one connection), for `seconds`, over `keys` client addresses in the domain `bench`, each
+//! stream waiting after an answer before its next call a time drawn evenly from 0 to twice
+//! `pause_ms` (0: at once; drawn, so that the streams do not fall into step and arrive in
+//! bursts); prints `rate p50_us p99_us` of the answers, and fails on any answer that is not
+//! gRPC OK.
 //!
 //! It speaks gRPC on the `h2` crate with every request encoded when it starts, as wrk renders
 //! its requests once: a call then costs this client little more than its frames, and the
 //! core it shares with Redis in the benchmark is left to Redis (tonic's client spent 24-31 µs
 //! of CPU per call).
 //!
-//! Run: `cargo run --release -p tollgate-server --example rls_load -- http://127.0.0.1:8081 64 5 10000 0`
+//! Run: `cargo run --release -p tollgate-server --example rls_load -- http://127.0.0.1:8081 64 5 10000 0 1`
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,6 +21,7 @@ use bytes::Bytes;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use h2::client::SendRequest;
 use prost::Message as _;
 use tokio::net::TcpStream;
 
@@ -47,18 +49,24 @@ fn body(n: u64) -> Bytes {
     Bytes::from(framed)
 }
 
-/// One connection's calls until `until`: the latency of each, in µs.
+/// An HTTP/2 connection to `authority`, driven by a task of its own.
+async fn connect(authority: &str) -> anyhow::Result<SendRequest<Bytes>> {
+    let tcp = TcpStream::connect(authority).await?;
+    tcp.set_nodelay(true)?;
+    let (client, connection) = h2::client::handshake(tcp).await?;
+    tokio::spawn(connection);
+    Ok(client)
+}
+
+/// One stream's calls until `until`, one after another: the latency of each, in µs.
 async fn calls(
+    client: SendRequest<Bytes>,
     authority: String,
     bodies: Arc<[Bytes]>,
     first: usize,
     until: Instant,
     pause: Duration,
 ) -> anyhow::Result<Vec<u64>> {
-    let tcp = TcpStream::connect(&authority).await?;
-    tcp.set_nodelay(true)?;
-    let (client, connection) = h2::client::handshake(tcp).await?;
-    tokio::spawn(connection);
     let head = http::Request::post(format!("http://{authority}{PATH}"))
         .header("content-type", "application/grpc")
         .header("te", "trailers")
@@ -66,7 +74,7 @@ async fn calls(
     let mut latencies = Vec::new();
     let mut n = first;
     let mut client = client.ready().await?;
-    // xorshift64, seeded per connection: the pauses.
+    // xorshift64, seeded per stream: the pauses.
     let mut seed = (first as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     let pause_us = pause.as_micros() as u64;
     while Instant::now() < until {
@@ -108,6 +116,7 @@ async fn main() -> anyhow::Result<()> {
     let seconds: u64 = args.get(2).map_or(Ok(5), |a| a.parse())?;
     let keys: u64 = args.get(3).map_or(Ok(10_000), |a| a.parse())?;
     let pause = Duration::from_millis(args.get(4).map_or(Ok(0), |a| a.parse())?);
+    let streams: usize = args.get(5).map_or(Ok(1), |a| a.parse())?;
     let authority = url
         .strip_prefix("http://")
         .context("an http:// URL")?
@@ -117,8 +126,19 @@ async fn main() -> anyhow::Result<()> {
     let until = Instant::now() + Duration::from_secs(seconds);
     let mut tasks = Vec::new();
     for c in 0..connections {
-        let task = calls(authority.clone(), Arc::clone(&bodies), c, until, pause);
-        tasks.push(tokio::spawn(task));
+        let client = connect(&authority).await?;
+        for s in 0..streams {
+            let first = c * streams + s;
+            let task = calls(
+                client.clone(),
+                authority.clone(),
+                Arc::clone(&bodies),
+                first,
+                until,
+                pause,
+            );
+            tasks.push(tokio::spawn(task));
+        }
     }
     let mut all = Vec::new();
     for task in tasks {

@@ -27,6 +27,14 @@ pub fn server(service: Arc<Service>) -> RateLimitServiceServer<Rls> {
     RateLimitServiceServer::new(Rls { service })
 }
 
+/// The connections of `listener`, with Nagle's algorithm off: Envoy sends many calls over one
+/// connection, and an answer written while the one before is not yet acknowledged would
+/// otherwise wait for that acknowledgement, up to the peer's delayed-ACK time (40 ms on
+/// Linux). (`Server::serve` sets this itself; an incoming stream of our own must.)
+pub fn incoming(listener: tokio::net::TcpListener) -> tonic::transport::server::TcpIncoming {
+    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
+}
+
 /// Answers `ShouldRateLimit` from the service's domains.
 #[derive(Debug)]
 pub struct Rls {
@@ -139,5 +147,20 @@ impl RateLimitService for Rls {
             statuses,
             ..RateLimitResponse::default()
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio_stream::StreamExt as _;
+
+    #[tokio::test]
+    async fn connections_are_accepted_without_nagle() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut incoming = super::incoming(listener);
+        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let accepted = incoming.next().await.unwrap().unwrap();
+        assert!(accepted.nodelay().unwrap());
     }
 }

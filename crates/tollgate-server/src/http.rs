@@ -29,10 +29,10 @@ use axum::extract::{DefaultBodyLimit, Query, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::serve::IncomingStream;
+use axum::serve::{IncomingStream, Listener, ListenerExt, TapIo};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tollgate::engine::{Descriptor, Request, descriptor};
 use tollgate::{Decision, Source};
 
@@ -72,6 +72,18 @@ fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// The connections of `listener`, with Nagle's algorithm off: an answer written while the
+/// one before is not yet acknowledged (a client that pipelines its requests) would otherwise
+/// wait for that acknowledgement, up to the peer's delayed-ACK time (40 ms on Linux).
+pub fn listener(listener: TcpListener) -> TapIo<TcpListener, fn(&mut TcpStream)> {
+    fn no_delay(tcp: &mut TcpStream) {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot turn Nagle's algorithm off");
+        }
+    }
+    listener.tap_io(no_delay)
+}
+
 /// Serves the HTTP API on each connection of a listener: `axum::serve(listener,
 /// Connections::new(state))`.
 #[derive(Debug, Clone)]
@@ -88,7 +100,7 @@ impl Connections {
     }
 }
 
-impl<'a> tower::Service<IncomingStream<'a, TcpListener>> for Connections {
+impl<'a, L: Listener<Addr = SocketAddr>> tower::Service<IncomingStream<'a, L>> for Connections {
     type Response = Connection;
     type Error = Infallible;
     type Future = std::future::Ready<Result<Connection, Infallible>>;
@@ -97,7 +109,7 @@ impl<'a> tower::Service<IncomingStream<'a, TcpListener>> for Connections {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, incoming: IncomingStream<'a, TcpListener>) -> Self::Future {
+    fn call(&mut self, incoming: IncomingStream<'a, L>) -> Self::Future {
         let peer = *incoming.remote_addr();
         std::future::ready(Ok(Connection {
             state: self.state.clone(),
@@ -540,5 +552,20 @@ async fn render_metrics(State(state): State<AppState>) -> Response {
         )
             .into_response(),
         None => (StatusCode::NOT_FOUND, "metrics are off\n").into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::serve::Listener as _;
+
+    #[tokio::test]
+    async fn connections_are_accepted_without_nagle() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut listener = super::listener(listener);
+        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (accepted, _) = listener.accept().await;
+        assert!(accepted.nodelay().unwrap());
     }
 }

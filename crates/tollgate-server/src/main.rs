@@ -270,7 +270,7 @@ async fn serve(
                 .with_context(|| format!("cannot listen on {addr}"))?;
             let addr = grpc_listener.local_addr()?;
             tracing::info!(%addr, "gRPC (Envoy rate limit service) listening");
-            let incoming = tonic::transport::server::TcpIncoming::from(grpc_listener);
+            let incoming = grpc::incoming(grpc_listener);
             let svc = grpc::server(service.clone());
             let shutdown = stopped(stop_rx.clone());
             Some(tokio::spawn(async move {
@@ -295,7 +295,7 @@ async fn serve(
     });
     let drain = server.drain;
     let http_task = tokio::spawn(async move {
-        axum::serve(listener, app)
+        axum::serve(http::listener(listener), app)
             .with_graceful_shutdown(stopped(stop_rx))
             .await
     });
