@@ -149,18 +149,3 @@ impl RateLimitService for Rls {
         }))
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use tokio_stream::StreamExt as _;
-
-    #[tokio::test]
-    async fn connections_are_accepted_without_nagle() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let mut incoming = super::incoming(listener);
-        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let accepted = incoming.next().await.unwrap().unwrap();
-        assert!(accepted.nodelay().unwrap());
-    }
-}

@@ -554,18 +554,3 @@ async fn render_metrics(State(state): State<AppState>) -> Response {
         None => (StatusCode::NOT_FOUND, "metrics are off\n").into_response(),
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use axum::serve::Listener as _;
-
-    #[tokio::test]
-    async fn connections_are_accepted_without_nagle() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let mut listener = super::listener(listener);
-        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let (accepted, _) = listener.accept().await;
-        assert!(accepted.nodelay().unwrap());
-    }
-}
