@@ -1,5 +1,5 @@
-//! Connection URLs: a password, an ACL user, a database number, TLS with a private CA; and how
-//! concurrent checks share a connection.
+//! Connection URLs: a password, an ACL user, a database number, TLS with a private CA, a Unix
+//! socket; and how concurrent checks share a connection.
 
 mod support;
 
@@ -74,6 +74,40 @@ async fn an_acl_user_without_functions() {
     checked_by_redis(RedisStore::open(&url).unwrap()).await;
     let stats = server.cli(&["info", "commandstats"]);
     assert!(stats.contains("cmdstat_evalsha:"), "{stats}");
+}
+
+/// A Redis beside the instance, over its Unix socket (`unix://` or `redis+unix://`).
+#[tokio::test]
+async fn a_unix_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("redis.sock").to_string_lossy().into_owned();
+    let server = RedisServer::start_with(&["--unixsocket", &socket, "--unixsocketperm", "700"]);
+    let mut limiters = Vec::new();
+    for (url, db) in [
+        (format!("unix://{socket}"), "0"),
+        (format!("redis+unix://{socket}?db=2"), "2"),
+    ] {
+        let limiter = checked_by_redis(RedisStore::open(&url).unwrap()).await;
+        let key = String::from_utf8(support::redis_keys(&limiter, "tenant").remove(0)).unwrap();
+        assert_eq!(server.cli(&["-n", db, "exists", &key]), "1", "{url}");
+        limiters.push(limiter);
+    }
+    // Both stores' checks came over the socket.
+    let clients = server.cli(&["client", "list"]);
+    let checking: Vec<_> = clients
+        .lines()
+        .filter(|c| c.contains("cmd=fcall"))
+        .collect();
+    assert_eq!(checking.len(), 2, "{clients}");
+    assert!(
+        checking
+            .iter()
+            .all(|c| c.contains(&format!("addr={socket}"))),
+        "{clients}"
+    );
+
+    let missing = RedisStore::open(&format!("unix://{socket}.missing")).unwrap();
+    assert!(matches!(missing.ping().await, Err(Error::Store { .. })));
 }
 
 #[tokio::test]

@@ -150,9 +150,11 @@ const DEFAULT_CONNECTIONS: usize = 1;
 const CONNECTION_TIMEOUT: Duration = Duration::from_millis(500);
 
 impl RedisStore {
-    /// Opens a store on one server: `redis://[user:password@]host[:port][/db]`, or
-    /// `rediss://...` for TLS verified against the system's roots. Connects on first use and
-    /// reconnects by itself, so a process may start while Redis is down.
+    /// Opens a store on one server: `redis://[user:password@]host[:port][/db]`,
+    /// `rediss://...` for TLS verified against the system's roots, or
+    /// `unix:///path/to/redis.sock` (also `redis+unix://...?db=N&user=U&pass=P`) for a server
+    /// on this host. Connects on first use and reconnects by itself, so a process may start
+    /// while Redis is down.
     ///
     /// Must be called within a Tokio runtime.
     ///
