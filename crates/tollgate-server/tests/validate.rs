@@ -30,6 +30,21 @@ fn the_shipped_examples_are_valid() {
 }
 
 #[test]
+fn redis_urls_of_every_scheme_validate() {
+    for url in [
+        "redis://127.0.0.1:6379/2",
+        "redis://user:pw@redis.internal",
+        "rediss://redis.internal:6380",
+        "unix:///run/redis/redis.sock",
+        "redis+unix:///run/redis/redis.sock?db=1",
+    ] {
+        let text = format!("store: {{ kind: redis, url: \"{url}\" }}\n");
+        let (code, out) = validate(&[("store.yaml", &text)]);
+        assert_eq!(code, 0, "{url}: {out}");
+    }
+}
+
+#[test]
 fn the_source_documents_spelling_loads() {
     let seed = "
 slas:
@@ -78,6 +93,16 @@ fn native_errors_name_the_file_line_and_column() {
             "rules:\n  - id: a\n    tiers: [{ limit: 0, period: 1s }]\n",
             ":2:",
             "limit",
+        ),
+        (
+            "rules: []\nstore:\n  kind: redis\n  url: http://127.0.0.1:6379\n",
+            ":3:",
+            "`http://127.0.0.1:6379` is not a Redis URL",
+        ),
+        (
+            "store:\n  kind: redis\n  cluster: [\"redis://127.0.0.1:7000\", \"redis://:::7001\"]\n",
+            ":2:",
+            "`redis://:::7001` is not a Redis URL",
         ),
         ("rules: [\n", ":", ""),
     ];

@@ -35,7 +35,7 @@ use super::{
 #[serde(deny_unknown_fields)]
 struct File {
     server: Option<ServerSection>,
-    store: Option<StoreSection>,
+    store: Option<Spanned<StoreSection>>,
     #[serde(default, alias = "slas")]
     rules: Vec<Spanned<RuleSpec>>,
 }
@@ -160,6 +160,23 @@ fn yes() -> bool {
 
 fn fixed_window() -> String {
     "fixed_window".into()
+}
+
+/// A Redis URL of the store section at `at` that parses, checked without connecting: `serve`
+/// would refuse it only when starting.
+fn check_redis_url(file: &Path, at: (u64, u64), url: &str) -> Result<(), ConfigError> {
+    use redis::IntoConnectionInfo as _;
+    match url.into_connection_info() {
+        Ok(_) => Ok(()),
+        Err(err) => Err(ConfigError::new(
+            file,
+            Some(at),
+            format!(
+                "store: `{url}` is not a Redis URL (redis://host:port, rediss://..., \
+                 unix:///path/to/redis.sock): {err}"
+            ),
+        )),
+    }
 }
 
 fn open() -> String {
@@ -370,7 +387,15 @@ pub(super) fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
             })
         }
     };
-    let store = parsed.store.map(|s| match s {
+    if let Some(store) = &parsed.store {
+        if let StoreSection::Redis { url, cluster, .. } = &store.value {
+            let at = (store.referenced.line(), store.referenced.column());
+            for url in url.iter().chain(cluster) {
+                check_redis_url(file, at, url)?;
+            }
+        }
+    }
+    let store = parsed.store.map(|s| match s.value {
         StoreSection::Memory {
             max_keys,
             max_bytes,
