@@ -8,7 +8,10 @@
 //!   (`fallback`, `fail_open`, `fail_closed`) because the store failed;
 //! - `tollgate_store_seconds{store}`: how long the store took to decide a check (a histogram,
 //!   buckets from 10 µs to 1 s);
-//! - `tollgate_fallback_active`: 1 while the Redis store's breaker keeps checks away;
+//! - `tollgate_store_errors_total{store, kind}`: calls to Redis that failed, `kind` `error`
+//!   (an error answer or a lost connection) or `timeout` (no answer in time);
+//! - `tollgate_fallback_active`: 1 while the failure policy decides because Redis keeps
+//!   failing (strict and lease: the breaker keeps checks away; hybrid: syncs failed too long);
 //! - `tollgate_reloads_total{result}`: `ok` or `error`;
 //! - `tollgate_keys`, `tollgate_bytes`: what the store holds in this process;
 //! - `tollgate_redis_calls_saved`: decisions taken without a Redis call (hybrid, lease).
@@ -17,7 +20,7 @@ use std::time::Duration;
 
 use metrics::{Counter, Histogram, counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use tollgate::{Decision, Source};
+use tollgate::{Decision, Source, StoreFailures};
 
 /// Buckets of `tollgate_store_seconds`: a memory store decides in microseconds, Redis in
 /// tenths of a millisecond to milliseconds, a guard's timeout in tens of milliseconds.
@@ -157,6 +160,13 @@ pub fn store_held(keys: usize, bytes: Option<usize>) {
 /// Records the decisions taken without a Redis call so far.
 pub fn calls_saved(saved: u64) {
     gauge!("tollgate_redis_calls_saved").set(saved as f64);
+}
+
+/// Records the failed calls of the shared store of kind `store` so far.
+pub fn store_failures(store: &'static str, failures: StoreFailures) {
+    let errors = |kind: &'static str| counter!("tollgate_store_errors_total", "store" => store, "kind" => kind);
+    errors("error").absolute(failures.errors);
+    errors("timeout").absolute(failures.timeouts);
 }
 
 /// Records whether the failure policy is deciding for the Redis store.

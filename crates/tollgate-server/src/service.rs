@@ -380,7 +380,7 @@ impl Service {
         }
     }
 
-    /// Records the store's gauges (keys held, calls saved) for the metrics endpoint.
+    /// Records the store's gauges (keys held, calls saved, failures) for the metrics endpoint.
     pub fn observe(&self) {
         match &self.store {
             AnyStore::Memory(m) => metrics::store_held(m.keys(), Some(m.bytes())),
@@ -394,7 +394,11 @@ impl Service {
                 metrics::store_held(l.keys(), None);
                 metrics::calls_saved(stats.decisions.saturating_sub(stats.calls));
             }
-            AnyStore::Redis(r) => metrics::fallback_active(r.degraded()),
+            AnyStore::Redis(_) => {}
+        }
+        if let Some(failures) = self.store.failures() {
+            metrics::store_failures(self.store.kind(), failures);
+            metrics::fallback_active(self.store.degraded());
         }
     }
 

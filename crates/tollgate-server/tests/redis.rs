@@ -5,7 +5,7 @@ mod support;
 
 use reqwest::Method;
 use serde_json::json;
-use support::{Redis, Server, admin, admin_ids, check, eventually};
+use support::{Redis, Server, admin, admin_ids, check, eventually, metrics};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_limit_is_global_and_exact_across_processes() {
@@ -168,4 +168,59 @@ async fn sigterm_returns_unused_leases_and_pushes_hybrid_counts() {
             "{mode}"
         );
     }
+}
+
+/// The sum of the samples of `name` in a `/metrics` text.
+fn sample(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_redis_shows_in_metrics_and_readiness() {
+    let redis = Redis::start();
+    let rules = format!(
+        "store:\n  kind: redis\n  url: {}\n  timeout: 200ms\nrules:\n  - id: r\n    key: [header:x-tenant]\n    tiers: [{{ limit: 10, period: 1m }}]\n",
+        redis.url()
+    );
+    let server = Server::start(&[("rules.yaml", &rules)], &[]);
+    let client = reqwest::Client::new();
+    let body =
+        json!({ "request": { "method": "GET", "path": "/", "headers": { "x-tenant": "t" } } });
+    eventually("Redis decides", || async {
+        check(&client, &server.http, body.clone()).await.2["decisions"][0]["source"] == "redis"
+    })
+    .await;
+    let before = metrics(&server.http).await;
+    assert_eq!(sample(&before, "tollgate_fallback_active"), 0.0, "{before}");
+    let errors_before = sample(&before, "tollgate_store_errors_total");
+    let ready = |server: String| async move {
+        let answer = reqwest::get(format!("{server}/readyz")).await.unwrap();
+        answer.status().as_u16()
+    };
+    assert_eq!(ready(server.http.clone()).await, 200);
+
+    drop(redis);
+    // Failing open (the default policy) until the breaker opens after five failures.
+    for _ in 0..6 {
+        let (status, _, answer) = check(&client, &server.http, body.clone()).await;
+        assert_eq!(
+            (status, answer["decisions"][0]["source"].as_str()),
+            (200, Some("fail_open"))
+        );
+    }
+    let during = metrics(&server.http).await;
+    assert_eq!(sample(&during, "tollgate_fallback_active"), 1.0, "{during}");
+    assert!(
+        sample(&during, "tollgate_store_errors_total") >= errors_before + 5.0,
+        "{during}"
+    );
+    assert!(
+        sample(&during, "tollgate_policy_decisions_total") >= 6.0,
+        "{during}"
+    );
+    assert_eq!(ready(server.http.clone()).await, 503);
 }

@@ -56,5 +56,5 @@ pub use store::{
 #[cfg(feature = "redis")]
 pub use store::{
     HybridConfig, HybridPlan, HybridStats, HybridStore, LeaseConfig, LeasePlan, LeaseStats,
-    LeaseStore, RedisPlan, RedisStore, StoreTime,
+    LeaseStore, RedisPlan, RedisStore, StoreFailures, StoreTime,
 };

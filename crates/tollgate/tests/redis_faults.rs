@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use support::RedisServer;
-use tollgate::{Algorithm, FailurePolicy, Limiter, RedisStore, Rule, Source, Tier};
+use tollgate::{Algorithm, FailurePolicy, Limiter, RedisStore, Rule, Source, StoreFailures, Tier};
 
 const TIMEOUT: Duration = Duration::from_millis(20);
 /// Scheduling slack on a shared two-core machine; a hang would exceed it by far.
@@ -103,6 +103,7 @@ async fn killed_and_restarted_fails_open_then_resumes_strict_limiting() {
     assert_eq!(wait_for_redis(&limiter, "warm").await, Source::Redis);
     let load = Load::start(&limiter);
     tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = limiter.store().failures();
     server.kill();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let during = limiter.check("during", 1).await.unwrap();
@@ -110,8 +111,14 @@ async fn killed_and_restarted_fails_open_then_resumes_strict_limiting() {
         (during.allowed(), during.source()),
         (true, Source::FailOpen)
     );
+    let failed = limiter.store().failures();
+    assert!(
+        failed.errors + failed.timeouts > before.errors + before.timeouts,
+        "{before:?} then {failed:?}"
+    );
     server.restart();
     assert_eq!(wait_for_redis(&limiter, "probe").await, Source::Redis);
+    assert!(!limiter.store().degraded());
     let (sources, slowest) = load.finish().await;
     println!("slowest call during the outage: {slowest:?}");
     assert!(slowest <= TIMEOUT + MARGIN, "slowest call took {slowest:?}");
@@ -130,6 +137,8 @@ async fn frozen_fails_closed_within_the_timeout_then_thaws() {
     assert_eq!(wait_for_redis(&limiter, "warm").await, Source::Redis);
     let load = Load::start(&limiter);
     tokio::time::sleep(Duration::from_millis(100)).await;
+    let before = limiter.store().failures();
+    assert!(!limiter.store().degraded());
     server.pause();
     tokio::time::sleep(Duration::from_millis(400)).await;
     let started = Instant::now();
@@ -140,8 +149,17 @@ async fn frozen_fails_closed_within_the_timeout_then_thaws() {
         (false, Source::FailClosed)
     );
     assert!(during.retry_after().is_some());
+    // A frozen server answers nothing: its calls time out, none fails with an error.
+    let failed = limiter.store().failures();
+    assert!(
+        failed.timeouts >= before.timeouts + 3,
+        "{before:?} then {failed:?}"
+    );
+    assert_eq!(failed.errors, before.errors);
+    assert!(limiter.store().degraded());
     server.resume();
     assert_eq!(wait_for_redis(&limiter, "probe").await, Source::Redis);
+    assert!(!limiter.store().degraded());
     let (sources, slowest) = load.finish().await;
     println!("slowest call during the outage: {slowest:?}");
     assert!(slowest <= TIMEOUT + MARGIN, "slowest call took {slowest:?}");
@@ -177,12 +195,19 @@ async fn a_redis_that_never_started_is_a_policy_decision_not_an_error() {
         .unwrap()
         .port();
     let limiter = limiter(&format!("redis://127.0.0.1:{port}"), FailurePolicy::Closed);
+    assert_eq!(limiter.store().failures(), StoreFailures::default());
     for _ in 0..10 {
         let started = Instant::now();
         let decision = limiter.check("k", 1).await.unwrap();
         assert!(started.elapsed() <= TIMEOUT + MARGIN);
         assert_eq!(decision.source(), Source::FailClosed);
     }
+    // Three calls failed and opened the breaker (3 failures); later checks made a call only
+    // as a probe after its 200 ms cooldown. Each failed call counts once.
+    let failed = limiter.store().failures();
+    let calls = failed.errors + failed.timeouts;
+    assert!((3..=10).contains(&calls), "{failed:?}");
+    assert!(limiter.store().degraded());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

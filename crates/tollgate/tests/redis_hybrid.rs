@@ -142,18 +142,23 @@ async fn counts_admitted_while_redis_is_down_reach_it_when_it_returns() {
         );
     }
     assert!(store.sync().await.is_err());
+    let failures = store.failures();
+    assert!(failures.errors + failures.timeouts >= 1, "{failures:?}");
+    assert!(!store.degraded(), "not yet stale");
     // Stale after two intervals and a second: the rule fails closed.
     let deadline = Instant::now() + Duration::from_secs(10);
     while limiter.check_now("tenant", 0).unwrap().source() != Source::FailClosed {
         assert!(Instant::now() < deadline, "never went stale");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    assert!(store.degraded());
     server.restart();
     let deadline = Instant::now() + Duration::from_secs(10);
     while limiter.check_now("tenant", 0).unwrap().source() != Source::Hybrid {
         assert!(Instant::now() < deadline, "never recovered");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    assert!(!store.degraded());
     // The restarted Redis holds the 5 admitted while it was down (its counts were lost with it;
     // this instance pushed what it had not sent).
     store.sync().await.unwrap();

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use support::RedisServer;
 use tollgate::{
     Algorithm, Clock, FailurePolicy, LeaseConfig, LeaseStore, Limiter, ManualClock, RedisStore,
-    Rule, Source, Store, StoreTime, Tier,
+    Rule, Source, Store, StoreFailures, StoreTime, Tier,
 };
 
 fn redis(server: &RedisServer, time: StoreTime) -> RedisStore {
@@ -154,11 +154,14 @@ async fn leases_held_are_spent_while_redis_is_down_and_leasing_resumes_after() {
             store.stats()
         );
     }
+    assert_eq!(store.failures(), StoreFailures::default());
     let denied = limiter.check("tenant", 1).await.unwrap();
     assert_eq!(
         (denied.allowed(), denied.source()),
         (false, Source::FailClosed)
     );
+    let failures = store.failures();
+    assert_eq!(failures.errors + failures.timeouts, 1, "{failures:?}");
     server.restart();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {

@@ -2,7 +2,7 @@
 //! of this crate's stores; a check costs one match over the arm.
 
 #[cfg(feature = "redis")]
-use super::{HybridPlan, HybridStore, LeasePlan, LeaseStore, RedisPlan, RedisStore};
+use super::{HybridPlan, HybridStore, LeasePlan, LeaseStore, RedisPlan, RedisStore, StoreFailures};
 use super::{LocalStore, MemoryPlan, MemoryStore, Planned, Store};
 use crate::decision::Decisions;
 use crate::error::Error;
@@ -51,6 +51,29 @@ impl AnyStore {
             Self::Hybrid(_) => "hybrid",
             #[cfg(feature = "redis")]
             Self::Lease(_) => "lease",
+        }
+    }
+
+    /// The failed calls of a shared store; `None` for process memory, which makes none.
+    #[cfg(feature = "redis")]
+    pub fn failures(&self) -> Option<StoreFailures> {
+        match self {
+            Self::Memory(_) => None,
+            Self::Redis(r) => Some(r.failures()),
+            Self::Hybrid(h) => Some(h.failures()),
+            Self::Lease(l) => Some(l.failures()),
+        }
+    }
+
+    /// Whether a shared store's failure policies decide now, because its backend keeps
+    /// failing; never for process memory.
+    #[cfg(feature = "redis")]
+    pub fn degraded(&self) -> bool {
+        match self {
+            Self::Memory(_) => false,
+            Self::Redis(r) => r.degraded(),
+            Self::Hybrid(h) => h.degraded(),
+            Self::Lease(l) => l.degraded(),
         }
     }
 }

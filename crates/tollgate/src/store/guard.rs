@@ -6,6 +6,7 @@
 //! calls through [`Guard::decide`]; the guard never returns a backend error to the caller.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::breaker::{Breaker, Gate};
@@ -45,6 +46,20 @@ pub(crate) struct Guard {
     fallback: MemoryStore,
     /// Names the backend in logs.
     backend: &'static str,
+    /// Backend calls that failed with an error, and that did not answer within the timeout.
+    errors: AtomicU64,
+    timeouts: AtomicU64,
+}
+
+/// Calls to a shared store's backend that failed, since the store was opened (its clones
+/// share the counts). A check the circuit breaker keeps away makes no call and counts in
+/// neither.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreFailures {
+    /// Calls answered with an error, or lost with their connection.
+    pub errors: u64,
+    /// Calls not answered within the store's timeout.
+    pub timeouts: u64,
 }
 
 /// What a rule needs of the guard: its local share, planned on the fallback store.
@@ -74,6 +89,8 @@ impl Guard {
             breaker: Breaker::new(config.failures, cooldown),
             fallback: MemoryStore::new(),
             backend,
+            errors: AtomicU64::new(0),
+            timeouts: AtomicU64::new(0),
         }
     }
 
@@ -84,6 +101,14 @@ impl Guard {
     /// Whether the backend is being kept away now (the failure policy decides every check).
     pub(crate) fn degraded(&self) -> bool {
         self.breaker.is_open()
+    }
+
+    /// The backend calls that failed so far.
+    pub(crate) fn failures(&self) -> StoreFailures {
+        StoreFailures {
+            errors: self.errors.load(Ordering::Relaxed),
+            timeouts: self.timeouts.load(Ordering::Relaxed),
+        }
     }
 
     pub(crate) fn plan(&self, rule: &Rule) -> Result<GuardPlan, Error> {
@@ -124,8 +149,14 @@ impl Guard {
                 }
                 return decisions;
             }
-            Ok(Err(err)) => err.to_string(),
-            Err(_) => format!("no answer within {:?}", self.config.timeout),
+            Ok(Err(err)) => {
+                self.errors.fetch_add(1, Ordering::Relaxed);
+                err.to_string()
+            }
+            Err(_) => {
+                self.timeouts.fetch_add(1, Ordering::Relaxed);
+                format!("no answer within {:?}", self.config.timeout)
+            }
         };
         if self.breaker.failure(now, probe) {
             tracing::warn!(

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use super::guard::{GuardPlan, Guarded};
+use super::guard::{GuardPlan, Guarded, StoreFailures};
 use super::redis::{RedisStore, StoreTime, counter_prefix, packed};
 use super::slots::{Slots, Versions};
 use super::table::{Access, Bounds, Score, Table};
@@ -111,6 +111,8 @@ struct Inner {
     syncs: AtomicU64,
     calls: AtomicU64,
     failed_syncs: AtomicU64,
+    /// Of the failed syncs, those Redis did not answer in time.
+    timed_out_syncs: AtomicU64,
 }
 
 /// A key to sync: its rule, its plan and its bytes.
@@ -214,6 +216,7 @@ impl HybridStore {
             syncs: AtomicU64::new(0),
             calls: AtomicU64::new(0),
             failed_syncs: AtomicU64::new(0),
+            timed_out_syncs: AtomicU64::new(0),
         });
         runtime.spawn(run(Arc::downgrade(&inner), inner.wake.clone()));
         Ok(Self { inner })
@@ -243,6 +246,25 @@ impl HybridStore {
     /// Keys held in this process now.
     pub fn keys(&self) -> usize {
         self.inner.table.len()
+    }
+
+    /// Whether syncs have failed for so long that each rule's failure policy decides.
+    pub fn degraded(&self) -> bool {
+        self.inner.stale()
+    }
+
+    /// The syncs that failed so far: Redis's errors, and its silences past the sync's timeout
+    /// (the sync interval, at most a second).
+    pub fn failures(&self) -> StoreFailures {
+        let i = &self.inner;
+        let timeouts = i.timed_out_syncs.load(Ordering::Relaxed);
+        StoreFailures {
+            errors: i
+                .failed_syncs
+                .load(Ordering::Relaxed)
+                .saturating_sub(timeouts),
+            timeouts,
+        }
     }
 }
 
@@ -460,10 +482,13 @@ impl Inner {
         let timeout = self.config.sync_interval.min(Duration::from_secs(1));
         let answer = match tokio::time::timeout(timeout, self.redis.add(&keys, &args)).await {
             Ok(answer) => answer,
-            Err(_) => Err(Error::Store {
-                message: format!("no answer within {timeout:?}"),
-                transient: true,
-            }),
+            Err(_) => {
+                self.timed_out_syncs.fetch_add(1, Ordering::Relaxed);
+                Err(Error::Store {
+                    message: format!("no answer within {timeout:?}"),
+                    transient: true,
+                })
+            }
         };
         let calls = answer.as_ref().map_or(1, |a| a.calls);
         self.calls.fetch_add(calls, Ordering::Relaxed);

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLockReadGuard};
 use std::time::Duration;
 
-use super::guard::{GuardPlan, Guarded};
+use super::guard::{GuardPlan, Guarded, StoreFailures};
 use super::redis::{RedisStore, StoreTime, counter_key, counter_prefix, packed};
 use super::slots::{Slots, Versions};
 use super::table::{Access, Bounds, Score, Table};
@@ -189,6 +189,18 @@ impl LeaseStore {
                 returned: AtomicU64::new(0),
             }),
         }
+    }
+
+    /// Whether Redis is being kept away now: checks spend what is leased, then each rule's
+    /// failure policy decides.
+    pub fn degraded(&self) -> bool {
+        self.inner.redis.degraded()
+    }
+
+    /// The lease calls to Redis that failed or timed out so far (see
+    /// [`RedisStore::failures`]).
+    pub fn failures(&self) -> StoreFailures {
+        self.inner.redis.failures()
     }
 
     /// What the store did so far.

@@ -25,6 +25,8 @@ use std::future::Future;
 
 pub use any::{AnyPlan, AnyStore};
 #[cfg(feature = "redis")]
+pub use guard::StoreFailures;
+#[cfg(feature = "redis")]
 pub use hybrid::{HybridConfig, HybridPlan, HybridStats, HybridStore};
 #[cfg(feature = "redis")]
 pub use lease::{LeaseConfig, LeasePlan, LeaseStats, LeaseStore};

@@ -37,7 +37,7 @@ use redis::cluster_async::ClusterConnection;
 use self::queue::Queue;
 pub(crate) use self::script::Entry;
 use super::Planned;
-use super::guard::{Guard, GuardConfig, GuardPlan, Guarded};
+use super::guard::{Guard, GuardConfig, GuardPlan, Guarded, StoreFailures};
 use crate::decision::{Decision, Decisions, Source, Verdict};
 use crate::error::Error;
 use crate::rule::Rule;
@@ -268,6 +268,12 @@ impl RedisStore {
     /// policy.
     pub fn degraded(&self) -> bool {
         self.guard.degraded()
+    }
+
+    /// The calls to Redis that failed or timed out so far, by this store and its clones, and
+    /// by the hybrid and lease stores built on it when they decide through Redis.
+    pub fn failures(&self) -> StoreFailures {
+        self.guard.failures()
     }
 
     /// Whose clock the functions decide at.
