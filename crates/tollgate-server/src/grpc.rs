@@ -1,10 +1,12 @@
 //! Envoy's rate limit service over gRPC: `envoy.service.ratelimit.v3.RateLimitService/
 //! ShouldRateLimit`. The descriptors of one request are decided all-or-nothing: when one is
 //! over its limit, none consumes. Each descriptor's cost is its `hits_addend`, else the
-//! request's, else 1.
+//! request's, else 1. When asked, answers carry the rate limit fields of the HTTP answers in
+//! `response_headers_to_add`, which Envoy adds to its answer to the client.
 
 use std::sync::Arc;
 
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
@@ -14,6 +16,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use tollgate::Decision;
 use tollgate::engine::{Descriptor, NodeLimit, descriptor};
 use tonic::{Request, Response, Status};
 
@@ -22,9 +25,13 @@ use crate::service::{CheckError, DescriptorOutcome, Service};
 /// The most descriptors one request may carry.
 const MAX_DESCRIPTORS: usize = 64;
 
-/// The gRPC service over `service`.
-pub fn server(service: Arc<Service>) -> RateLimitServiceServer<Rls> {
-    RateLimitServiceServer::new(Rls { service })
+/// The gRPC service over `service`; with `response_headers`, answers carry the rate limit
+/// fields for Envoy to add to its answer.
+pub fn server(service: Arc<Service>, response_headers: bool) -> RateLimitServiceServer<Rls> {
+    RateLimitServiceServer::new(Rls {
+        service,
+        response_headers,
+    })
 }
 
 /// The connections of `listener`, with Nagle's algorithm off: Envoy sends many calls over one
@@ -39,6 +46,7 @@ pub fn incoming(listener: tokio::net::TcpListener) -> tonic::transport::server::
 #[derive(Debug)]
 pub struct Rls {
     service: Arc<Service>,
+    response_headers: bool,
 }
 
 fn unit(limit: &NodeLimit) -> Unit {
@@ -60,6 +68,21 @@ fn current_limit(limit: &NodeLimit, rule: &str) -> RateLimit {
         requests_per_unit: u32::try_from(limit.requests_per_unit).unwrap_or(u32::MAX),
         unit: unit(limit) as i32,
     }
+}
+
+/// The rate limit fields an HTTP answer to `decisions` carries, as Envoy headers.
+fn response_headers(decisions: &[Decision]) -> Vec<HeaderValue> {
+    let mut fields = axum::http::HeaderMap::new();
+    tollgate::layer::headers::add(&mut fields, decisions);
+    fields
+        .iter()
+        .map(|(name, value)| HeaderValue {
+            key: name.as_str().to_owned(),
+            // The fields are ASCII: digits, and rule names that can stand in a field.
+            value: String::from_utf8_lossy(value.as_bytes()).into_owned(),
+            ..HeaderValue::default()
+        })
+        .collect()
 }
 
 fn proto_duration(d: std::time::Duration) -> ProtoDuration {
@@ -142,9 +165,22 @@ impl RateLimitService for Rls {
             })
             .collect();
         let overall = if over { Code::OverLimit } else { Code::Ok };
+        let response_headers_to_add = if self.response_headers {
+            let decisions: Vec<Decision> = outcomes
+                .iter()
+                .filter_map(|o| match o {
+                    DescriptorOutcome::Checked(_, decision) => Some(*decision),
+                    _ => None,
+                })
+                .collect();
+            response_headers(&decisions)
+        } else {
+            Vec::new()
+        };
         Ok(Response::new(RateLimitResponse {
             overall_code: overall as i32,
             statuses,
+            response_headers_to_add,
             ..RateLimitResponse::default()
         }))
     }

@@ -50,6 +50,10 @@ enum Command {
         /// The admin API's bearer token; without one the admin API refuses every call.
         #[arg(long, env = "TOLLGATE_ADMIN_TOKEN", hide_env_values = true)]
         admin_token: Option<String>,
+        /// gRPC answers carry the rate limit fields for Envoy to add to its answer, as the
+        /// file's `server.grpc_response_headers: true` does.
+        #[arg(long)]
+        grpc_response_headers: bool,
     },
     /// Checks rule files and prints the first error with its file, line and column.
     Validate {
@@ -142,7 +146,8 @@ fn main() -> ExitCode {
                 http,
                 grpc,
                 admin_token,
-            } => serve(config, http, grpc, admin_token)
+                grpc_response_headers,
+            } => serve(config, http, grpc, admin_token, grpc_response_headers)
                 .await
                 .map(|()| ExitCode::SUCCESS),
             Command::Validate { files } => Ok(validate(&files)),
@@ -241,6 +246,7 @@ async fn serve(
     http: Option<SocketAddr>,
     grpc: Option<SocketAddr>,
     admin_token: Option<String>,
+    grpc_response_headers: bool,
 ) -> anyhow::Result<()> {
     // Installed first: the service registers its counters when it loads the rules.
     let handle = metrics::install()?;
@@ -249,6 +255,7 @@ async fn serve(
     let server = service.loaded().config.server.clone();
     let http_addr = http.unwrap_or(server.http);
     let grpc_addr = grpc.or(server.grpc);
+    let grpc_response_headers = grpc_response_headers || server.grpc_response_headers;
     let state = http::AppState {
         service: service.clone(),
         metrics: Some(handle),
@@ -271,7 +278,7 @@ async fn serve(
             let addr = grpc_listener.local_addr()?;
             tracing::info!(%addr, "gRPC (Envoy rate limit service) listening");
             let incoming = grpc::incoming(grpc_listener);
-            let svc = grpc::server(service.clone());
+            let svc = grpc::server(service.clone(), grpc_response_headers);
             let shutdown = stopped(stop_rx.clone());
             Some(tokio::spawn(async move {
                 tonic::transport::Server::builder()

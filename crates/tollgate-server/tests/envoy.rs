@@ -258,3 +258,53 @@ async fn ask_err(
         .await
         .unwrap_err()
 }
+
+/// The answer's `response_headers_to_add`, as (name, value) pairs.
+fn fields(response: &RateLimitResponse) -> Vec<(String, String)> {
+    response
+        .response_headers_to_add
+        .iter()
+        .map(|h| (h.key.clone(), h.value.clone()))
+        .collect()
+}
+
+fn field<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    fields
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+}
+
+#[tokio::test]
+async fn answers_carry_the_rate_limit_fields_when_asked() {
+    // Off by default, as in Envoy's own service.
+    let plain = Server::start(&[("envoy.yaml", &example())], &[]);
+    let ip = descriptor(&[("remote_address", "10.0.0.9")]);
+    let answer = ask(&mut client(&plain).await, vec![ip.clone()], 1).await;
+    assert!(answer.response_headers_to_add.is_empty());
+
+    // On from the command line, or from a native file's `server` section.
+    let native = "server: { grpc: 127.0.0.1:0, grpc_response_headers: true }\n";
+    for server in [
+        Server::start(&[("envoy.yaml", &example())], &["--grpc-response-headers"]),
+        Server::start(&[("envoy.yaml", &example()), ("server.yaml", native)], &[]),
+    ] {
+        let mut c = client(&server).await;
+        fresh_second().await;
+        let first = fields(&ask(&mut c, vec![ip.clone()], 4).await);
+        assert_eq!(field(&first, "x-ratelimit-limit"), Some("10"), "{first:?}");
+        assert_eq!(field(&first, "x-ratelimit-remaining"), Some("6"));
+        assert_eq!(field(&first, "x-ratelimit-reset"), Some("1"));
+        assert_eq!(field(&first, "retry-after"), None);
+        let policy = field(&first, "ratelimit-policy").unwrap();
+        assert!(policy.ends_with(";q=10;w=1"), "{policy}");
+        let limit = field(&first, "ratelimit").unwrap();
+        assert!(limit.ends_with(";r=6;t=1"), "{limit}");
+
+        let over = ask(&mut c, vec![ip.clone()], 7).await;
+        assert_eq!(over.overall_code, OVER);
+        let over = fields(&over);
+        assert_eq!(field(&over, "x-ratelimit-remaining"), Some("6"));
+        assert_eq!(field(&over, "retry-after"), Some("1"), "{over:?}");
+    }
+}

@@ -27,6 +27,11 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// How long shutdown waits for requests in flight.
     pub drain: Duration,
+    /// Whether gRPC answers carry the rate limit fields of the HTTP answers in
+    /// `response_headers_to_add`, which Envoy adds to its answer to the client. Off by default,
+    /// as in Envoy's own rate limit service: Envoy's `enable_x_ratelimit_headers` would
+    /// otherwise write `X-RateLimit-*` twice.
+    pub grpc_response_headers: bool,
 }
 
 impl Default for ServerConfig {
@@ -36,6 +41,7 @@ impl Default for ServerConfig {
             grpc: Some(SocketAddr::from(([127, 0, 0, 1], 8081))),
             max_body_bytes: 64 * 1024,
             drain: Duration::from_secs(10),
+            grpc_response_headers: false,
         }
     }
 }

@@ -1,7 +1,7 @@
 //! tollgate's native rule file:
 //!
 //! ```yaml
-//! server: { http: 127.0.0.1:8080, grpc: 127.0.0.1:8081 }
+//! server: { http: 127.0.0.1:8080, grpc: 127.0.0.1:8081, grpc_response_headers: false }
 //! store: { kind: memory, max_keys: 1000000 }
 //! rules:
 //!   - id: get-product
@@ -49,6 +49,7 @@ struct ServerSection {
     max_body_bytes: Option<usize>,
     #[serde(default, deserialize_with = "duration::deserialize_option")]
     drain: Option<Duration>,
+    grpc_response_headers: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -384,6 +385,9 @@ pub(super) fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
                 grpc,
                 max_body_bytes: s.max_body_bytes.unwrap_or(defaults.max_body_bytes),
                 drain: s.drain.unwrap_or(defaults.drain),
+                grpc_response_headers: s
+                    .grpc_response_headers
+                    .unwrap_or(defaults.grpc_response_headers),
             })
         }
     };
