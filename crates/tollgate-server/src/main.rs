@@ -3,7 +3,8 @@
 //! - `tollgate serve --config FILE...`: HTTP (check, nginx auth_request, admin, metrics) and
 //!   Envoy's gRPC rate limit service, reloading the files when they change or on SIGHUP;
 //! - `tollgate validate FILE...`: checks rule files, errors with file, line and column;
-//! - `tollgate check`: asks a running server about a request or a key.
+//! - `tollgate check`: asks a running server about a request or a key;
+//! - `tollgate bench`: loads a running deployment and reports its answers and latency.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -21,7 +22,7 @@ use tollgate_server::service::Service;
 /// thread-local free lists make that cheaper than glibc's allocator.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use tollgate_server::{config, grpc, http, metrics};
+use tollgate_server::{bench, config, grpc, http, metrics};
 
 #[derive(Parser)]
 #[command(
@@ -102,25 +103,89 @@ enum Command {
         /// The server's HTTP address.
         #[arg(long, default_value = "http://127.0.0.1:8080")]
         server: String,
-        /// The request's method.
-        #[arg(long, default_value = "GET")]
-        method: String,
-        /// The request's path.
-        #[arg(long)]
-        path: Option<String>,
-        /// A header of the request, `name: value` (repeatable).
-        #[arg(long = "header", short = 'H')]
-        headers: Vec<String>,
-        /// A rule to check `--key` under, instead of a request.
-        #[arg(long, requires = "key")]
-        rule: Option<String>,
-        /// The key to check under `--rule`.
-        #[arg(long)]
-        key: Option<String>,
+        #[command(flatten)]
+        ask: Ask,
         /// Permits to take.
         #[arg(long, default_value_t = 1)]
         cost: u64,
     },
+    /// Loads a running deployment with checks, over HTTP or Envoy's gRPC service, and reports
+    /// how many were admitted, denied or failed, the rate and the latency. `{key}` in a path,
+    /// header value, key or descriptor value becomes the check's number modulo `--keys`.
+    Bench(BenchArgs),
+}
+
+/// What `check` and `bench` ask over HTTP: a request to match, or a rule and key.
+#[derive(clap::Args)]
+struct Ask {
+    /// The request's method.
+    #[arg(long, default_value = "GET")]
+    method: String,
+    /// The request's path.
+    #[arg(long)]
+    path: Option<String>,
+    /// A header of the request, `name: value` (repeatable).
+    #[arg(long = "header", short = 'H')]
+    headers: Vec<String>,
+    /// A rule to check `--key` under, instead of a request.
+    #[arg(long, requires = "key")]
+    rule: Option<String>,
+    /// The key to check under `--rule`.
+    #[arg(long)]
+    key: Option<String>,
+}
+
+impl Ask {
+    /// The JSON body of a check of `cost` permits.
+    fn body(&self, cost: u64) -> anyhow::Result<serde_json::Value> {
+        bench::check_body(
+            &self.method,
+            self.path.as_deref(),
+            &self.headers,
+            self.rule.as_deref(),
+            self.key.as_deref(),
+            cost,
+        )
+    }
+}
+
+/// The flags of `bench`.
+#[derive(clap::Args)]
+struct BenchArgs {
+    /// The server's HTTP address (`POST /v1/check`).
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    server: String,
+    /// Envoy's gRPC rate limit service at this address instead (with `--domain` and
+    /// `--descriptor`).
+    #[arg(long, requires = "domain")]
+    grpc: Option<String>,
+    /// The Envoy domain of the gRPC checks.
+    #[arg(long)]
+    domain: Option<String>,
+    /// An entry of the gRPC checks' descriptor, `key=value` (repeatable).
+    #[arg(long = "descriptor", short = 'd')]
+    descriptor: Vec<String>,
+    #[command(flatten)]
+    ask: Ask,
+    /// Permits each check takes.
+    #[arg(long, default_value_t = 1)]
+    cost: u32,
+    /// How many values `{key}` takes.
+    #[arg(long, default_value_t = 1)]
+    keys: u64,
+    /// Checks in flight at once, each on its own connection.
+    #[arg(long, default_value_t = 16)]
+    connections: usize,
+    /// Stop after this many checks (default 10000 when no --duration is given).
+    #[arg(long)]
+    requests: Option<u64>,
+    /// Stop after this long (`10s`, `1m`).
+    #[arg(long)]
+    duration: Option<String>,
+    /// Checks per second in all, each due at its time (latency counts from then); without
+    /// it, each connection sends as soon as its last check is answered.
+    #[arg(long)]
+    rate: Option<f64>,
 }
 
 fn main() -> ExitCode {
@@ -172,15 +237,8 @@ fn main() -> ExitCode {
                 &max_delay,
                 chart.as_deref(),
             ),
-            Command::Check {
-                server,
-                method,
-                path,
-                headers,
-                rule,
-                key,
-                cost,
-            } => check(&server, method, path, headers, rule, key, cost).await,
+            Command::Check { server, ask, cost } => check(&server, ask.body(cost)?).await,
+            Command::Bench(args) => bench(args).await,
         }
     });
     match result {
@@ -409,32 +467,9 @@ fn watch(files: &[PathBuf], service: Arc<Service>) -> Option<notify::Recommended
     Some(watcher)
 }
 
-async fn check(
-    server: &str,
-    method: String,
-    path: Option<String>,
-    headers: Vec<String>,
-    rule: Option<String>,
-    key: Option<String>,
-    cost: u64,
-) -> anyhow::Result<ExitCode> {
-    let body = match (rule, path) {
-        (Some(rule), _) => serde_json::json!({ "rule": rule, "key": key, "cost": cost }),
-        (None, Some(path)) => {
-            let mut map = serde_json::Map::new();
-            for h in &headers {
-                let (name, value) = h
-                    .split_once(':')
-                    .with_context(|| format!("header `{h}`: expected `name: value`"))?;
-                map.insert(name.trim().to_string(), value.trim().into());
-            }
-            serde_json::json!({
-                "request": { "method": method, "path": path, "headers": map },
-                "cost": cost,
-            })
-        }
-        (None, None) => anyhow::bail!("give --path (a request) or --rule and --key"),
-    };
+/// Asks `server` to check `body`; prints the answer. Exit code 0 when admitted, 1 when
+/// denied, 2 for any other answer.
+async fn check(server: &str, body: serde_json::Value) -> anyhow::Result<ExitCode> {
     let url = format!("{}/v1/check", server.trim_end_matches('/'));
     let response = reqwest::Client::new()
         .post(&url)
@@ -452,5 +487,40 @@ async fn check(
         200 => ExitCode::SUCCESS,
         429 => ExitCode::from(1),
         _ => ExitCode::from(2),
+    })
+}
+
+/// Runs `tollgate bench`; exit code 0 when every check was answered (admitted or denied).
+async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    let target = match (args.grpc, args.domain) {
+        (Some(server), Some(domain)) => bench::Target::Grpc {
+            server,
+            domain,
+            entries: bench::entries(&args.descriptor)?,
+            cost: args.cost,
+        },
+        _ => bench::Target::Http {
+            server: args.server,
+            body: args.ask.body(u64::from(args.cost))?.to_string(),
+        },
+    };
+    let duration = args
+        .duration
+        .map(|d| config::parse_duration(&d))
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
+    let load = bench::Load {
+        connections: args.connections,
+        requests: args.requests.or(duration.is_none().then_some(10_000)),
+        duration,
+        rate: args.rate,
+        keys: args.keys,
+    };
+    let report = bench::run(target.clone(), load).await?;
+    print!("{}", report.render(&target, &load));
+    Ok(if report.failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     })
 }
