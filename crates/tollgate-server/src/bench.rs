@@ -18,6 +18,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use hdrhistogram::Histogram;
 
 /// The placeholder replaced by a request's key number.
 const PLACEHOLDER: &str = "{key}";
@@ -61,7 +62,7 @@ pub struct Load {
 }
 
 /// What a run saw.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Report {
     /// Checks admitted (HTTP 200; gRPC `OK`).
     pub allowed: u64,
@@ -73,8 +74,22 @@ pub struct Report {
     pub first_failure: Option<String>,
     /// From the first check sent to the last answer.
     pub elapsed: Duration,
-    /// Latency of every answered check, in µs, sorted.
-    pub latencies: Vec<u32>,
+    /// Latency of every answered check, in µs, to 3 significant digits: bounded in memory
+    /// however long the run.
+    pub latencies: Histogram<u64>,
+}
+
+impl Default for Report {
+    fn default() -> Self {
+        Self {
+            allowed: 0,
+            denied: 0,
+            failed: 0,
+            first_failure: None,
+            elapsed: Duration::ZERO,
+            latencies: Histogram::new(3).expect("3 significant digits are valid"),
+        }
+    }
 }
 
 impl Report {
@@ -85,11 +100,7 @@ impl Report {
 
     /// The `q` quantile (0 to 1) of the latencies.
     pub fn latency(&self, q: f64) -> Duration {
-        if self.latencies.is_empty() {
-            return Duration::ZERO;
-        }
-        let i = ((self.latencies.len() as f64 * q).ceil() as usize).clamp(1, self.latencies.len());
-        Duration::from_micros(u64::from(self.latencies[i - 1]))
+        Duration::from_micros(self.latencies.value_at_quantile(q))
     }
 
     /// The report as the command prints it.
@@ -213,10 +224,9 @@ pub async fn run(target: Target, load: Load) -> anyhow::Result<Report> {
         if report.first_failure.is_none() {
             report.first_failure = part.first_failure;
         }
-        report.latencies.extend(part.latencies);
+        report.latencies.add(&part.latencies)?;
     }
     report.elapsed = start.elapsed();
-    report.latencies.sort_unstable();
     Ok(report)
 }
 
@@ -270,9 +280,8 @@ async fn connection(
                 continue;
             }
         }
-        report
-            .latencies
-            .push(u32::try_from(took.as_micros()).unwrap_or(u32::MAX));
+        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        report.latencies.saturating_record(micros);
     }
     report
 }
