@@ -23,6 +23,11 @@ use hdrhistogram::Histogram;
 /// The placeholder replaced by a request's key number.
 const PLACEHOLDER: &str = "{key}";
 
+/// The check endpoint of the server at base URL `server`.
+pub fn check_url(server: &str) -> String {
+    format!("{}/v1/check", server.trim_end_matches('/'))
+}
+
 /// What to send.
 #[derive(Debug, Clone)]
 pub enum Target {
@@ -106,7 +111,7 @@ impl Report {
     /// The report as the command prints it.
     pub fn render(&self, target: &Target, load: &Load) -> String {
         let what = match target {
-            Target::Http { server, .. } => format!("{}/v1/check", server.trim_end_matches('/')),
+            Target::Http { server, .. } => check_url(server),
             Target::Grpc { server, domain, .. } => format!("{server} (gRPC, domain {domain})"),
         };
         let secs = self.elapsed.as_secs_f64();
@@ -312,7 +317,7 @@ impl Client {
                     .tcp_nodelay(true)
                     .build()
                     .unwrap_or_default(),
-                url: format!("{}/v1/check", server.trim_end_matches('/')),
+                url: check_url(server),
                 body: body.clone(),
             },
             Target::Grpc {

@@ -166,14 +166,7 @@ impl RateLimitService for Rls {
             .collect();
         let overall = if over { Code::OverLimit } else { Code::Ok };
         let response_headers_to_add = if self.response_headers {
-            let decisions: Vec<Decision> = outcomes
-                .iter()
-                .filter_map(|o| match o {
-                    DescriptorOutcome::Checked(_, decision) => Some(*decision),
-                    _ => None,
-                })
-                .collect();
-            response_headers(&decisions)
+            response_headers(&DescriptorOutcome::decisions(&outcomes))
         } else {
             Vec::new()
         };

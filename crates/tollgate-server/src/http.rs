@@ -456,15 +456,10 @@ fn answer(decisions: &[Decision], denied: StatusCode, json: bool) -> Response {
 }
 
 fn answer_descriptors(outcomes: &[DescriptorOutcome]) -> Response {
-    let mut decisions = Vec::with_capacity(outcomes.len());
-    let mut blocked = false;
-    for o in outcomes {
-        match o {
-            DescriptorOutcome::Checked(_, decision) => decisions.push(*decision),
-            DescriptorOutcome::Blocked(_) => blocked = true,
-            DescriptorOutcome::None | DescriptorOutcome::Unlimited => {}
-        }
-    }
+    let decisions = DescriptorOutcome::decisions(outcomes);
+    let blocked = outcomes
+        .iter()
+        .any(|o| matches!(o, DescriptorOutcome::Blocked(_)));
     let mut response = answer(&decisions, StatusCode::TOO_MANY_REQUESTS, true);
     if blocked && response.status().is_success() {
         *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;

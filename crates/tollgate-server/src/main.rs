@@ -470,7 +470,7 @@ fn watch(files: &[PathBuf], service: Arc<Service>) -> Option<notify::Recommended
 /// Asks `server` to check `body`; prints the answer. Exit code 0 when admitted, 1 when
 /// denied, 2 for any other answer.
 async fn check(server: &str, body: serde_json::Value) -> anyhow::Result<ExitCode> {
-    let url = format!("{}/v1/check", server.trim_end_matches('/'));
+    let url = bench::check_url(server);
     let response = reqwest::Client::new()
         .post(&url)
         .json(&body)

@@ -91,6 +91,20 @@ pub enum DescriptorOutcome {
     Checked(NodeLimit, Decision),
 }
 
+impl DescriptorOutcome {
+    /// The decisions of the checked descriptors of `outcomes`, in order: what the rate limit
+    /// fields of an answer come from.
+    pub fn decisions(outcomes: &[Self]) -> Vec<Decision> {
+        outcomes
+            .iter()
+            .filter_map(|o| match o {
+                Self::Checked(_, decision) => Some(*decision),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
 /// A check the service refuses: the caller's mistake, said plainly.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckError {

@@ -52,61 +52,44 @@ fn args(list: &[&str]) -> Vec<String> {
 #[tokio::test]
 async fn counts_what_the_rules_admit_over_http() {
     let server = Server::start(&[("rules.yaml", RULES)], &[]);
-    // Two tenants of 50 each, 300 checks from 8 connections at once.
-    let (code, out, err) = bench(args(&[
+    let http = server.http.as_str();
+    // Requests of tenants t0, t1...: the first two flags of every run below but one.
+    let tenants = [
         "--server",
-        &server.http,
+        http,
         "--path",
         "/api/items",
         "-H",
         "x-tenant: t{key}",
-        "--keys",
-        "2",
-        "--requests",
-        "300",
-        "--connections",
-        "8",
-    ]))
-    .await;
+    ];
+
+    // Two tenants of 50 each, 300 checks from 8 connections at once.
+    let more = ["--keys", "2", "--requests", "300", "--connections", "8"];
+    let (code, out, err) = bench(args(&[&tenants[..], &more].concat())).await;
     assert_eq!(code, 0, "{out}{err}");
     assert_eq!(answers(&out), (100, 200, 0), "{out}");
     assert!(out.contains("requests  300 in"), "{out}");
     assert!(out.contains("latency   p50 "), "{out}");
 
-    // A rule and key, paced at 400 checks a second: a third tenant's 50, then denials.
-    let (code, out, err) = bench(args(&[
+    // A rule and key, paced at 400 checks a second: another key's 50, then denials.
+    let paced = [
         "--server",
-        &server.http,
+        http,
         "--rule",
         "api",
         "--key",
-        "t2",
+        "k",
         "--requests",
         "60",
-        "--rate",
-        "400",
-    ]))
-    .await;
+    ];
+    let (code, out, err) = bench(args(&[&paced[..], &["--rate", "400"]].concat())).await;
     assert_eq!(code, 0, "{out}{err}");
     assert_eq!(answers(&out), (50, 10, 0), "{out}");
     assert!(out.contains("400 per second due"), "{out}");
 
     // For a time rather than a count: every check of the two spent tenants is denied.
-    let (code, out, err) = bench(args(&[
-        "--server",
-        &server.http,
-        "--path",
-        "/api/items",
-        "-H",
-        "x-tenant: t{key}",
-        "--keys",
-        "2",
-        "--duration",
-        "300ms",
-        "--connections",
-        "2",
-    ]))
-    .await;
+    let more = ["--keys", "2", "--duration", "1s", "--connections", "2"];
+    let (code, out, err) = bench(args(&[&tenants[..], &more].concat())).await;
     assert_eq!(code, 0, "{out}{err}");
     let (allowed, denied, failed) = answers(&out);
     assert_eq!((allowed, failed), (0, 0), "{out}");

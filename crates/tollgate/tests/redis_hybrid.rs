@@ -144,7 +144,6 @@ async fn counts_admitted_while_redis_is_down_reach_it_when_it_returns() {
     assert!(store.sync().await.is_err());
     let failures = store.failures();
     assert!(failures.errors + failures.timeouts >= 1, "{failures:?}");
-    assert!(!store.degraded(), "not yet stale");
     // Stale after two intervals and a second: the rule fails closed.
     let deadline = Instant::now() + Duration::from_secs(10);
     while limiter.check_now("tenant", 0).unwrap().source() != Source::FailClosed {
