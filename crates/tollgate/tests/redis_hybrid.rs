@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use support::RedisServer;
 use tollgate::{
     Algorithm, Clock, FailurePolicy, HybridConfig, HybridStore, Limiter, ManualClock, RedisStore,
-    Rule, Source, StoreTime, Tier,
+    Rule, Source, StoreTime, Tier, TokenBucket,
 };
 
 type HybridLimiter = Limiter<HybridStore, ManualClock>;
@@ -171,7 +171,19 @@ async fn counts_admitted_while_redis_is_down_reach_it_when_it_returns() {
 async fn rules_whose_state_does_not_add_up_are_refused() {
     let server = RedisServer::start();
     let store = hybrid(&server, None, 1);
-    let rule = Rule::new("bucket", Algorithm::Gcra, [Tier::per_second(5)]).unwrap();
+    // README's token bucket: neither the hybrid nor the lease store holds it, so the error
+    // must not send the user from one to the other.
+    let rule = Rule::new(
+        "bucket",
+        Algorithm::TokenBucket(TokenBucket::default()),
+        [Tier::per_second(5)],
+    )
+    .unwrap();
     let err = Limiter::builder(rule).store(store).build().unwrap_err();
-    assert!(err.to_string().contains("hybrid store counts"), "{err}");
+    assert_eq!(
+        err.to_string(),
+        "rule `bucket`: algorithm: the hybrid store holds only fixed_window and sliding_window \
+         (counts that add up across instances); token_bucket is held by the strict Redis store \
+         and the memory store"
+    );
 }

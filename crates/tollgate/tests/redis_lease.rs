@@ -181,6 +181,22 @@ async fn rules_without_a_budget_per_window_are_refused() {
     let server = RedisServer::start();
     let store = LeaseStore::new(&redis(&server, StoreTime::Server), LeaseConfig::default());
     let rule = Rule::new("log", Algorithm::SlidingLog, [Tier::per_second(5)]).unwrap();
+    let err = Limiter::builder(rule)
+        .store(store.clone())
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "rule `log`: algorithm: the lease store holds only fixed_window (a budget of permits \
+         per window, leased ahead); sliding_log is held by the strict Redis store and the \
+         memory store"
+    );
+    // An algorithm the hybrid store holds is pointed there too.
+    let rule = Rule::new("sliding", Algorithm::SlidingWindow, [Tier::per_second(5)]).unwrap();
     let err = Limiter::builder(rule).store(store).build().unwrap_err();
-    assert!(err.to_string().contains("lease store leases"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("sliding_window is held by the strict Redis store, the hybrid store"),
+        "{err}"
+    );
 }

@@ -35,7 +35,7 @@ use super::{LocalStore, Planned, Store};
 use crate::algorithm::{Algorithm, Attempt, Decide, FixedWindow, SlidingWindow};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, Decisions, Source, Verdict};
-use crate::error::{Error, RuleError};
+use crate::error::Error;
 use crate::rule::{Rule, Tier};
 
 /// Settings of a [`HybridStore`].
@@ -704,17 +704,12 @@ impl Store for HybridStore {
         let sliding = match rule.algorithm() {
             Algorithm::FixedWindow => false,
             Algorithm::SlidingWindow => true,
-            other => {
-                return Err(Error::Rule(RuleError {
-                    rule: rule.name().into(),
-                    field: "algorithm".into(),
-                    reason: format!(
-                        "the hybrid store counts fixed_window and sliding_window rules, whose \
-                         counts add up across instances; {} keeps state that does not (use the \
-                         strict or the lease store)",
-                        other.name()
-                    ),
-                }));
+            _ => {
+                return Err(super::unsupported(
+                    rule,
+                    "hybrid",
+                    "counts that add up across instances",
+                ));
             }
         };
         let shape = Shape {

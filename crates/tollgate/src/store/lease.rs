@@ -26,7 +26,7 @@ use super::{Planned, Store};
 use crate::algorithm::Algorithm;
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, Decisions, Source, Verdict};
-use crate::error::{Error, RuleError};
+use crate::error::Error;
 use crate::rule::{Rule, Tier};
 
 /// Settings of a [`LeaseStore`].
@@ -487,16 +487,11 @@ impl Store for LeaseStore {
 
     fn plan(&self, rule: &Rule) -> Result<LeasePlan, Error> {
         if *rule.algorithm() != Algorithm::FixedWindow {
-            return Err(Error::Rule(RuleError {
-                rule: rule.name().into(),
-                field: "algorithm".into(),
-                reason: format!(
-                    "the lease store leases fixed_window budgets, a count of permits per \
-                     window; {} has no budget that can be handed out ahead (use the strict \
-                     or the hybrid store)",
-                    rule.algorithm().name()
-                ),
-            }));
+            return Err(super::unsupported(
+                rule,
+                "lease",
+                "a budget of permits per window, leased ahead",
+            ));
         }
         let shape = Shape {
             slot: self.inner.slots.slot(rule)?,

@@ -36,7 +36,43 @@ pub use redis::{RedisPlan, RedisStore, StoreTime};
 
 use crate::decision::{Decision, Decisions};
 use crate::error::Error;
+#[cfg(feature = "redis")]
+use crate::error::RuleError;
 use crate::rule::Rule;
+
+/// The algorithms the hybrid store holds: counts that add up across instances.
+#[cfg(feature = "redis")]
+const HYBRID_ALGORITHMS: &[&str] = &["fixed_window", "sliding_window"];
+
+/// The algorithms the lease store holds: a budget of permits per window, leased ahead.
+#[cfg(feature = "redis")]
+const LEASE_ALGORITHMS: &[&str] = &["fixed_window"];
+
+/// The error of a shared store (`hybrid` or `lease`) that cannot hold `rule`'s algorithm:
+/// what the store holds, why, and which stores hold the rule's algorithm.
+#[cfg(feature = "redis")]
+fn unsupported(rule: &Rule, store: &str, why: &str) -> Error {
+    let (holds, other) = match store {
+        "hybrid" => (HYBRID_ALGORITHMS, ("lease", LEASE_ALGORITHMS)),
+        _ => (LEASE_ALGORITHMS, ("hybrid", HYBRID_ALGORITHMS)),
+    };
+    let name = rule.algorithm().name();
+    let mut elsewhere = vec!["the strict Redis store"];
+    let alternative = format!("the {} store", other.0);
+    if other.1.contains(&name) {
+        elsewhere.push(&alternative);
+    }
+    Error::Rule(RuleError {
+        rule: rule.name().into(),
+        field: "algorithm".into(),
+        reason: format!(
+            "the {store} store holds only {} ({why}); {name} is held by {} and the memory \
+             store",
+            holds.join(" and "),
+            elsewhere.join(", "),
+        ),
+    })
+}
 
 /// One item of a batch as a store sees it: `cost` permits of `key` under `rule`, which the
 /// store planned as `plan`. Built by the [`Limiter`](crate::Limiter).
