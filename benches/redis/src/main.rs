@@ -196,13 +196,11 @@ async fn tollgate(port: u16, algorithm: Algorithm, callers: usize, seconds: u64)
     let connections: usize = argument("--connections", "0").parse()?;
     let system = format!("tollgate ({algorithm:?})");
     let rule = Rule::new("bench", algorithm, [Tier::per_minute(1_000_000_000)])?;
-    let store = RedisStore::open(&format!("redis://127.0.0.1:{port}"))?;
-    let store = if connections > 0 {
-        store.with_connections(connections)?
-    } else {
-        store
-    };
-    let store = store.timeout(Duration::from_secs(5));
+    let store = RedisStore::builder(&format!("redis://127.0.0.1:{port}"))
+        .connections(connections.max(1))
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await?;
     let limiter = Arc::new(Limiter::builder(rule).store(store).build()?);
     drive(&system, port, callers, seconds, move |caller, n| {
         let limiter = limiter.clone();

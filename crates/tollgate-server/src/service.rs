@@ -489,13 +489,12 @@ async fn open_store(config: &StoreConfig) -> anyhow::Result<AnyStore> {
             max_unsynced,
         } => {
             let redis = match url {
-                Some(url) => RedisStore::open(url)?,
-                None => {
-                    let nodes: Vec<&str> = cluster.iter().map(String::as_str).collect();
-                    RedisStore::open_cluster(&nodes).await?
-                }
+                Some(url) => RedisStore::builder(url),
+                None => RedisStore::cluster_builder(cluster),
             }
-            .timeout(*timeout);
+            .timeout(*timeout)
+            .build()
+            .await?;
             match mode {
                 RedisMode::Strict => AnyStore::Redis(redis),
                 RedisMode::Hybrid => AnyStore::Hybrid(HybridStore::new(

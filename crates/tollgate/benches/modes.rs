@@ -225,16 +225,21 @@ async fn main() {
             let name = format!("get-product-{mode}-{limit}");
             Rule::new(name, Algorithm::FixedWindow, [Tier::new(limit, WINDOW)]).unwrap()
         };
-        let redis = || {
-            RedisStore::open(&url)
-                .unwrap()
+        let redis = async || {
+            RedisStore::builder(&url)
                 .timeout(Duration::from_millis(100))
+                .build()
+                .await
+                .unwrap()
         };
         let build = |store, mode| Limiter::builder(rule(mode)).store(store).build().unwrap();
 
         if runs("strict") {
             let before = fcalls(server.port);
-            let strict = (0..INSTANCES).map(|_| build(redis(), "strict")).collect();
+            let mut strict = Vec::new();
+            for _ in 0..INSTANCES {
+                strict.push(build(redis().await, "strict"));
+            }
             let outcomes = drive::<RedisStore>(strict, seconds).await;
             report("strict", limit, &outcomes, fcalls(server.port) - before);
         }
@@ -244,15 +249,16 @@ async fn main() {
                 instances: INSTANCES as u32,
                 ..HybridConfig::default()
             };
-            let hybrid = (0..INSTANCES)
-                .map(|_| {
-                    let store = HybridStore::new(&redis(), config).unwrap();
+            let mut hybrid = Vec::new();
+            for _ in 0..INSTANCES {
+                let store = HybridStore::new(&redis().await, config).unwrap();
+                hybrid.push(
                     Limiter::builder(rule("hybrid"))
                         .store(store)
                         .build()
-                        .unwrap()
-                })
-                .collect();
+                        .unwrap(),
+                );
+            }
             let outcomes = drive::<HybridStore>(hybrid, seconds).await;
             report("hybrid", limit, &outcomes, fcalls(server.port) - before);
         }
@@ -262,15 +268,16 @@ async fn main() {
                 instances: INSTANCES as u32,
                 ..LeaseConfig::default()
             };
-            let lease = (0..INSTANCES)
-                .map(|_| {
-                    let store = LeaseStore::new(&redis(), config);
+            let mut lease = Vec::new();
+            for _ in 0..INSTANCES {
+                let store = LeaseStore::new(&redis().await, config);
+                lease.push(
                     Limiter::builder(rule("lease"))
                         .store(store)
                         .build()
-                        .unwrap()
-                })
-                .collect();
+                        .unwrap(),
+                );
+            }
             let outcomes = drive::<LeaseStore>(lease, seconds).await;
             report("lease", limit, &outcomes, fcalls(server.port) - before);
         }

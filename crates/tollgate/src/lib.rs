@@ -56,5 +56,5 @@ pub use store::{
 #[cfg(feature = "redis")]
 pub use store::{
     HybridConfig, HybridPlan, HybridStats, HybridStore, LeaseConfig, LeasePlan, LeaseStats,
-    LeaseStore, RedisPlan, RedisStore, StoreFailures, StoreTime,
+    LeaseStore, RedisPlan, RedisStore, RedisStoreBuilder, StoreFailures, StoreTime,
 };

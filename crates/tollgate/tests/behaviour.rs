@@ -44,18 +44,20 @@ impl Memory {
     }
 }
 
-fn redis(server: &RedisServer) -> RedisStore {
-    RedisStore::open(&server.url())
-        .unwrap()
+async fn redis(server: &RedisServer) -> RedisStore {
+    RedisStore::builder(&server.url())
         .store_time(StoreTime::Local)
         .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap()
 }
 
 impl Strict {
     async fn single() -> Self {
         let server = RedisServer::start();
         Self {
-            store: redis(&server),
+            store: redis(&server).await,
             _server: Some(server),
             _cluster: None,
         }
@@ -65,11 +67,12 @@ impl Strict {
         let cluster = RedisCluster::start();
         let urls = cluster.urls();
         let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
-        let store = RedisStore::open_cluster(&nodes)
-            .await
-            .unwrap()
+        let store = RedisStore::cluster_builder(&nodes)
             .store_time(StoreTime::Local)
-            .timeout(Duration::from_secs(5));
+            .timeout(Duration::from_secs(5))
+            .build()
+            .await
+            .unwrap();
         Self {
             store,
             _server: None,
@@ -81,7 +84,7 @@ impl Strict {
 impl Hybrid {
     async fn start() -> Self {
         let server = RedisServer::start();
-        let store = HybridStore::new(&redis(&server), HybridConfig::default()).unwrap();
+        let store = HybridStore::new(&redis(&server).await, HybridConfig::default()).unwrap();
         Self {
             store,
             _server: server,
@@ -92,7 +95,7 @@ impl Hybrid {
 impl Lease {
     async fn start() -> Self {
         let server = RedisServer::start();
-        let store = LeaseStore::new(&redis(&server), LeaseConfig::default());
+        let store = LeaseStore::new(&redis(&server).await, LeaseConfig::default());
         Self {
             store,
             _server: server,

@@ -135,14 +135,14 @@ async fn redis_down_follows_each_rules_policy() {
         .unwrap()
         .port();
     let url = format!("redis://127.0.0.1:{port}");
-    let store = || {
-        RedisStore::open(&url)
-            .unwrap()
-            .timeout(Duration::from_millis(50))
-    };
+    let store = RedisStore::builder(&url)
+        .timeout(Duration::from_millis(50))
+        .build()
+        .await
+        .unwrap();
     let limiter = |policy| {
         Limiter::builder(rule(2).on_failure(policy).unwrap())
-            .store(store())
+            .store(store.clone())
             .clock(ManualClock::new())
             .build()
             .unwrap()

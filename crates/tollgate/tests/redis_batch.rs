@@ -105,10 +105,12 @@ fn seen(result: &Result<Decisions, Error>) -> String {
 #[tokio::test]
 async fn batches_on_redis_decide_as_in_memory() {
     let server = RedisServer::start();
-    let store = RedisStore::open(&server.url())
-        .unwrap()
+    let store = RedisStore::builder(&server.url())
         .store_time(StoreTime::Local)
-        .timeout(Duration::from_secs(5));
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
     let (memory_clock, redis_clock) = (ManualClock::new(), ManualClock::new());
     let memory = limiter(MemoryStore::new(), &memory_clock);
     let redis = limiter(store, &redis_clock);
@@ -157,10 +159,11 @@ async fn on_a_cluster_a_batch_across_slots_is_all_or_nothing() {
     let cluster = RedisCluster::start();
     let urls = cluster.urls();
     let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
-    let store = RedisStore::open_cluster(&nodes)
+    let store = RedisStore::cluster_builder(&nodes)
+        .timeout(Duration::from_secs(5))
+        .build()
         .await
-        .unwrap()
-        .timeout(Duration::from_secs(5));
+        .unwrap();
     let tenant = Rule::new("tenant", Algorithm::FixedWindow, [Tier::per_hour(10)]).unwrap();
     let ip = Rule::new("ip", Algorithm::Gcra, [Tier::per_hour(2)]).unwrap();
     let limiter = Limiter::builder(tenant)
@@ -206,9 +209,11 @@ async fn a_shared_key_in_concurrent_batches_never_admits_more_than_its_limit() {
     let ip = Rule::new("ip", Algorithm::FixedWindow, [Tier::per_day(30)]).unwrap();
     let mut tasks = Vec::new();
     for instance in 0..3 {
-        let store = RedisStore::open(&server.url())
-            .unwrap()
-            .timeout(Duration::from_secs(10));
+        let store = RedisStore::builder(&server.url())
+            .timeout(Duration::from_secs(10))
+            .build()
+            .await
+            .unwrap();
         let limiter = Arc::new(
             Limiter::builder(tenant.clone())
                 .rule(ip.clone())
@@ -242,9 +247,11 @@ async fn a_shared_key_in_concurrent_batches_never_admits_more_than_its_limit() {
 #[tokio::test]
 async fn an_edited_limit_keeps_the_state_of_every_key_on_redis() {
     let server = RedisServer::start();
-    let store = RedisStore::open(&server.url())
-        .unwrap()
-        .timeout(Duration::from_secs(5));
+    let store = RedisStore::builder(&server.url())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
     for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingLog] {
         let name = algorithm.name();
         let version = |limit| {

@@ -9,18 +9,16 @@ use std::time::Duration;
 
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use support::RedisServer;
-use tollgate::{Algorithm, Error, Limiter, RedisStore, Rule, Source, Tier};
+use tollgate::{Algorithm, Error, Limiter, RedisStore, RedisStoreBuilder, Rule, Source, Tier};
 
 fn rule() -> Rule {
     Rule::new("conn", Algorithm::Gcra, [Tier::per_second(5)]).unwrap()
 }
 
-async fn checked_by_redis(store: RedisStore) -> Limiter<RedisStore> {
+async fn checked_by_redis(store: RedisStoreBuilder) -> Limiter<RedisStore> {
+    let store = store.timeout(Duration::from_secs(5)).build().await.unwrap();
     store.ping().await.expect("store answers");
-    let limiter = Limiter::builder(rule())
-        .store(store.timeout(Duration::from_secs(5)))
-        .build()
-        .unwrap();
+    let limiter = Limiter::builder(rule()).store(store).build().unwrap();
     let decision = limiter.check("tenant", 1).await.unwrap();
     assert_eq!(decision.source(), Source::Redis);
     limiter
@@ -30,7 +28,7 @@ async fn checked_by_redis(store: RedisStore) -> Limiter<RedisStore> {
 async fn password_and_database_in_the_url() {
     let server = RedisServer::start_with(&["--requirepass", "s3cret"]);
     let url = format!("redis://:s3cret@127.0.0.1:{}/3", server.port);
-    let limiter = checked_by_redis(RedisStore::open(&url).unwrap()).await;
+    let limiter = checked_by_redis(RedisStore::builder(&url)).await;
     let key = String::from_utf8(support::redis_keys(&limiter, "tenant").remove(0)).unwrap();
     let in_db = |db: &str| {
         server.cli(&[
@@ -45,7 +43,9 @@ async fn password_and_database_in_the_url() {
     };
     assert_eq!((in_db("3"), in_db("0")), ("1".into(), "0".into()));
 
-    let wrong = RedisStore::open(&format!("redis://:nope@127.0.0.1:{}", server.port)).unwrap();
+    let wrong = RedisStore::open(&format!("redis://:nope@127.0.0.1:{}", server.port))
+        .await
+        .unwrap();
     let err = wrong.ping().await.unwrap_err();
     assert!(matches!(err, Error::Store { .. }), "{err}");
 }
@@ -54,7 +54,7 @@ async fn password_and_database_in_the_url() {
 async fn an_acl_user() {
     let server = RedisServer::start_with(&["--user", "limiter", "on", ">pw", "~tg:*", "+@all"]);
     let url = format!("redis://limiter:pw@127.0.0.1:{}", server.port);
-    checked_by_redis(RedisStore::open(&url).unwrap()).await;
+    checked_by_redis(RedisStore::builder(&url)).await;
 }
 
 /// A user allowed scripts but not functions: checks run as scripts, still on Redis.
@@ -71,7 +71,7 @@ async fn an_acl_user_without_functions() {
         "-fcall",
     ]);
     let url = format!("redis://limiter:pw@127.0.0.1:{}", server.port);
-    checked_by_redis(RedisStore::open(&url).unwrap()).await;
+    checked_by_redis(RedisStore::builder(&url)).await;
     let stats = server.cli(&["info", "commandstats"]);
     assert!(stats.contains("cmdstat_evalsha:"), "{stats}");
 }
@@ -87,7 +87,7 @@ async fn a_unix_socket() {
         (format!("unix://{socket}"), "0"),
         (format!("redis+unix://{socket}?db=2"), "2"),
     ] {
-        let limiter = checked_by_redis(RedisStore::open(&url).unwrap()).await;
+        let limiter = checked_by_redis(RedisStore::builder(&url)).await;
         let key = String::from_utf8(support::redis_keys(&limiter, "tenant").remove(0)).unwrap();
         assert_eq!(server.cli(&["-n", db, "exists", &key]), "1", "{url}");
         limiters.push(limiter);
@@ -106,7 +106,9 @@ async fn a_unix_socket() {
         "{clients}"
     );
 
-    let missing = RedisStore::open(&format!("unix://{socket}.missing")).unwrap();
+    let missing = RedisStore::open(&format!("unix://{socket}.missing"))
+        .await
+        .unwrap();
     assert!(matches!(missing.ping().await, Err(Error::Store { .. })));
 }
 
@@ -133,9 +135,9 @@ async fn tls_verified_against_a_private_ca() {
     );
     let server = RedisServer::start_tls(&cert, &key, &ca_file);
     let url = format!("rediss://127.0.0.1:{}", server.port);
-    checked_by_redis(RedisStore::open_tls(&url, ca.pem().into_bytes()).unwrap()).await;
+    checked_by_redis(RedisStore::builder(&url).root_certificate(ca.pem().into_bytes())).await;
     // Without the CA, the server's certificate is not trusted and nothing is sent in clear.
-    let untrusted = RedisStore::open(&url).unwrap();
+    let untrusted = RedisStore::open(&url).await.unwrap();
     assert!(untrusted.ping().await.is_err());
 }
 
@@ -174,7 +176,7 @@ fn info(server: &support::RedisServer, section: &str, field: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
 async fn concurrent_checks_reach_redis_in_one_write() {
     let server = RedisServer::start();
-    let limiter = Arc::new(checked_by_redis(RedisStore::open(&server.url()).unwrap()).await);
+    let limiter = Arc::new(checked_by_redis(RedisStore::builder(&server.url())).await);
     let before = info(&server, "stats", "total_reads_processed");
     at_once(&limiter, 64).await;
     // The checks' reads, and those of the two redis-cli connections that read the count.
@@ -188,7 +190,7 @@ async fn concurrent_checks_reach_redis_in_one_write() {
 #[tokio::test]
 async fn a_pass_of_more_checks_than_a_pipeline_carries() {
     let server = RedisServer::start();
-    let limiter = Arc::new(checked_by_redis(RedisStore::open(&server.url()).unwrap()).await);
+    let limiter = Arc::new(checked_by_redis(RedisStore::builder(&server.url())).await);
     at_once(&limiter, 600).await;
 }
 
@@ -197,7 +199,7 @@ async fn a_pass_of_more_checks_than_a_pipeline_carries() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checks_that_find_the_library_missing_load_it_once() {
     let server = RedisServer::start();
-    let limiter = Arc::new(checked_by_redis(RedisStore::open(&server.url()).unwrap()).await);
+    let limiter = Arc::new(checked_by_redis(RedisStore::builder(&server.url())).await);
     assert_eq!(server.cli(&["function", "flush"]), "OK");
     assert_eq!(server.cli(&["config", "resetstat"]), "OK");
     at_once(&limiter, 64).await;
@@ -211,7 +213,7 @@ async fn checks_that_find_the_library_missing_load_it_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
 async fn a_flush_lost_with_its_runtime_strands_no_check() {
     let server = RedisServer::start();
-    let limiter = Arc::new(checked_by_redis(RedisStore::open(&server.url()).unwrap()).await);
+    let limiter = Arc::new(checked_by_redis(RedisStore::builder(&server.url())).await);
     let other = Arc::clone(&limiter);
     // Stopped, Redis answers nothing: the first check waits for as long as this runtime lives.
     server.pause();
@@ -239,4 +241,51 @@ async fn a_flush_lost_with_its_runtime_strands_no_check() {
     let (a, b) = tokio::join!(limiter.check("a", 1), limiter.check("b", 1));
     assert_eq!(a.unwrap().source(), Source::Redis);
     assert_eq!(b.unwrap().source(), Source::Redis);
+}
+
+/// Polled outside a Tokio runtime (here by hand, as another executor would), building a store
+/// is an error that says why, not a panic.
+#[test]
+fn a_store_built_outside_a_runtime_is_an_error() {
+    use std::future::Future;
+    use std::pin::pin;
+    use std::task::{Context, Poll, Waker};
+    let mut context = Context::from_waker(Waker::noop());
+    let building = pin!(RedisStore::open("redis://127.0.0.1:1"));
+    match building.poll(&mut context) {
+        Poll::Ready(Err(Error::Store { message, .. })) => {
+            assert!(message.contains("Tokio runtime"), "{message}");
+        }
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+/// Settings that could never work are refused when the store is built, before connecting.
+#[tokio::test]
+async fn settings_out_of_range_are_refused() {
+    let refused = |builder: RedisStoreBuilder| async move {
+        match builder.build().await {
+            Err(Error::Store { message, .. }) => message,
+            other => panic!("expected an error, got {other:?}"),
+        }
+    };
+    let url = "redis://127.0.0.1:1";
+    let zero = Duration::ZERO;
+    let message = refused(RedisStore::builder(url).timeout(zero)).await;
+    assert_eq!(message, "timeout: must be longer than zero");
+    let message =
+        refused(RedisStore::builder(url).circuit_breaker(0, Duration::from_secs(1))).await;
+    assert_eq!(message, "circuit breaker: failures must be at least 1");
+    let message = refused(RedisStore::builder(url).circuit_breaker(3, zero)).await;
+    assert_eq!(
+        message,
+        "circuit breaker: cooldown must be longer than zero"
+    );
+    let message = refused(RedisStore::builder(url).connections(0)).await;
+    assert_eq!(message, "connections: must be at least 1");
+    // A malformed URL is named, without its password.
+    let message = refused(RedisStore::builder("foo://user:secret@host")).await;
+    assert!(message.starts_with("foo://user:***@host: "), "{message}");
+    let message = refused(RedisStore::cluster_builder::<&str>(&[])).await;
+    assert_eq!(message, "a cluster needs at least one node");
 }

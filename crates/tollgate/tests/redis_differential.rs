@@ -125,10 +125,12 @@ async fn memory_and_redis_scripts_decide_identically_on_every_timeline() {
 }
 
 async fn differential(server: &RedisServer) {
-    let store = RedisStore::open(&server.url())
-        .unwrap()
+    let store = RedisStore::builder(&server.url())
         .store_time(StoreTime::Local)
-        .timeout(Duration::from_secs(5));
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
     let mut random = Random(0x9e37_79b9_7f4a_7c15);
     let mut checks = 0;
     for rule in rules() {

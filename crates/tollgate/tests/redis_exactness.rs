@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use support::{RedisCluster, RedisServer};
 use tollgate::{
-    Algorithm, LeakyBucket, Limiter, ManualClock, RedisStore, Rule, Source, StoreTime, SubWindows,
-    Tier, TokenBucket,
+    Algorithm, LeakyBucket, Limiter, ManualClock, RedisStore, RedisStoreBuilder, Rule, Source,
+    StoreTime, SubWindows, Tier, TokenBucket,
 };
 
 const INSTANCES: usize = 4;
@@ -57,24 +57,29 @@ fn exact_rules() -> Vec<(Rule, StoreTime)> {
 }
 
 /// Permits admitted for each of `keys` when `INSTANCES x TASKS` tasks check them, cost 1 or 2.
-async fn hammer(stores: &[RedisStore], rule: &Rule, time: StoreTime, keys: &[String]) -> Vec<u64> {
+async fn hammer(
+    stores: &[RedisStoreBuilder],
+    rule: &Rule,
+    time: StoreTime,
+    keys: &[String],
+) -> Vec<u64> {
     let clock = ManualClock::new();
-    let limiters: Vec<Arc<Limiter<RedisStore, ManualClock>>> = stores
-        .iter()
-        .map(|store| {
-            let limiter = Limiter::builder(rule.clone())
-                .store(
-                    store
-                        .clone()
-                        .store_time(time)
-                        .timeout(Duration::from_secs(10)),
-                )
-                .clock(clock.clone())
-                .build()
-                .unwrap();
-            Arc::new(limiter)
-        })
-        .collect();
+    let mut limiters: Vec<Arc<Limiter<RedisStore, ManualClock>>> = Vec::new();
+    for store in stores {
+        let store = store
+            .clone()
+            .store_time(time)
+            .timeout(Duration::from_secs(10))
+            .build()
+            .await
+            .unwrap();
+        let limiter = Limiter::builder(rule.clone())
+            .store(store)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        limiters.push(Arc::new(limiter));
+    }
     let attempts_per_task = (3 * LIMIT as usize * keys.len()).div_ceil(INSTANCES * TASKS);
     let mut tasks = Vec::new();
     for (i, limiter) in limiters.iter().enumerate() {
@@ -114,11 +119,8 @@ async fn hammer(stores: &[RedisStore], rule: &Rule, time: StoreTime, keys: &[Str
 async fn one_server_admits_exactly_the_limit() {
     let server = RedisServer::start();
     // Instances with 1 to 4 pipelined connections each.
-    let stores: Vec<RedisStore> = (0..INSTANCES)
-        .map(|i| {
-            let store = RedisStore::open(&server.url()).unwrap();
-            store.with_connections(1 + i).unwrap()
-        })
+    let stores: Vec<RedisStoreBuilder> = (0..INSTANCES)
+        .map(|i| RedisStore::builder(&server.url()).connections(1 + i))
         .collect();
     for (rule, time) in exact_rules() {
         let admitted = hammer(&stores, &rule, time, &["tenant".to_string()]).await;
@@ -131,10 +133,7 @@ async fn a_cluster_admits_exactly_the_limit_on_every_slot() {
     let cluster = RedisCluster::start();
     let urls = cluster.urls();
     let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
-    let mut stores = Vec::new();
-    for _ in 0..INSTANCES {
-        stores.push(RedisStore::open_cluster(&nodes).await.unwrap());
-    }
+    let stores = vec![RedisStore::cluster_builder(&nodes); INSTANCES];
     // Keys that land on different masters.
     let keys: Vec<String> = (0..6).map(|i| format!("tenant-{i}")).collect();
     for (rule, time) in exact_rules() {
@@ -162,13 +161,14 @@ async fn a_key_keeps_its_state_while_its_slot_moves_to_another_master() {
     let cluster = RedisCluster::start();
     let urls = cluster.urls();
     let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
-    let store = RedisStore::open_cluster(&nodes).await.unwrap();
+    let store = RedisStore::cluster_builder(&nodes)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
     let tier = Tier::per_day(LIMIT).with_burst(LIMIT);
     let rule = Rule::new("reshard", Algorithm::Gcra, [tier]).unwrap();
-    let limiter = Limiter::builder(rule)
-        .store(store.timeout(Duration::from_secs(5)))
-        .build()
-        .unwrap();
+    let limiter = Limiter::builder(rule).store(store).build().unwrap();
     let take = async || {
         let decision = limiter.check("tenant", 1).await.unwrap();
         assert_eq!(decision.source(), Source::Redis);

@@ -18,14 +18,16 @@ const MARGIN: Duration = Duration::from_millis(500);
 
 type RedisLimiter = Limiter<RedisStore>;
 
-fn limiter(url: &str, policy: FailurePolicy) -> Arc<RedisLimiter> {
+async fn limiter(url: &str, policy: FailurePolicy) -> Arc<RedisLimiter> {
     let rule = Rule::new("faults", Algorithm::FixedWindow, [Tier::per_minute(10)])
         .and_then(|rule| rule.on_failure(policy))
         .unwrap();
-    let store = RedisStore::open(url)
-        .unwrap()
+    let store = RedisStore::builder(url)
         .timeout(TIMEOUT)
-        .circuit_breaker(3, Duration::from_millis(200));
+        .circuit_breaker(3, Duration::from_millis(200))
+        .build()
+        .await
+        .unwrap();
     Arc::new(Limiter::builder(rule).store(store).build().unwrap())
 }
 
@@ -98,7 +100,7 @@ async fn assert_strict(limiter: &RedisLimiter, key: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_and_restarted_fails_open_then_resumes_strict_limiting() {
     let mut server = RedisServer::start();
-    let limiter = limiter(&server.url(), FailurePolicy::Open);
+    let limiter = limiter(&server.url(), FailurePolicy::Open).await;
     // Connected, the library loaded: a first call may take longer than the timeout.
     assert_eq!(wait_for_redis(&limiter, "warm").await, Source::Redis);
     let load = Load::start(&limiter);
@@ -132,7 +134,7 @@ async fn killed_and_restarted_fails_open_then_resumes_strict_limiting() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frozen_fails_closed_within_the_timeout_then_thaws() {
     let server = RedisServer::start();
-    let limiter = limiter(&server.url(), FailurePolicy::Closed);
+    let limiter = limiter(&server.url(), FailurePolicy::Closed).await;
     // Connected, the library loaded: a first call may take longer than the timeout.
     assert_eq!(wait_for_redis(&limiter, "warm").await, Source::Redis);
     let load = Load::start(&limiter);
@@ -170,7 +172,7 @@ async fn frozen_fails_closed_within_the_timeout_then_thaws() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn falls_back_to_a_local_share_of_the_limit() {
     let mut server = RedisServer::start();
-    let limiter = limiter(&server.url(), FailurePolicy::Local { share: 0.5 });
+    let limiter = limiter(&server.url(), FailurePolicy::Local { share: 0.5 }).await;
     assert_eq!(wait_for_redis(&limiter, "warm").await, Source::Redis);
     server.kill();
     // This instance alone enforces half the limit: 5 of 10 per minute.
@@ -194,7 +196,7 @@ async fn a_redis_that_never_started_is_a_policy_decision_not_an_error() {
         .local_addr()
         .unwrap()
         .port();
-    let limiter = limiter(&format!("redis://127.0.0.1:{port}"), FailurePolicy::Closed);
+    let limiter = limiter(&format!("redis://127.0.0.1:{port}"), FailurePolicy::Closed).await;
     assert_eq!(limiter.store().failures(), StoreFailures::default());
     for _ in 0..10 {
         let started = Instant::now();
@@ -214,10 +216,12 @@ async fn a_redis_that_never_started_is_a_policy_decision_not_an_error() {
 async fn a_probe_cancelled_by_its_caller_does_not_keep_the_breaker_open() {
     let server = RedisServer::start();
     let rule = Rule::new("probe", Algorithm::FixedWindow, [Tier::per_minute(10)]).unwrap();
-    let store = RedisStore::open(&server.url())
-        .unwrap()
+    let store = RedisStore::builder(&server.url())
         .timeout(Duration::from_millis(300))
-        .circuit_breaker(1, Duration::from_millis(100));
+        .circuit_breaker(1, Duration::from_millis(100))
+        .build()
+        .await
+        .unwrap();
     let limiter = Limiter::builder(rule).store(store).build().unwrap();
     assert_eq!(wait_for_redis(&limiter, "warm").await, Source::Redis);
     server.pause();
@@ -261,7 +265,11 @@ async fn a_cost_above_the_local_share_is_denied_until_redis_returns_never_a_pani
         let rule = Rule::new(name, algorithm, [Tier::per_minute(10)])
             .and_then(|rule| rule.on_failure(FailurePolicy::Local { share: 0.25 }))
             .unwrap();
-        let store = RedisStore::open(&url).unwrap().timeout(TIMEOUT);
+        let store = RedisStore::builder(&url)
+            .timeout(TIMEOUT)
+            .build()
+            .await
+            .unwrap();
         let limiter = Limiter::builder(rule).store(store).build().unwrap();
         let denied = limiter.check("k", 5).await.unwrap();
         assert_eq!(

@@ -14,22 +14,24 @@ use tollgate::{
 
 type HybridLimiter = Limiter<HybridStore, ManualClock>;
 
-fn redis(server: &RedisServer) -> RedisStore {
-    RedisStore::open(&server.url())
-        .unwrap()
+async fn redis(server: &RedisServer) -> RedisStore {
+    RedisStore::builder(&server.url())
         .store_time(StoreTime::Local)
         .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap()
 }
 
 /// A store whose syncs the test drives (the interval is an hour).
-fn hybrid(server: &RedisServer, max_unsynced: Option<u64>, instances: u32) -> HybridStore {
+async fn hybrid(server: &RedisServer, max_unsynced: Option<u64>, instances: u32) -> HybridStore {
     let config = HybridConfig {
         sync_interval: Duration::from_secs(3_600),
         max_unsynced,
         instances,
         ..HybridConfig::default()
     };
-    HybridStore::new(&redis(server), config).unwrap()
+    HybridStore::new(&redis(server).await, config).unwrap()
 }
 
 fn limiter(store: &HybridStore, rule: &Rule, clock: &ManualClock) -> HybridLimiter {
@@ -47,7 +49,7 @@ async fn one_instance_is_exact_and_its_counts_reach_redis() {
     for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
         let name = algorithm.name();
         let rule = Rule::new(name, algorithm, [Tier::per_minute(50)]).unwrap();
-        let store = hybrid(&server, None, 1);
+        let store = hybrid(&server, None, 1).await;
         let limiter = limiter(&store, &rule, &clock);
         let mut admitted = 0;
         for i in 0..120 {
@@ -81,9 +83,10 @@ async fn three_instances_stay_within_the_stated_bound() {
     const MAX_UNSYNCED: u64 = 20;
     let rule = Rule::new("shared", Algorithm::FixedWindow, [Tier::per_day(LIMIT)]).unwrap();
     let clock = ManualClock::new();
-    let stores: Vec<HybridStore> = (0..3)
-        .map(|_| hybrid(&server, Some(MAX_UNSYNCED), 3))
-        .collect();
+    let mut stores = Vec::new();
+    for _ in 0..3 {
+        stores.push(hybrid(&server, Some(MAX_UNSYNCED), 3).await);
+    }
     let limiters: Vec<HybridLimiter> = stores.iter().map(|s| limiter(s, &rule, &clock)).collect();
     let mut admitted = 0;
     // Uneven traffic: the first instance gets half of it.
@@ -126,7 +129,7 @@ async fn counts_admitted_while_redis_is_down_reach_it_when_it_returns() {
         sync_interval: Duration::from_millis(100),
         ..HybridConfig::default()
     };
-    let store = HybridStore::new(&redis(&server), config).unwrap();
+    let store = HybridStore::new(&redis(&server).await, config).unwrap();
     let limiter = limiter(&store, &rule, &clock);
     for _ in 0..10 {
         assert!(limiter.check_now("tenant", 1).unwrap().allowed());
@@ -170,7 +173,7 @@ async fn counts_admitted_while_redis_is_down_reach_it_when_it_returns() {
 #[tokio::test]
 async fn rules_whose_state_does_not_add_up_are_refused() {
     let server = RedisServer::start();
-    let store = hybrid(&server, None, 1);
+    let store = hybrid(&server, None, 1).await;
     // README's token bucket: neither the hybrid nor the lease store holds it, so the error
     // must not send the user from one to the other.
     let rule = Rule::new(

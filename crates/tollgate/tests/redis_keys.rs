@@ -54,29 +54,31 @@ fn cases() -> Vec<(Algorithm, Tier, u64)> {
     ]
 }
 
-fn limiter(
+async fn limiter(
     server: &RedisServer,
     algorithm: Algorithm,
     tier: Tier,
 ) -> Limiter<RedisStore, ManualClock> {
     let rule = Rule::new(format!("keys-{}", algorithm.name()), algorithm, [tier]).unwrap();
-    let (limiter, clock) = on_a_manual_clock(server, rule);
+    let (limiter, clock) = on_a_manual_clock(server, rule).await;
     clock.advance(Duration::from_secs(10));
     limiter
 }
 
 /// A limiter of `rule` deciding on the caller's time, a manual clock at a whole second.
-fn on_a_manual_clock(
+async fn on_a_manual_clock(
     server: &RedisServer,
     rule: Rule,
 ) -> (Limiter<RedisStore, ManualClock>, ManualClock) {
     let clock = ManualClock::new();
     let limiter = Limiter::builder(rule)
         .store(
-            RedisStore::open(&server.url())
-                .unwrap()
+            RedisStore::builder(&server.url())
                 .store_time(StoreTime::Local)
-                .timeout(Duration::from_secs(5)),
+                .timeout(Duration::from_secs(5))
+                .build()
+                .await
+                .unwrap(),
         )
         .clock(clock.clone())
         .build()
@@ -96,7 +98,7 @@ async fn keys_expire_when_their_state_is_as_good_as_new() {
     println!("| --- | ---: | ---: | ---: |");
     for (algorithm, tier, lifetime_ms) in cases() {
         let name = algorithm.name();
-        let limiter = limiter(&server, algorithm, tier);
+        let limiter = limiter(&server, algorithm, tier).await;
         // A look at an unknown key writes nothing.
         assert!(limiter.check("tenant", 0).await.unwrap().allowed());
         let keys: Vec<String> = support::redis_keys(&limiter, "tenant")
@@ -140,7 +142,7 @@ async fn keys_expire_when_their_state_is_as_good_as_new() {
 async fn after_any_traffic_every_key_has_a_ttl() {
     let server = RedisServer::start();
     for (algorithm, tier, _) in cases() {
-        let limiter = limiter(&server, algorithm, tier);
+        let limiter = limiter(&server, algorithm, tier).await;
         for i in 0..200u64 {
             let key = format!("k{}", i % 7);
             limiter.check(&key, i % 3).await.unwrap();
@@ -165,9 +167,11 @@ async fn any_bytes_are_a_key_and_bad_checks_reach_no_server() {
     let rule = Rule::new("bytes", Algorithm::Gcra, [Tier::per_hour(2)]).unwrap();
     let limiter = Limiter::builder(rule)
         .store(
-            RedisStore::open(&server.url())
-                .unwrap()
-                .timeout(Duration::from_secs(5)),
+            RedisStore::builder(&server.url())
+                .timeout(Duration::from_secs(5))
+                .build()
+                .await
+                .unwrap(),
         )
         .build()
         .unwrap();
@@ -206,7 +210,7 @@ async fn any_bytes_are_a_key_and_bad_checks_reach_no_server() {
 async fn writes_within_a_window_keep_its_ttl() {
     let server = RedisServer::start();
     let rule = Rule::new("window-ttl", Algorithm::FixedWindow, [Tier::per_minute(5)]).unwrap();
-    let (limiter, clock) = on_a_manual_clock(&server, rule);
+    let (limiter, clock) = on_a_manual_clock(&server, rule).await;
     let key = String::from_utf8(support::redis_keys(&limiter, "tenant").remove(0)).unwrap();
     let ttl = || ttl(&server, &key);
     clock.advance(Duration::from_secs(10));
@@ -233,7 +237,7 @@ async fn writes_within_a_second_keep_their_ttl() {
     let server = RedisServer::start();
     // 10 ms per permit: each write moves the state's expiry by 10 ms.
     let rule = Rule::new("second-ttl", Algorithm::Gcra, [Tier::per_second(100)]).unwrap();
-    let (limiter, clock) = on_a_manual_clock(&server, rule);
+    let (limiter, clock) = on_a_manual_clock(&server, rule).await;
     let key = String::from_utf8(support::redis_keys(&limiter, "tenant").remove(0)).unwrap();
     let expiry = || server.cli(&["pexpiretime", &key]).parse::<u64>().unwrap();
     // 100 ms into a second: the state is as good as new 10 ms later, the key expires at the
@@ -261,9 +265,11 @@ async fn on_the_servers_clock_keys_expire_at_a_whole_second() {
     let rule = Rule::new("server-ttl", Algorithm::Gcra, [Tier::per_second(100)]).unwrap();
     let limiter = Limiter::builder(rule)
         .store(
-            RedisStore::open(&server.url())
-                .unwrap()
-                .timeout(Duration::from_secs(5)),
+            RedisStore::builder(&server.url())
+                .timeout(Duration::from_secs(5))
+                .build()
+                .await
+                .unwrap(),
         )
         .build()
         .unwrap();
@@ -286,7 +292,7 @@ async fn on_the_servers_clock_keys_expire_at_a_whole_second() {
 /// Redis on the state the first left.
 async fn survives(server: &RedisServer, flush: &str) {
     // Per hour: the state lives for 36 s of real time, however slow the machine.
-    let limiter = limiter(server, Algorithm::Gcra, Tier::per_hour(100));
+    let limiter = limiter(server, Algorithm::Gcra, Tier::per_hour(100)).await;
     assert_eq!(limiter.check("k", 1).await.unwrap().source(), Source::Redis);
     assert_eq!(server.cli(&[flush, "flush"]), "OK");
     let decision = limiter.check("k", 1).await.unwrap();
@@ -315,23 +321,25 @@ async fn scripts_flushed_from_a_server_without_functions_are_reloaded() {
 async fn instances_whose_clocks_disagree_agree_on_the_server_time() {
     let server = RedisServer::start();
     let rule = Rule::new("skew", Algorithm::FixedWindow, [Tier::per_hour(10)]).unwrap();
-    let instance = |clock: ManualClock| {
+    let store = || {
+        RedisStore::builder(&server.url())
+            .timeout(Duration::from_secs(5))
+            .build()
+    };
+    let (first, second) = (store().await.unwrap(), store().await.unwrap());
+    let instance = |store: RedisStore, clock: ManualClock| {
         Limiter::builder(rule.clone())
-            .store(
-                RedisStore::open(&server.url())
-                    .unwrap()
-                    .timeout(Duration::from_secs(5)),
-            )
+            .store(store)
             .clock(clock)
             .build()
             .unwrap()
     };
     // One instance's clock is a day ahead of the other's: with the server's time they count
     // in the same window.
-    let behind = instance(ManualClock::new());
+    let behind = instance(first, ManualClock::new());
     let ahead = ManualClock::new();
     ahead.advance(Duration::from_secs(86_400));
-    let ahead = instance(ahead);
+    let ahead = instance(second, ahead);
     for _ in 0..4 {
         assert!(behind.check("tenant", 1).await.unwrap().allowed());
     }

@@ -10,12 +10,11 @@ use std::time::{Duration, Instant};
 use support::RedisServer;
 use tollgate::{
     Algorithm, Clock, FailurePolicy, LeaseConfig, LeaseStore, Limiter, ManualClock, RedisStore,
-    Rule, Source, Store, StoreFailures, StoreTime, Tier,
+    RedisStoreBuilder, Rule, Source, Store, StoreFailures, StoreTime, Tier,
 };
 
-fn redis(server: &RedisServer, time: StoreTime) -> RedisStore {
-    RedisStore::open(&server.url())
-        .unwrap()
+fn redis(server: &RedisServer, time: StoreTime) -> RedisStoreBuilder {
+    RedisStore::builder(&server.url())
         .store_time(time)
         .timeout(Duration::from_secs(5))
 }
@@ -34,7 +33,10 @@ async fn instances_together_never_admit_more_than_the_limit() {
     let mut tasks = Vec::new();
     let mut stores = Vec::new();
     for _ in 0..3 {
-        let store = LeaseStore::new(&redis(&server, StoreTime::Server), LeaseConfig::default());
+        let store = LeaseStore::new(
+            &redis(&server, StoreTime::Server).build().await.unwrap(),
+            LeaseConfig::default(),
+        );
         let limiter = Arc::new(
             Limiter::builder(rule.clone())
                 .store(store.clone())
@@ -82,8 +84,14 @@ async fn a_busy_instance_leases_more_and_unused_permits_go_back() {
         instances: 2,
         ..LeaseConfig::default()
     };
-    let busy = LeaseStore::new(&redis(&server, StoreTime::Local), config);
-    let quiet = LeaseStore::new(&redis(&server, StoreTime::Local), config);
+    let busy = LeaseStore::new(
+        &redis(&server, StoreTime::Local).build().await.unwrap(),
+        config,
+    );
+    let quiet = LeaseStore::new(
+        &redis(&server, StoreTime::Local).build().await.unwrap(),
+        config,
+    );
     let limiter = |store: &LeaseStore| {
         Limiter::builder(rule.clone())
             .store(store.clone())
@@ -130,7 +138,11 @@ async fn leases_held_are_spent_while_redis_is_down_and_leasing_resumes_after() {
         .and_then(|rule| rule.on_failure(FailurePolicy::Closed))
         .unwrap();
     let store = LeaseStore::new(
-        &redis(&server, StoreTime::Server).circuit_breaker(2, Duration::from_millis(200)),
+        &redis(&server, StoreTime::Server)
+            .circuit_breaker(2, Duration::from_millis(200))
+            .build()
+            .await
+            .unwrap(),
         LeaseConfig::default(),
     );
     let limiter = Limiter::builder(rule).store(store.clone()).build().unwrap();
@@ -179,7 +191,10 @@ async fn leases_held_are_spent_while_redis_is_down_and_leasing_resumes_after() {
 #[tokio::test]
 async fn rules_without_a_budget_per_window_are_refused() {
     let server = RedisServer::start();
-    let store = LeaseStore::new(&redis(&server, StoreTime::Server), LeaseConfig::default());
+    let store = LeaseStore::new(
+        &redis(&server, StoreTime::Server).build().await.unwrap(),
+        LeaseConfig::default(),
+    );
     let rule = Rule::new("log", Algorithm::SlidingLog, [Tier::per_second(5)]).unwrap();
     let err = Limiter::builder(rule)
         .store(store.clone())

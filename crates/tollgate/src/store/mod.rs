@@ -32,7 +32,7 @@ pub use hybrid::{HybridConfig, HybridPlan, HybridStats, HybridStore};
 pub use lease::{LeaseConfig, LeasePlan, LeaseStats, LeaseStore};
 pub use memory::{MemoryPlan, MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
-pub use redis::{RedisPlan, RedisStore, StoreTime};
+pub use redis::{RedisPlan, RedisStore, RedisStoreBuilder, StoreTime};
 
 use crate::decision::{Decision, Decisions};
 use crate::error::Error;

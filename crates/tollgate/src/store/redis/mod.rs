@@ -93,7 +93,6 @@ enum Connection {
 /// checks are pipelined on each, and queued to be written together (see [`Queue`]). Each
 /// connects on first use and reconnects by itself.
 struct Pool {
-    client: redis::Client,
     queues: Vec<Arc<Queue>>,
     next: AtomicUsize,
 }
@@ -113,7 +112,6 @@ impl Pool {
             })
             .collect::<Result<_, _>>()?;
         Ok(Self {
-            client: client.clone(),
             queues,
             next: AtomicUsize::new(0),
         })
@@ -149,85 +147,57 @@ const DEFAULT_CONNECTIONS: usize = 1;
 /// How long establishing a connection may take before it counts as a failure.
 const CONNECTION_TIMEOUT: Duration = Duration::from_millis(500);
 
-impl RedisStore {
-    /// Opens a store on one server: `redis://[user:password@]host[:port][/db]`,
-    /// `rediss://...` for TLS verified against the system's roots, or
-    /// `unix:///path/to/redis.sock` (also `redis+unix://...?db=N&user=U&pass=P`) for a server
-    /// on this host. Connects on first use and reconnects by itself, so a process may start
-    /// while Redis is down.
-    ///
-    /// Must be called within a Tokio runtime.
-    ///
-    /// # Errors
-    /// [`Error::Store`] for a malformed URL.
-    pub fn open(url: &str) -> Result<Self, Error> {
-        install_tls_provider();
-        Self::single(redis::Client::open(url).map_err(store_error)?)
-    }
+/// Where a [`RedisStore`] connects and how it behaves, fixed when it is built: the store and
+/// its clones then share one set of connections, one circuit breaker and one count of
+/// failures, so no later call or clone can split them.
+#[derive(Clone)]
+pub struct RedisStoreBuilder {
+    target: Target,
+    root_certificate: Option<Vec<u8>>,
+    connections: usize,
+    time: StoreTime,
+    guard: GuardConfig,
+}
 
-    /// Opens a store on one server over TLS, verifying the server against `root_ca_pem` (a PEM
-    /// CA certificate) instead of the system's roots.
-    ///
-    /// # Errors
-    /// [`Error::Store`] for a malformed URL or certificate.
-    pub fn open_tls(url: &str, root_ca_pem: Vec<u8>) -> Result<Self, Error> {
-        install_tls_provider();
-        let certificates = redis::TlsCertificates {
-            client_tls: None,
-            root_cert: Some(root_ca_pem),
+#[derive(Clone)]
+enum Target {
+    Server(String),
+    Cluster(Vec<String>),
+}
+
+impl fmt::Debug for RedisStoreBuilder {
+    // URLs may carry passwords: only their count is shown.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let target = match &self.target {
+            Target::Server(_) => "server".to_string(),
+            Target::Cluster(nodes) => format!("cluster of {} nodes", nodes.len()),
         };
-        Self::single(redis::Client::build_with_tls(url, certificates).map_err(store_error)?)
+        f.debug_struct("RedisStoreBuilder")
+            .field("target", &target)
+            .field("root_certificate", &self.root_certificate.is_some())
+            .field("connections", &self.connections)
+            .field("time", &self.time)
+            .field("guard", &self.guard)
+            .finish()
     }
+}
 
-    /// Connects to a Redis Cluster through any of its `nodes` (`redis://host:port` URLs);
-    /// `MOVED` and `ASK` redirections are followed.
-    ///
-    /// # Errors
-    /// [`Error::Store`] when no node can be reached or the URLs are malformed.
-    pub async fn open_cluster(nodes: &[&str]) -> Result<Self, Error> {
-        install_tls_provider();
-        let client = ClusterClientBuilder::new(nodes.to_vec())
-            .connection_timeout(CONNECTION_TIMEOUT)
-            .response_timeout(Duration::from_secs(2))
-            .retries(2)
-            .build()
-            .map_err(store_error)?;
-        let connection = client.get_async_connection().await.map_err(store_error)?;
-        Ok(Self::new(Connection::Cluster(connection)))
-    }
-
-    fn new(connection: Connection) -> Self {
+impl RedisStoreBuilder {
+    fn new(target: Target) -> Self {
         Self {
-            connection,
-            scripts_only: Arc::new(AtomicBool::new(false)),
-            library: Arc::new(Library::default()),
+            target,
+            root_certificate: None,
+            connections: DEFAULT_CONNECTIONS,
             time: StoreTime::Server,
-            guard: Arc::new(Guard::new(GuardConfig::default(), "redis")),
+            guard: GuardConfig::default(),
         }
     }
 
-    fn single(client: redis::Client) -> Result<Self, Error> {
-        let pool = Pool::new(&client, DEFAULT_CONNECTIONS).map_err(store_error)?;
-        Ok(Self::new(Connection::Single(Arc::new(pool))))
-    }
-
-    /// The same store with `connections` pipelined connections to its server (default 1;
-    /// at least 1), for a process whose checks outrun one. A cluster keeps one connection
-    /// per node whatever this says.
-    ///
-    /// # Errors
-    /// [`Error::Store`] if the connections cannot be configured.
-    pub fn with_connections(self, connections: usize) -> Result<Self, Error> {
-        match &self.connection {
-            Connection::Single(pool) => {
-                let pool = Pool::new(&pool.client, connections).map_err(store_error)?;
-                Ok(Self {
-                    connection: Connection::Single(Arc::new(pool)),
-                    ..self
-                })
-            }
-            Connection::Cluster(_) => Ok(self),
-        }
+    /// Pipelined connections to a single server (default 1; at least 1), for a process whose
+    /// checks outrun one. A cluster keeps one connection per node whatever this says.
+    pub fn connections(mut self, connections: usize) -> Self {
+        self.connections = connections;
+        self
     }
 
     /// Whose clock the functions decide at (default: the server's).
@@ -236,32 +206,166 @@ impl RedisStore {
         self
     }
 
-    /// The longest a check waits for Redis before the failure policy decides (default 20 ms).
-    /// Call it before planning rules: it starts a new breaker and fallback state.
-    pub fn timeout(self, timeout: Duration) -> Self {
-        let config = GuardConfig {
-            timeout,
-            ..self.guard.config()
-        };
-        self.guarded(config)
+    /// The longest a check waits for Redis before the rule's failure policy decides
+    /// (default 20 ms; must be longer than zero).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.guard.timeout = timeout;
+        self
     }
 
-    /// Stops asking Redis after `failures` consecutive failures, for `cooldown`, then probes
-    /// it with one check (defaults: 5 and 1 s). Call it before planning rules.
-    pub fn circuit_breaker(self, failures: u32, cooldown: Duration) -> Self {
-        let config = GuardConfig {
-            failures,
-            cooldown,
-            ..self.guard.config()
-        };
-        self.guarded(config)
+    /// Stops asking Redis after `failures` consecutive failures (at least 1), for `cooldown`
+    /// (longer than zero), then probes it with one check (defaults: 5 and 1 s).
+    pub fn circuit_breaker(mut self, failures: u32, cooldown: Duration) -> Self {
+        self.guard.failures = failures;
+        self.guard.cooldown = cooldown;
+        self
     }
 
-    fn guarded(self, config: GuardConfig) -> Self {
-        Self {
-            guard: Arc::new(Guard::new(config, "redis")),
-            ..self
+    /// Verifies `rediss://` servers against `pem` (a PEM CA certificate) instead of the
+    /// system's roots.
+    pub fn root_certificate(mut self, pem: Vec<u8>) -> Self {
+        self.root_certificate = Some(pem);
+        self
+    }
+
+    /// Checks the URLs and settings without connecting: what [`build`](Self::build) would
+    /// refuse before it tries to reach Redis.
+    ///
+    /// # Errors
+    /// [`Error::Store`] naming the malformed URL or the setting out of range.
+    pub fn validate(&self) -> Result<(), Error> {
+        let invalid = |message: String| Error::Store {
+            message,
+            transient: false,
+        };
+        if self.guard.timeout.is_zero() {
+            return Err(invalid("timeout: must be longer than zero".into()));
         }
+        if self.guard.failures == 0 {
+            return Err(invalid(
+                "circuit breaker: failures must be at least 1".into(),
+            ));
+        }
+        if self.guard.cooldown.is_zero() {
+            return Err(invalid(
+                "circuit breaker: cooldown must be longer than zero".into(),
+            ));
+        }
+        if self.connections == 0 {
+            return Err(invalid("connections: must be at least 1".into()));
+        }
+        let urls = match &self.target {
+            Target::Server(url) => std::slice::from_ref(url),
+            Target::Cluster(nodes) if nodes.is_empty() => {
+                return Err(invalid("a cluster needs at least one node".into()));
+            }
+            Target::Cluster(nodes) => nodes.as_slice(),
+        };
+        for url in urls {
+            redis::Client::open(url.as_str())
+                .map_err(|err| invalid(format!("{}: {err}", redacted(url))))?;
+        }
+        Ok(())
+    }
+
+    /// Builds the store: a single server connects on first use and reconnects by itself (a
+    /// process may start while Redis is down); a cluster connects now, through any node that
+    /// answers, and follows `MOVED` and `ASK` redirections.
+    ///
+    /// # Errors
+    /// [`Error::Store`] for what [`validate`](Self::validate) refuses, a malformed
+    /// certificate, a cluster none of whose nodes answers, or when polled outside a Tokio
+    /// runtime (the connections need one).
+    pub async fn build(self) -> Result<RedisStore, Error> {
+        self.validate()?;
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::Store {
+                message: "a Redis store needs a Tokio runtime: build it inside one".into(),
+                transient: false,
+            });
+        }
+        install_tls_provider();
+        let certificates = |pem: &Vec<u8>| redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(pem.clone()),
+        };
+        let connection = match &self.target {
+            Target::Server(url) => {
+                let client = match &self.root_certificate {
+                    None => redis::Client::open(url.as_str()),
+                    Some(pem) => redis::Client::build_with_tls(url.as_str(), certificates(pem)),
+                }
+                .map_err(store_error)?;
+                let pool = Pool::new(&client, self.connections).map_err(store_error)?;
+                Connection::Single(Arc::new(pool))
+            }
+            Target::Cluster(nodes) => {
+                let mut builder = ClusterClientBuilder::new(nodes.clone())
+                    .connection_timeout(CONNECTION_TIMEOUT)
+                    .response_timeout(Duration::from_secs(2))
+                    .retries(2);
+                if let Some(pem) = &self.root_certificate {
+                    builder = builder.certs(certificates(pem));
+                }
+                let client = builder.build().map_err(store_error)?;
+                let connection = client.get_async_connection().await.map_err(store_error)?;
+                Connection::Cluster(connection)
+            }
+        };
+        Ok(RedisStore {
+            connection,
+            scripts_only: Arc::new(AtomicBool::new(false)),
+            library: Arc::new(Library::default()),
+            time: self.time,
+            guard: Arc::new(Guard::new(self.guard, "redis")),
+        })
+    }
+}
+
+/// A URL with its password, if any, replaced by `***`, for errors and logs.
+fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    match rest.split_once('@') {
+        Some((credentials, host)) if credentials.contains(':') => {
+            let user = credentials.split(':').next().unwrap_or_default();
+            format!("{scheme}://{user}:***@{host}")
+        }
+        _ => url.to_string(),
+    }
+}
+
+impl RedisStore {
+    /// The settings of a store on one server: `redis://[user:password@]host[:port][/db]`,
+    /// `rediss://...` for TLS, or `unix:///path/to/redis.sock` (also
+    /// `redis+unix://...?db=N&user=U&pass=P`) for a server on this host.
+    pub fn builder(url: &str) -> RedisStoreBuilder {
+        RedisStoreBuilder::new(Target::Server(url.to_string()))
+    }
+
+    /// The settings of a store on a Redis Cluster, reached through any of its `nodes`
+    /// (`redis://host:port` URLs).
+    pub fn cluster_builder<S: AsRef<str>>(nodes: &[S]) -> RedisStoreBuilder {
+        let nodes = nodes.iter().map(|n| n.as_ref().to_string()).collect();
+        RedisStoreBuilder::new(Target::Cluster(nodes))
+    }
+
+    /// A store on one server with the default settings: `RedisStore::builder(url).build()`.
+    ///
+    /// # Errors
+    /// As [`RedisStoreBuilder::build`].
+    pub async fn open(url: &str) -> Result<Self, Error> {
+        Self::builder(url).build().await
+    }
+
+    /// A store on a Redis Cluster with the default settings:
+    /// `RedisStore::cluster_builder(nodes).build()`.
+    ///
+    /// # Errors
+    /// As [`RedisStoreBuilder::build`].
+    pub async fn open_cluster<S: AsRef<str>>(nodes: &[S]) -> Result<Self, Error> {
+        Self::cluster_builder(nodes).build().await
     }
 
     /// Whether Redis is being kept away now, every check decided by its rule's failure
