@@ -92,12 +92,24 @@ impl Default for Report {
             failed: 0,
             first_failure: None,
             elapsed: Duration::ZERO,
-            latencies: Histogram::new(3).expect("3 significant digits are valid"),
+            // From 1 µs to an hour: `Histogram::new` would start at 2 µs and clamp, not grow,
+            // on a saturating record.
+            latencies: Histogram::new_with_bounds(1, LONGEST_LATENCY, 3)
+                .expect("the bounds and 3 significant digits are valid"),
         }
     }
 }
 
+/// The longest latency a report tells apart (µs): an hour; longer ones count as an hour.
+const LONGEST_LATENCY: u64 = 3_600_000_000;
+
 impl Report {
+    /// Records the latency of an answered check.
+    fn record(&mut self, took: Duration) {
+        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        self.latencies.saturating_record(micros.max(1));
+    }
+
     /// Checks sent.
     pub fn requests(&self) -> u64 {
         self.allowed + self.denied + self.failed
@@ -285,8 +297,7 @@ async fn connection(
                 continue;
             }
         }
-        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
-        report.latencies.saturating_record(micros);
+        report.record(took);
     }
     report
 }
@@ -399,5 +410,30 @@ impl Client {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latencies_of_any_size_are_recorded() {
+        let mut report = Report::default();
+        for micros in [40, 2_500, 19_000_000, 7_200_000_000] {
+            report.record(Duration::from_micros(micros));
+        }
+        let near = |q: f64, micros: u64| {
+            let got = report.latency(q).as_micros() as f64;
+            assert!(
+                (got / micros as f64 - 1.0).abs() < 0.001,
+                "quantile {q}: {got} µs, not {micros}"
+            );
+        };
+        near(0.25, 40);
+        near(0.5, 2_500);
+        near(0.75, 19_000_000);
+        // Beyond an hour, an hour.
+        near(1.0, LONGEST_LATENCY);
     }
 }
