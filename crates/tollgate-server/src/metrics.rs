@@ -13,7 +13,12 @@
 //! - `tollgate_fallback_active`: 1 while the failure policy decides because Redis keeps
 //!   failing (strict and lease: the breaker keeps checks away; hybrid: syncs failed too long);
 //! - `tollgate_reloads_total{result}`: `ok` or `error`;
-//! - `tollgate_keys`, `tollgate_bytes`: what the store holds in this process;
+//! - `tollgate_keys`, `tollgate_bytes`: what the store holds in this process (bytes as the
+//!   memory store's `max_bytes` counts them: its tables' buckets and what lives outside);
+//! - `tollgate_evictions_total`: keys the memory store forgot while their state mattered, to
+//!   stay within its bounds; `tollgate_limiting_evictions_total`, those that were used up
+//!   (their next check was admitted as a new key's); `tollgate_refused_keys_total`, new keys
+//!   it found no room for, decided by their rule's failure policy;
 //! - `tollgate_redis_calls_saved`: decisions taken without a Redis call (hybrid, lease).
 
 use std::time::Duration;
@@ -155,6 +160,13 @@ pub fn store_held(keys: usize, bytes: Option<usize>) {
     if let Some(bytes) = bytes {
         gauge!("tollgate_bytes").set(bytes as f64);
     }
+}
+
+/// Records what the memory store did to stay within its bounds, so far.
+pub fn store_bound(evictions: u64, limiting: u64, refused: u64) {
+    counter!("tollgate_evictions_total").absolute(evictions);
+    counter!("tollgate_limiting_evictions_total").absolute(limiting);
+    counter!("tollgate_refused_keys_total").absolute(refused);
 }
 
 /// Records the decisions taken without a Redis call so far.

@@ -397,7 +397,10 @@ impl Service {
     /// Records the store's gauges (keys held, calls saved, failures) for the metrics endpoint.
     pub fn observe(&self) {
         match &self.store {
-            AnyStore::Memory(m) => metrics::store_held(m.keys(), Some(m.bytes())),
+            AnyStore::Memory(m) => {
+                metrics::store_held(m.keys(), Some(m.bytes()));
+                metrics::store_bound(m.evictions(), m.limiting_evictions(), m.refused());
+            }
             AnyStore::Hybrid(h) => {
                 let stats = h.stats();
                 metrics::store_held(h.keys(), None);
@@ -473,11 +476,13 @@ async fn open_store(config: &StoreConfig) -> anyhow::Result<AnyStore> {
         StoreConfig::Memory {
             max_keys,
             max_bytes,
+            when_full,
         } => AnyStore::Memory(
             MemoryStore::builder()
                 .max_keys(*max_keys)
                 .max_bytes(*max_bytes)
-                .build(),
+                .when_full(*when_full)
+                .build()?,
         ),
         StoreConfig::Redis {
             url,

@@ -3,6 +3,8 @@
 
 mod support;
 
+use std::time::Duration;
+
 use serde_json::json;
 use support::{Server, check, header};
 
@@ -337,4 +339,76 @@ async fn the_check_command_asks_a_running_server() {
     let (code, _, err) = support::run(&["check", "--server", "http://127.0.0.1:1", "--path", "/"]);
     assert_eq!(code, 1);
     assert!(err.contains("cannot reach"), "{err}");
+}
+
+/// A memory store of 1,000 keys under 1 per hour, every key used up, then 3,000 new keys:
+/// the first key's answer, the new keys' answers, and the metrics.
+async fn a_full_memory_store(when_full: &str) -> (Server, u16, Vec<(u16, String)>, String) {
+    let rules = format!(
+        r#"
+store: {{ kind: memory, max_keys: 1000, when_full: {when_full} }}
+rules:
+  - id: hourly
+    key: [header:x-user]
+    algorithm: fixed_window
+    tiers: [{{ limit: 1, period: 1h }}]
+    on_failure: closed
+"#
+    );
+    let server = Server::start(&[("rules.yaml", &rules)], &[]);
+    let client = reqwest::Client::new();
+    let ask = |key: u32| json!({ "rule": "hourly", "key": key.to_string() });
+    for key in 0..1_000 {
+        let (status, _, body) = check(&client, &server.http, ask(key)).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let mut answers = Vec::new();
+    for key in 1_000..4_000 {
+        let (status, _, body) = check(&client, &server.http, ask(key)).await;
+        let source = body["decisions"][0]["source"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        answers.push((status, source));
+    }
+    let (first, _, _) = check(&client, &server.http, ask(0)).await;
+    let metrics = support::metrics(&server.http).await;
+    (server, first, answers, metrics)
+}
+
+fn counter(metrics: &str, name: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {metrics}"))
+}
+
+#[tokio::test]
+async fn a_full_memory_store_that_evicts_says_which_keys_it_forgot() {
+    let (server, _, answers, metrics) = a_full_memory_store("evict").await;
+    assert!(answers.iter().all(|(status, _)| *status == 200));
+    server.wait_for_log(
+        "evicted a key that was still limiting",
+        Duration::from_secs(5),
+    );
+    assert!(
+        counter(&metrics, "tollgate_limiting_evictions_total") >= 3_000,
+        "{metrics}"
+    );
+    assert_eq!(counter(&metrics, "tollgate_refused_keys_total"), 0);
+}
+
+#[tokio::test]
+async fn a_full_memory_store_that_refuses_keeps_its_keys_and_fails_closed() {
+    let (_server, first, answers, metrics) = a_full_memory_store("refuse").await;
+    assert_eq!(first, 429, "a used-up key was forgotten");
+    assert!(
+        answers
+            .iter()
+            .all(|(s, source)| (*s, source.as_str()) == (429, "fail_closed")),
+        "{:?}",
+        &answers[..3]
+    );
+    assert_eq!(counter(&metrics, "tollgate_refused_keys_total"), 3_000);
+    assert_eq!(counter(&metrics, "tollgate_evictions_total"), 0);
 }

@@ -71,7 +71,7 @@ fn algorithms() -> Vec<(&'static str, Algorithm, Tier)> {
 
 fn limiter(algorithm: Algorithm, tier: Tier) -> Limiter {
     let rule = Rule::new("bench", algorithm, [tier]).expect("valid rule");
-    let store = MemoryStore::builder().max_keys(2 * KEYS).build();
+    let store = MemoryStore::builder().max_keys(2 * KEYS).build().unwrap();
     Limiter::builder(rule)
         .store(store)
         .build()

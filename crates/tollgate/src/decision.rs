@@ -2,7 +2,6 @@
 
 use std::time::Duration;
 
-#[cfg(feature = "redis")]
 use crate::algorithm::Decide;
 use crate::rule::{Label, Rule};
 
@@ -120,7 +119,6 @@ impl Decision {
         }
     }
 
-    #[cfg(feature = "redis")]
     /// A decision of `rule` taken without any store, when it failed: admitted (failing open)
     /// or denied until `retry_after` µs (failing closed). Binds to the first tier.
     pub(crate) fn unchecked(rule: &Rule, retry_after: Option<u64>) -> Self {
@@ -132,7 +130,6 @@ impl Decision {
         Self::of(rule, 0, verdict).with_source(source)
     }
 
-    #[cfg(feature = "redis")]
     /// The same decision, attributed to `source`.
     #[inline]
     pub(crate) fn with_source(mut self, source: Source) -> Self {

@@ -51,7 +51,8 @@ pub use error::{Error, RuleError};
 pub use limiter::{Item, Limiter, LimiterBuilder, MAX_BATCH, MAX_KEY_LEN};
 pub use rule::{FailurePolicy, Rule, Tier};
 pub use store::{
-    AnyPlan, AnyStore, LocalStore, MemoryPlan, MemoryStore, MemoryStoreBuilder, Planned, Store,
+    AnyPlan, AnyStore, LocalStore, MIN_MAX_BYTES, MemoryPlan, MemoryStore, MemoryStoreBuilder,
+    Planned, Store, WhenFull,
 };
 #[cfg(feature = "redis")]
 pub use store::{

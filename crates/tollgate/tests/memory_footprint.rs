@@ -21,7 +21,10 @@ fn resident() -> u64 {
 fn million_keys(algorithm: Algorithm, tier: Tier) -> u64 {
     let rule = Rule::new("footprint", algorithm, [tier]).unwrap();
     let before = resident();
-    let store = MemoryStore::builder().max_keys(2 * KEYS as usize).build();
+    let store = MemoryStore::builder()
+        .max_keys(2 * KEYS as usize)
+        .build()
+        .unwrap();
     let limiter = Limiter::builder(rule)
         .store(store)
         .clock(ManualClock::new())

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use tollgate::{
-    Algorithm, Clock, Error, Item, Limiter, ManualClock, MemoryStore, Rule, Source, Tier,
+    Algorithm, Clock, Error, FailurePolicy, Item, Limiter, ManualClock, MemoryStore, Rule, Source,
+    Tier, WhenFull,
 };
 
 fn limiter(
@@ -25,7 +26,7 @@ fn per_day(name: &str, algorithm: Algorithm, limit: u64) -> Rule {
 
 #[test]
 fn max_keys_holds_exactly_that_many_keys() {
-    let store = MemoryStore::builder().max_keys(10_000).build();
+    let store = MemoryStore::builder().max_keys(10_000).build().unwrap();
     let clock = ManualClock::new();
     let limiter = limiter(&store, &clock, per_day("n", Algorithm::FixedWindow, 5));
     for i in 0..10_000u32 {
@@ -38,7 +39,7 @@ fn max_keys_holds_exactly_that_many_keys() {
 
 #[test]
 fn a_flood_of_new_keys_does_not_reset_a_used_up_key() {
-    let store = MemoryStore::builder().max_keys(10_000).build();
+    let store = MemoryStore::builder().max_keys(10_000).build().unwrap();
     let clock = ManualClock::new();
     for algorithm in [
         Algorithm::SlidingLog,
@@ -66,10 +67,126 @@ fn a_flood_of_new_keys_does_not_reset_a_used_up_key() {
     }
 }
 
+/// A store of 1,000 keys, every one used up under 1 per hour, then 3,000 new keys: what
+/// happens to the first key, by the store's choice of what to do when full.
+fn a_full_store_of_used_up_keys(when_full: WhenFull, policy: FailurePolicy) -> FullStore {
+    let store = MemoryStore::builder()
+        .max_keys(1_000)
+        .when_full(when_full)
+        .build()
+        .unwrap();
+    let rule = Rule::new("hourly", Algorithm::FixedWindow, [Tier::per_hour(1)])
+        .and_then(|r| r.on_failure(policy))
+        .unwrap();
+    let limiter = limiter(&store, &ManualClock::new(), rule);
+    for i in 0..1_000u32 {
+        assert!(limiter.check_now(i.to_be_bytes(), 1).unwrap().allowed());
+    }
+    let mut sources = Vec::new();
+    for i in 1_000..4_000u32 {
+        let decision = limiter.check_now(i.to_be_bytes(), 1).unwrap();
+        sources.push((decision.allowed(), decision.source()));
+        assert!(store.keys() <= 1_000);
+    }
+    let counts = (
+        store.evictions(),
+        store.limiting_evictions(),
+        store.refused(),
+    );
+    let first = limiter.check_now(0u32.to_be_bytes(), 1).unwrap();
+    FullStore {
+        counts,
+        sources,
+        first_again: first.allowed(),
+    }
+}
+
+struct FullStore {
+    /// Evictions, limiting evictions and refused keys after the new keys.
+    counts: (u64, u64, u64),
+    /// (allowed, source) of each new key's check.
+    sources: Vec<(bool, Source)>,
+    /// Whether the first key, used up, was admitted again.
+    first_again: bool,
+}
+
+#[test]
+fn a_full_store_that_evicts_counts_every_used_up_key_it_forgets() {
+    let full = a_full_store_of_used_up_keys(WhenFull::Evict, FailurePolicy::Closed);
+    // Every new key is counted, at the price of forgetting used-up keys: said, not silent.
+    assert!(full.sources.iter().all(|&s| s == (true, Source::Memory)));
+    assert_eq!(full.counts, (3_000, 3_000, 0));
+    // Three times the store's size in new keys: the first key was most likely forgotten, and
+    // is then admitted as a new key.
+    let _ = full.first_again;
+}
+
+#[test]
+fn a_full_store_that_refuses_keeps_used_up_keys_and_applies_the_policy() {
+    for (policy, new_keys) in [
+        (FailurePolicy::Closed, (false, Source::FailClosed)),
+        (FailurePolicy::Open, (true, Source::FailOpen)),
+        (
+            FailurePolicy::Local { share: 0.5 },
+            (true, Source::FailOpen),
+        ),
+    ] {
+        let full = a_full_store_of_used_up_keys(WhenFull::Refuse, policy);
+        assert!(!full.first_again, "{policy:?}: a used-up key was forgotten");
+        assert!(
+            full.sources.iter().all(|&s| s == new_keys),
+            "{policy:?}: {:?}",
+            &full.sources[..3]
+        );
+        assert_eq!(full.counts, (0, 0, 3_000), "{policy:?}");
+    }
+}
+
+#[test]
+fn a_refused_key_denies_its_whole_batch_under_a_closed_rule() {
+    let store = MemoryStore::builder()
+        .max_keys(3)
+        .when_full(WhenFull::Refuse)
+        .build()
+        .unwrap();
+    let rule = Rule::new("daily", Algorithm::FixedWindow, [Tier::per_day(5)])
+        .and_then(|r| r.on_failure(FailurePolicy::Closed))
+        .unwrap();
+    let limiter = limiter(&store, &ManualClock::new(), rule);
+    let item = |key: &'static str| Item::new("daily", key, 1);
+    for key in ["held", "other"] {
+        assert!(limiter.check_batch_now(&[item(key)]).unwrap().allowed());
+    }
+    // Room for one more key: the first new one is kept, the second finds none.
+    let decisions = limiter
+        .check_batch_now(&[item("held"), item("new"), item("newer")])
+        .unwrap();
+    assert!(!decisions.allowed());
+    assert_eq!(decisions[2].source(), Source::FailClosed);
+    // Nothing consumed: the held key still has 4, and the new key kept for the batch is
+    // forgotten again.
+    assert_eq!(store.keys(), 2);
+    let held = limiter.check_batch_now(&[item("held")]).unwrap();
+    assert_eq!((held.allowed(), held[0].remaining()), (true, 3));
+    let new = limiter.check_batch_now(&[item("new")]).unwrap();
+    assert_eq!((new.allowed(), new[0].remaining()), (true, 4));
+}
+
+#[test]
+fn bounds_that_could_hold_nothing_are_refused() {
+    let err = MemoryStore::builder().max_keys(0).build().unwrap_err();
+    assert_eq!(err.to_string(), "store: max_keys: must be at least 1");
+    let err = MemoryStore::builder().max_bytes(0).build().unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "store: max_bytes: must be at least 4096 (4 KiB), not 0"
+    );
+}
+
 #[test]
 fn bytes_bound_a_log_of_large_states() {
     // A sliding log of 100k per key keeps 800 kB per key: 8 MiB hold ten keys.
-    let store = MemoryStore::builder().max_bytes(8 << 20).build();
+    let store = MemoryStore::builder().max_bytes(8 << 20).build().unwrap();
     let clock = ManualClock::new();
     let limiter = limiter(
         &store,
@@ -82,7 +199,7 @@ fn bytes_bound_a_log_of_large_states() {
     }
     assert!((9..=10).contains(&store.keys()), "{} keys", store.keys());
     // A rule whose single key could never fit is refused when it is planned.
-    let tiny = MemoryStore::builder().max_bytes(100_000).build();
+    let tiny = MemoryStore::builder().max_bytes(100_000).build().unwrap();
     let rule = per_day("huge", Algorithm::SlidingLog, 100_000);
     let err = Limiter::builder(rule).store(tiny).build().unwrap_err();
     assert!(matches!(err, Error::Rule(_)), "{err}");
@@ -91,7 +208,7 @@ fn bytes_bound_a_log_of_large_states() {
 
 #[test]
 fn rules_share_one_store_and_its_bound_but_not_their_counts() {
-    let store = MemoryStore::builder().max_keys(100).build();
+    let store = MemoryStore::builder().max_keys(100).build().unwrap();
     let clock = ManualClock::new();
     let a = limiter(&store, &clock, per_day("a", Algorithm::FixedWindow, 1));
     let b = limiter(&store, &clock, per_day("b", Algorithm::Gcra, 1));

@@ -15,7 +15,7 @@ type Admission = (u64, u64);
 fn limiter(algorithm: Algorithm, tier: Tier) -> Limiter<MemoryStore, ManualClock> {
     let rule = Rule::new("prop", algorithm, [tier]).expect("valid rule");
     Limiter::builder(rule)
-        .store(MemoryStore::builder().shards(1).build())
+        .store(MemoryStore::builder().shards(1).build().unwrap())
         .clock(ManualClock::new())
         .build()
         .unwrap()

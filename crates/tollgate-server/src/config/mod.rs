@@ -11,6 +11,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use tollgate::WhenFull;
 use tollgate::engine::{Domain, Engine, Route};
 
 pub use duration::parse_duration;
@@ -55,6 +56,8 @@ pub enum StoreConfig {
         max_keys: usize,
         /// The most bytes held.
         max_bytes: usize,
+        /// What a full store does with a new key.
+        when_full: WhenFull,
     },
     /// Redis or Redis Cluster.
     Redis {
@@ -85,6 +88,7 @@ impl Default for StoreConfig {
         Self::Memory {
             max_keys: DEFAULT_MAX_KEYS,
             max_bytes: DEFAULT_MAX_BYTES,
+            when_full: WhenFull::Evict,
         }
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! ```yaml
 //! server: { http: 127.0.0.1:8080, grpc: 127.0.0.1:8081, grpc_response_headers: false }
-//! store: { kind: memory, max_keys: 1000000 }
+//! store: { kind: memory, max_keys: 1000000, when_full: evict }
 //! rules:
 //!   - id: get-product
 //!     match: { methods: [GET], path: "/v1/organizations/{org}/product/*" }
@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 use tollgate::engine::{KeyPart, Match, PathPattern, Route};
 use tollgate::{
-    Algorithm, FailurePolicy, LeakyBucket, Rule, SubWindows, Tier, TokenBucket, WarmUp,
+    Algorithm, FailurePolicy, LeakyBucket, Rule, SubWindows, Tier, TokenBucket, WarmUp, WhenFull,
 };
 
 use super::duration::{self, parse_duration};
@@ -58,6 +58,7 @@ enum StoreSection {
     Memory {
         max_keys: Option<usize>,
         max_bytes: Option<usize>,
+        when_full: Option<WhenFullSpec>,
     },
     Redis {
         url: Option<String>,
@@ -71,6 +72,14 @@ enum StoreSection {
         sync_interval: Option<Duration>,
         max_unsynced: Option<u64>,
     },
+}
+
+/// `store.when_full` as written.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum WhenFullSpec {
+    Evict,
+    Refuse,
 }
 
 /// One rule as written, in a file or through the admin API.
@@ -403,9 +412,14 @@ pub(super) fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
         StoreSection::Memory {
             max_keys,
             max_bytes,
+            when_full,
         } => StoreConfig::Memory {
             max_keys: max_keys.unwrap_or(DEFAULT_MAX_KEYS),
             max_bytes: max_bytes.unwrap_or(DEFAULT_MAX_BYTES),
+            when_full: match when_full {
+                None | Some(WhenFullSpec::Evict) => WhenFull::Evict,
+                Some(WhenFullSpec::Refuse) => WhenFull::Refuse,
+            },
         },
         StoreSection::Redis {
             url,

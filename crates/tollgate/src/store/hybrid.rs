@@ -30,7 +30,7 @@ use tokio::sync::Notify;
 use super::guard::{GuardPlan, Guarded, StoreFailures};
 use super::redis::{RedisStore, StoreTime, counter_prefix, packed};
 use super::slots::{Slots, Versions};
-use super::table::{Access, Bounds, Score, Table};
+use super::table::{Access, Bounds, Score, Table, WhenFull};
 use super::{LocalStore, Planned, Store};
 use crate::algorithm::{Algorithm, Attempt, Decide, FixedWindow, SlidingWindow};
 use crate::clock::{Clock, SystemClock};
@@ -201,6 +201,7 @@ impl HybridStore {
                 max_keys: config.max_keys,
                 max_bytes: usize::MAX,
                 shards: (threads * 8).clamp(16, 1_024),
+                when_full: WhenFull::Evict,
             }),
             slots: Slots::default(),
             queue: Mutex::new(Vec::new()),

@@ -21,7 +21,7 @@ use std::time::Duration;
 use super::guard::{GuardPlan, Guarded, StoreFailures};
 use super::redis::{RedisStore, StoreTime, counter_key, counter_prefix, packed};
 use super::slots::{Slots, Versions};
-use super::table::{Access, Bounds, Score, Table};
+use super::table::{Access, Bounds, Score, Table, WhenFull};
 use super::{Planned, Store};
 use crate::algorithm::Algorithm;
 use crate::clock::{Clock, SystemClock};
@@ -177,6 +177,7 @@ impl LeaseStore {
                     max_keys: config.max_keys,
                     max_bytes: usize::MAX,
                     shards: (threads * 8).clamp(16, 1_024),
+                    when_full: WhenFull::Evict,
                 }),
                 slots: Slots::default(),
                 held: Mutex::new(Vec::new()),

@@ -13,13 +13,14 @@ use std::future::{Future, ready};
 use std::sync::{Arc, RwLockReadGuard};
 
 use super::slots::{Slots, Versions};
+pub use super::table::WhenFull;
 use super::table::{Bounds, Class, Entry, Locked, Score, Shard, Table, Words};
 use super::{LocalStore, Planned, Store};
 use crate::algorithm::{Attempt, Decide, Visit};
-use crate::decision::{Decision, Decisions};
+use crate::decision::{Decision, Decisions, Source};
 use crate::error::{Error, RuleError};
 use crate::limiter::MAX_KEY_LEN;
-use crate::rule::Rule;
+use crate::rule::{FailurePolicy, Rule};
 
 /// Keys of every rule in process memory: concurrent, sharded, bounded by a key count and by
 /// bytes, with idle keys dropped as new ones arrive. Cheap to clone: clones share the table,
@@ -48,6 +49,8 @@ impl fmt::Debug for MemoryStore {
             .field("keys", &self.keys())
             .field("bytes", &self.bytes())
             .field("evictions", &self.evictions())
+            .field("limiting_evictions", &self.limiting_evictions())
+            .field("refused", &self.refused())
             .finish()
     }
 }
@@ -64,18 +67,33 @@ pub struct MemoryStoreBuilder {
     bounds: Bounds,
 }
 
+/// The least `max_bytes` a memory store takes: room for a few tables of small states.
+pub const MIN_MAX_BYTES: usize = 4 << 10;
+
 impl MemoryStoreBuilder {
-    /// Holds at most `max_keys` keys across all rules (default a million). A new key beyond
-    /// it evicts one whose state matters least.
+    /// Holds at most `max_keys` keys across all rules (default a million; at least 1). A new
+    /// key beyond it makes room as [`when_full`](Self::when_full) says.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.bounds.max_keys = max_keys;
         self
     }
 
-    /// Holds at most `max_bytes` of keys and state across all rules (default 512 MiB; the
-    /// tables' own slack comes on top, up to about half again).
+    /// Holds at most `max_bytes` across all rules (default 512 MiB; at least
+    /// [`MIN_MAX_BYTES`]): every bucket of the tables, used or not, and the keys longer than
+    /// 18 bytes and the states of more than four words that live outside them. A 16-byte key
+    /// takes 33 to 89 bytes with a GCRA state (a table is between 37.5% and 75% full).
     pub fn max_bytes(mut self, max_bytes: usize) -> Self {
         self.bounds.max_bytes = max_bytes;
+        self
+    }
+
+    /// What a full store does with a new key (default [`WhenFull::Evict`]). Evicting keeps
+    /// counting every new key but, when every key sampled is used up, forgets one, which then
+    /// starts afresh (counted in [`MemoryStore::limiting_evictions`] and logged the first
+    /// time); refusing keeps every counted key exact and lets the rule's failure policy
+    /// decide for new keys until old ones expire (counted in [`MemoryStore::refused`]).
+    pub fn when_full(mut self, when_full: WhenFull) -> Self {
+        self.bounds.when_full = when_full;
         self
     }
 
@@ -87,20 +105,39 @@ impl MemoryStoreBuilder {
     }
 
     /// Builds the store.
-    pub fn build(self) -> MemoryStore {
-        MemoryStore {
+    ///
+    /// # Errors
+    /// [`Error::Store`] when `max_keys` is 0 or `max_bytes` below [`MIN_MAX_BYTES`]: such a
+    /// store could hold no key, so it would limit nothing.
+    pub fn build(self) -> Result<MemoryStore, Error> {
+        let invalid = |message: String| Error::Store {
+            message,
+            transient: false,
+        };
+        if self.bounds.max_keys == 0 {
+            return Err(invalid("max_keys: must be at least 1".into()));
+        }
+        if self.bounds.max_bytes < MIN_MAX_BYTES {
+            return Err(invalid(format!(
+                "max_bytes: must be at least {MIN_MAX_BYTES} (4 KiB), not {}",
+                self.bounds.max_bytes
+            )));
+        }
+        Ok(MemoryStore {
             inner: Arc::new(Inner {
                 table: Table::new(self.bounds),
                 slots: Slots::default(),
             }),
-        }
+        })
     }
 }
 
 impl MemoryStore {
     /// A store of at most a million keys and 512 MiB.
     pub fn new() -> Self {
-        Self::builder().build()
+        Self::builder()
+            .build()
+            .expect("the default bounds are valid")
     }
 
     /// Configures a store.
@@ -111,6 +148,7 @@ impl MemoryStore {
                 max_keys: 1_000_000,
                 max_bytes: 512 << 20,
                 shards: (threads * 8).clamp(16, 1_024),
+                when_full: WhenFull::Evict,
             },
         }
     }
@@ -120,7 +158,8 @@ impl MemoryStore {
         self.inner.table.len()
     }
 
-    /// Bytes of keys and state held now (not counting the tables' slack).
+    /// Bytes held now, as [`MemoryStoreBuilder::max_bytes`] counts them: the tables'
+    /// buckets, used or not, and what keys and states store outside them.
     pub fn bytes(&self) -> usize {
         self.inner.table.bytes()
     }
@@ -128,6 +167,18 @@ impl MemoryStore {
     /// Keys forgotten while their state still mattered, to stay within the bounds.
     pub fn evictions(&self) -> u64 {
         self.inner.table.evictions()
+    }
+
+    /// Of [`evictions`](Self::evictions), the keys that were used up when forgotten: their
+    /// next check would have been denied, and is now admitted as a new key's.
+    pub fn limiting_evictions(&self) -> u64 {
+        self.inner.table.limiting_evictions()
+    }
+
+    /// New keys that found no room (under [`WhenFull::Refuse`], or when bounded work could
+    /// not make room): their rule's failure policy decided.
+    pub fn refused(&self) -> u64 {
+        self.inner.table.refused()
     }
 
     fn registry(&self) -> RwLockReadGuard<'_, Versions> {
@@ -196,7 +247,8 @@ impl MemoryStore {
         entry.words = words;
     }
 
-    /// Keeps `words`, the new state of `item`'s key, unless it is as good as new.
+    /// Keeps `words`, the new state of `item`'s key, unless it is as good as new. False when
+    /// the table found no room for it.
     fn keep<W: Words>(
         &self,
         shard: &mut Shard<W>,
@@ -204,15 +256,15 @@ impl MemoryStore {
         item: &Planned<'_, MemoryPlan>,
         words: W,
         now: u64,
-    ) {
+    ) -> bool {
         if words.as_ref().iter().all(|&w| w == 0) {
-            return;
+            return true;
         }
         let scorer = Scorer {
             registry: self.registry(),
         };
         let entry = Entry::new(item.plan.slot, item.key, words);
-        self.inner.table.insert(shard, hash, entry, now, &scorer);
+        self.inner.table.insert(shard, hash, entry, now, &scorer)
     }
 
     /// Decides a batch of several items all-or-nothing; see [`Decisions`].
@@ -248,33 +300,64 @@ impl MemoryStore {
             max_delay,
             commit,
         };
-        let mut decisions: Vec<Decision> = items
+        let (mut decisions, mut new): (Vec<Decision>, Vec<bool>) = items
             .iter()
             .zip(&hashes)
             .map(|(item, &hash)| {
                 let look = attempt(item.cost, false);
-                locked
-                    .with(item, hash, now, |rule, state| {
-                        rule.evaluate(rule.algorithm(), state, look)
-                    })
-                    .shadow(item.rule.is_shadow())
+                let (decision, held) = locked.with(item, hash, now, |rule, state| {
+                    rule.evaluate(rule.algorithm(), state, look)
+                });
+                (
+                    decision.shadow(item.rule.is_shadow()),
+                    held != Held::Existing,
+                )
             })
-            .collect();
+            .unzip();
         let admitted = decisions.iter().all(Decision::allowed);
-        for ((item, &hash), decision) in items.iter().zip(&hashes).zip(&mut decisions) {
-            if item.cost == 0 || decision.shadowed() {
+        if !admitted {
+            for ((item, &hash), decision) in items.iter().zip(&hashes).zip(&decisions) {
+                if item.cost > 0 && !decision.shadowed() {
+                    locked.with(item, hash, now, |rule, state| {
+                        rule.first_seen(rule.algorithm(), state, now);
+                        *decision
+                    });
+                }
+            }
+            return Decisions::many(decisions);
+        }
+        // New keys first: one that finds no room under a rule that fails closed denies the
+        // batch, and the new keys kept before it are forgotten again, as if never seen, while
+        // no key held before has consumed yet.
+        let mut order: Vec<usize> = (0..items.len()).collect();
+        order.sort_by_key(|&i| !new[i]);
+        let looked = decisions.clone();
+        let mut kept = Vec::new();
+        for i in order {
+            let (item, hash) = (&items[i], hashes[i]);
+            if item.cost == 0 || decisions[i].shadowed() {
                 continue;
             }
-            if admitted {
-                let commit = attempt(item.cost, true);
-                *decision = locked.with(item, hash, now, |rule, state| {
-                    rule.evaluate(rule.algorithm(), state, commit)
-                });
-            } else {
-                locked.with(item, hash, now, |rule, state| {
-                    rule.first_seen(rule.algorithm(), state, now);
-                    *decision
-                });
+            let commit = attempt(item.cost, true);
+            let (decision, held) = locked.with(item, hash, now, |rule, state| {
+                rule.evaluate(rule.algorithm(), state, commit)
+            });
+            new[i] = held == Held::New;
+            match held {
+                Held::Unkept if item.rule.failure_policy() == FailurePolicy::Closed => {
+                    for &k in &kept {
+                        locked.forget(&items[k], hashes[k]);
+                        decisions[k] = looked[k];
+                    }
+                    decisions[i] = unkept(item, decision);
+                    return Decisions::many(decisions);
+                }
+                Held::Unkept => decisions[i] = unkept(item, decision),
+                Held::New => {
+                    kept.push(i);
+                    decisions[i] = decision;
+                }
+                Held::Existing => decisions[i] = decision,
             }
         }
         Decisions::many(decisions)
@@ -417,9 +500,34 @@ impl<'a, W: Words> Visit<'a> for Check<'_, '_, W> {
         }
         let mut state = W::zeroed(words);
         let decision = rule.evaluate(algorithm, &mut state.as_mut()[..words], attempt);
-        store.keep(&mut shard, hash, item, state, attempt.now);
-        decision
+        if store.keep(&mut shard, hash, item, state, attempt.now) {
+            decision
+        } else {
+            unkept(item, decision)
+        }
     }
+}
+
+/// The decision for a new key that found no room, `decided` being its decision as a new key:
+/// its rule's failure policy's. `closed` denies for the rule's shortest period (by then held
+/// keys may have expired); `open` and `local` admit as a new key would be, uncounted.
+#[cold]
+fn unkept(item: &Planned<'_, MemoryPlan>, decided: Decision) -> Decision {
+    match item.rule.failure_policy() {
+        FailurePolicy::Closed => {
+            let wait = item.rule.tiers().iter().map(|t| t.period_micros()).min();
+            Decision::unchecked(item.rule, Some(wait.unwrap_or(1)))
+        }
+        FailurePolicy::Open | FailurePolicy::Local { .. } => decided.with_source(Source::FailOpen),
+    }
+}
+
+/// Whether a batch item's key was held before, is new and kept, or found no room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    Existing,
+    New,
+    Unkept,
 }
 
 /// The shards of a batch, locked.
@@ -432,14 +540,15 @@ struct Batch<'a> {
 }
 
 impl Batch<'_> {
-    /// Runs `f` over `item`'s state words, keeping them if the key was new and they changed.
+    /// Runs `f` over `item`'s state words, keeping them if the key was new and they changed;
+    /// says whether the key was held.
     fn with(
         &mut self,
         item: &Planned<'_, MemoryPlan>,
         hash: u64,
         now: u64,
         f: impl FnOnce(&Rule, &mut [u64]) -> Decision,
-    ) -> Decision {
+    ) -> (Decision, Held) {
         fn on<W: Words>(
             store: &MemoryStore,
             locked: &mut Locked<'_, W>,
@@ -447,16 +556,18 @@ impl Batch<'_> {
             hash: u64,
             now: u64,
             f: impl FnOnce(&Rule, &mut [u64]) -> Decision,
-        ) -> Decision {
+        ) -> (Decision, Held) {
             let shard = locked.shard(store.inner.table.shard(hash));
             let words = item.plan.words;
             if let Some(state) = store.entry(shard, hash, item) {
-                return f(item.rule, &mut state.as_mut()[..words]);
+                return (f(item.rule, &mut state.as_mut()[..words]), Held::Existing);
             }
             let mut state = W::zeroed(words);
             let decision = f(item.rule, &mut state.as_mut()[..words]);
-            store.keep(shard, hash, item, state, now);
-            decision
+            match store.keep(shard, hash, item, state, now) {
+                true => (decision, Held::New),
+                false => (decision, Held::Unkept),
+            }
         }
         let store = self.store;
         match item.plan.class {
@@ -464,6 +575,26 @@ impl Batch<'_> {
             Class::Two => on(store, &mut self.two, item, hash, now, f),
             Class::Four => on(store, &mut self.four, item, hash, now, f),
             Class::Many => on(store, &mut self.many, item, hash, now, f),
+        }
+    }
+
+    /// Forgets `item`'s key, kept new by this batch.
+    fn forget(&mut self, item: &Planned<'_, MemoryPlan>, hash: u64) {
+        fn on<W: Words>(
+            table: &Table,
+            locked: &mut Locked<'_, W>,
+            item: &Planned<'_, MemoryPlan>,
+            hash: u64,
+        ) {
+            let shard = locked.shard(table.shard(hash));
+            table.remove(shard, hash, item.plan.slot, item.key);
+        }
+        let table = &self.store.inner.table;
+        match item.plan.class {
+            Class::One => on(table, &mut self.one, item, hash),
+            Class::Two => on(table, &mut self.two, item, hash),
+            Class::Four => on(table, &mut self.four, item, hash),
+            Class::Many => on(table, &mut self.many, item, hash),
         }
     }
 }

@@ -30,7 +30,7 @@ pub use guard::StoreFailures;
 pub use hybrid::{HybridConfig, HybridPlan, HybridStats, HybridStore};
 #[cfg(feature = "redis")]
 pub use lease::{LeaseConfig, LeasePlan, LeaseStats, LeaseStore};
-pub use memory::{MemoryPlan, MemoryStore, MemoryStoreBuilder};
+pub use memory::{MIN_MAX_BYTES, MemoryPlan, MemoryStore, MemoryStoreBuilder, WhenFull};
 #[cfg(feature = "redis")]
 pub use redis::{RedisPlan, RedisStore, RedisStoreBuilder, StoreTime};
 

@@ -4,19 +4,28 @@
 //!
 //! A key's operation hashes once, locks one shard (of many; never a global lock) and works on
 //! the entry's words in place. Entries are split in four classes by state size, so that states
-//! of up to four words live inside the table itself: a 16-byte key with one GCRA word takes 32
-//! bytes plus a control byte and the table's load-factor slack.
+//! of up to four words live inside the table itself: a 16-byte key with one GCRA word takes a
+//! 32-byte bucket plus a control byte.
 //!
-//! Memory is bounded by a key count and by bytes (keys, words and the entry itself; not the
-//! table's slack), both exact: the table holds up to the maximum and evicts only beyond it.
-//! To make room, an insert samples a few entries of its shard and of two other shards and
-//! evicts the one whose state matters least, as its owner scores it (state as good as new
-//! first, then the freshest); a used-up key is the last to go, so a flood of new keys cannot
-//! reset it. Each insert also drops expired entries at its shard's sweep cursor. All of it is
-//! bounded work per insert, and other shards are only ever tried, never waited for.
+//! Memory is bounded by a key count and by bytes, both exact: the bytes are what the tables
+//! allocate (every bucket, used or not, and its control byte) and what keys and large states
+//! take outside them, so the bound holds for what the process really holds. A shard's table
+//! grows (doubling) only while the byte bound allows it and up to the size its share of the
+//! key bound needs (a quarter more than an even share, at three quarters full); beyond, an
+//! insert into a shard at three quarters of its buckets evicts in that shard, and the buckets
+//! that evictions leave behind are reclaimed by rebuilding the table in place, never by
+//! growing it. So no pattern of inserts and evictions makes a table larger than that.
+//!
+//! To make room, an insert samples a few entries (of its shard, and of two other shards when
+//! its own table has room) and evicts the one whose state matters least, as its owner scores it
+//! (state as good as new first, then the freshest); a used-up key is the last to go, so a flood
+//! of new keys resets one only when every sampled key is used up. Under [`WhenFull::Refuse`]
+//! nothing whose state still matters is evicted, and the new key is not kept. Each insert also
+//! drops expired entries at its shard's sweep cursor. All of it is bounded work per insert, and
+//! other shards are only ever tried, never waited for.
 
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use crossbeam_utils::CachePadded;
 use hashbrown::HashTable;
@@ -173,9 +182,41 @@ impl<W: Words> Entry<W> {
         }
     }
 
-    /// What this entry counts against the table's byte bound.
-    fn bytes(&self) -> usize {
-        std::mem::size_of::<Self>() + 1 + self.key.heap_bytes() + self.words.heap_bytes()
+    /// What this entry holds outside its bucket, counted against the table's byte bound.
+    fn heap_bytes(&self) -> usize {
+        self.key.heap_bytes() + self.words.heap_bytes()
+    }
+}
+
+/// Control bytes a table allocates beyond one per bucket (hashbrown's group width, at most).
+const TRAILING_CONTROL_BYTES: usize = 16;
+
+/// Bytes a table of `buckets` buckets of `W` entries allocates.
+fn table_bytes<W>(buckets: usize) -> usize {
+    if buckets == 0 {
+        0
+    } else {
+        buckets * (std::mem::size_of::<Entry<W>>() + 1) + TRAILING_CONTROL_BYTES
+    }
+}
+
+/// The entries hashbrown lets a table of `buckets` buckets hold before it would reallocate.
+fn hashbrown_capacity(buckets: usize) -> usize {
+    if buckets < 8 {
+        buckets.saturating_sub(1)
+    } else {
+        buckets / 8 * 7
+    }
+}
+
+/// The entries a table of `buckets` buckets holds before an insert must grow it or evict in
+/// it: three quarters of its buckets, under hashbrown's seven eighths, so that the buckets
+/// evictions leave behind are reclaimed by a rebuild at most every eighth of its inserts.
+fn load_limit(buckets: usize) -> usize {
+    if buckets < 8 {
+        hashbrown_capacity(buckets)
+    } else {
+        buckets / 4 * 3
     }
 }
 
@@ -216,12 +257,38 @@ impl Class {
     }
 }
 
+/// What a full table does with a new key; see [`MemoryStoreBuilder::when_full`].
+///
+/// [`MemoryStoreBuilder::when_full`]: crate::MemoryStoreBuilder::when_full
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WhenFull {
+    /// Evict the key whose state matters least (state as good as new first, then the most
+    /// allowance left), even a used-up key when every key sampled is used up: new keys are
+    /// always counted, and a forgotten key starts afresh.
+    #[default]
+    Evict,
+    /// Evict only keys whose state is as good as new; while there are none, a new key is not
+    /// kept and its rule's failure policy decides its checks (`closed` denies, `open` and
+    /// `local` admit as a new key would be, uncounted): counted keys stay exact.
+    Refuse,
+}
+
 /// Bounds of a table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Bounds {
     pub(crate) max_keys: usize,
     pub(crate) max_bytes: usize,
     pub(crate) shards: usize,
+    pub(crate) when_full: WhenFull,
+}
+
+/// Where an eviction may look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    /// The inserting shard and a few others that are free.
+    Any,
+    /// A few shards other than the inserting one, for a state as good as new only.
+    ExpiredElsewhere,
 }
 
 pub(crate) struct Table {
@@ -232,9 +299,18 @@ pub(crate) struct Table {
     hasher: foldhash::fast::RandomState,
     mask: usize,
     bounds: Bounds,
+    /// A shard's even share of `max_keys`.
+    share: usize,
+    /// The most buckets a shard's table grows to: enough for a quarter more than its share of
+    /// `max_keys` at three quarters full. Beyond, an insert evicts in its own shard.
+    max_buckets: usize,
     keys: AtomicUsize,
     bytes: AtomicUsize,
     evictions: AtomicU64,
+    limiting_evictions: AtomicU64,
+    refused: AtomicU64,
+    /// Whether a used-up key was evicted yet (said once in the log).
+    warned: AtomicBool,
 }
 
 fn shards<W>(count: usize) -> Shards<W> {
@@ -252,6 +328,13 @@ fn shards<W>(count: usize) -> Shards<W> {
 impl Table {
     pub(crate) fn new(bounds: Bounds) -> Self {
         let count = bounds.shards.max(1).next_power_of_two();
+        let share = bounds.max_keys / count;
+        let max_buckets = share
+            .saturating_add(share / 4 + 16)
+            .saturating_mul(4)
+            .div_ceil(3)
+            .checked_next_power_of_two()
+            .unwrap_or(usize::MAX / 2 + 1);
         Self {
             one: shards(count),
             two: shards(count),
@@ -260,9 +343,14 @@ impl Table {
             hasher: foldhash::fast::RandomState::default(),
             mask: count - 1,
             bounds,
+            share,
+            max_buckets,
             keys: AtomicUsize::new(0),
             bytes: AtomicUsize::new(0),
             evictions: AtomicU64::new(0),
+            limiting_evictions: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            warned: AtomicBool::new(false),
         }
     }
 
@@ -284,7 +372,8 @@ impl Table {
         self.keys.load(Ordering::Relaxed)
     }
 
-    /// Bytes held now (entries, keys and words; not the tables' slack).
+    /// Bytes held now: the tables' buckets, used or not, and keys and states stored outside
+    /// them.
     pub(crate) fn bytes(&self) -> usize {
         self.bytes.load(Ordering::Relaxed)
     }
@@ -294,11 +383,23 @@ impl Table {
         self.evictions.load(Ordering::Relaxed)
     }
 
+    /// Of [`evictions`](Self::evictions), keys that were limiting: used up (their next check
+    /// would have been denied), or holding counts not yet shared.
+    pub(crate) fn limiting_evictions(&self) -> u64 {
+        self.limiting_evictions.load(Ordering::Relaxed)
+    }
+
+    /// New keys not kept, for want of room their state could take.
+    pub(crate) fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn bounds(&self) -> Bounds {
         self.bounds
     }
 
-    /// Bytes a new entry of `words` words for a key of `key_len` bytes would take.
+    /// Bytes a new entry of `words` words for a key of `key_len` bytes takes at the least: its
+    /// bucket and control byte, and what it stores outside (its table's slack comes on top).
     pub(crate) fn entry_bytes(words: usize, key_len: usize) -> usize {
         let (entry, heap_words) = match Class::of(words) {
             Class::One => (std::mem::size_of::<Entry<[u64; 1]>>(), 0),
@@ -311,9 +412,9 @@ impl Table {
     }
 
     /// Inserts `entry`, whose key hashes to `hash`, into `shard` (locked by the caller),
-    /// first sweeping a few buckets and evicting what the bounds require. Returns false,
-    /// keeping nothing, when no room could be made within bounded work; the new state is then
-    /// forgotten, as if evicted.
+    /// first sweeping a few buckets, then making the room the bounds require: growing the
+    /// shard's table while they allow, else evicting. Returns false, keeping nothing, when no
+    /// room could be made within bounded work or [`WhenFull::Refuse`] forbids it.
     pub(crate) fn insert<W: Words>(
         &self,
         shard: &mut Shard<W>,
@@ -322,22 +423,79 @@ impl Table {
         now: u64,
         score: &dyn Score,
     ) -> bool {
-        let size = entry.bytes();
+        let size = entry.heap_bytes();
         self.sweep(shard, now, score);
         let keys = self.keys.fetch_add(1, Ordering::Relaxed) + 1;
         let bytes = self.bytes.fetch_add(size, Ordering::Relaxed) + size;
-        if (keys > self.bounds.max_keys || bytes > self.bounds.max_bytes)
-            && !self.make_room(shard, now, score)
-        {
+        let mut room = true;
+        let (buckets, len) = (shard.entries.num_buckets(), shard.entries.len());
+        if len >= load_limit(buckets) {
+            let grown = 2 * buckets.max(2);
+            let growth = table_bytes::<W>(grown) - table_bytes::<W>(buckets);
+            let can_grow =
+                grown <= self.max_buckets && bytes.saturating_add(growth) <= self.bounds.max_bytes;
+            let (own, _) = best(shard, now, score);
+            let expired = own.filter(|&(s, _)| s == f64::INFINITY);
+            // A full store grows a table only for a shard well under its share (a rule's
+            // first keys), or in place of a state as good as new elsewhere.
+            let grow = expired.is_none()
+                && can_grow
+                && (keys <= self.bounds.max_keys
+                    || len < self.share / 2
+                    || self.evict(shard, now, score, Scope::ExpiredElsewhere));
+            room = if grow {
+                self.grow(shard);
+                true
+            } else {
+                own.is_some_and(|chosen| self.evict_own(shard, chosen))
+            };
+        }
+        room = room && self.make_room(shard, now, score);
+        if !room {
             self.keys.fetch_sub(1, Ordering::Relaxed);
             self.bytes.fetch_sub(size, Ordering::Relaxed);
-            self.evictions.fetch_add(1, Ordering::Relaxed);
+            self.refused.fetch_add(1, Ordering::Relaxed);
             return false;
+        }
+        if shard.entries.len() == shard.entries.capacity() {
+            // Full of evicted entries' buckets, which hashbrown would reclaim by growing.
+            self.rebuild(shard);
         }
         shard
             .entries
             .insert_unique(hash, entry, |e| self.hash(e.key.slot(), e.key.key()));
         true
+    }
+
+    /// Doubles the buckets of `shard`'s table (a first table has four), counting its bytes.
+    fn grow<W: Words>(&self, shard: &mut Shard<W>) {
+        let (buckets, len) = (shard.entries.num_buckets(), shard.entries.len());
+        let wanted = (hashbrown_capacity(buckets) + 1).max(1);
+        shard
+            .entries
+            .reserve(wanted - len, |e| self.hash(e.key.slot(), e.key.key()));
+        let grown = shard.entries.num_buckets();
+        debug_assert!(grown > buckets);
+        self.bytes.fetch_add(
+            table_bytes::<W>(grown) - table_bytes::<W>(buckets),
+            Ordering::Relaxed,
+        );
+        shard.cursor = 0;
+    }
+
+    /// Moves `shard`'s entries into a fresh table of as many buckets, clearing the marks that
+    /// removed entries leave, which hashbrown would otherwise clear by doubling the table.
+    #[cold]
+    fn rebuild<W: Words>(&self, shard: &mut Shard<W>) {
+        let buckets = shard.entries.num_buckets();
+        let mut fresh = HashTable::with_capacity(hashbrown_capacity(buckets));
+        let hasher = |e: &Entry<W>| self.hash(e.key.slot(), e.key.key());
+        for entry in shard.entries.drain() {
+            fresh.insert_unique(hasher(&entry), entry, hasher);
+        }
+        debug_assert_eq!(fresh.num_buckets(), buckets);
+        shard.entries = fresh;
+        shard.cursor = 0;
     }
 
     /// Accounts for an entry whose words storage changed size from `old` to `new` bytes.
@@ -365,50 +523,105 @@ impl Table {
         }
     }
 
-    /// Evicts until the bounds hold again, each time the entry that matters least among
-    /// samples of this shard and of a few others that are free right now (of any class, so
-    /// that expired states of other rules go first). False if the bounds still do not hold.
+    /// Evicts until the bounds hold again (see [`Self::evict`]). False if they still do not.
     fn make_room<W: Words>(&self, shard: &mut Shard<W>, now: u64, score: &dyn Score) -> bool {
         for _ in 0..MAX_EVICTIONS_PER_INSERT {
             if self.within_bounds() {
                 return true;
             }
-            let (own, mut seen) = best(shard, now, score);
-            let mut chosen = own.map(|(s, at)| (s, None, at));
-            // A few other shards, and more while the sample is thin: a shard that holds only
-            // a used-up key must not make it the one to go.
-            let shards = self.mask + 1;
-            let start = next_random(&mut shard.random) as usize;
-            let mut tried = 0;
-            while tried < 4 * shards
-                && (tried < OTHER_SHARDS || seen < EVICTION_CANDIDATES)
-                && chosen.is_none_or(|(s, _, _)| s < f64::INFINITY)
-            {
-                let n = (start + tried) % (4 * shards);
-                let (class, index) = ((n / shards) as u64, n % shards);
-                tried += 1;
-                let Some(((s, at), count)) = self.best_in(class, index, now, score) else {
-                    continue;
-                };
-                seen += count;
-                if chosen.is_none_or(|(c, _, _)| s > c) {
-                    chosen = Some((s, Some((class, index)), at));
-                }
+            if !self.evict(shard, now, score, Scope::Any) {
+                break;
             }
-            let evicted = match chosen {
-                Some((_, None, at)) => self.remove_at(shard, at),
-                Some((_, Some((class, index)), at)) => {
-                    self.remove_in(class, index, at)
-                        || own.is_some_and(|(_, at)| self.remove_at(shard, at))
-                }
-                None => false,
-            };
-            if !evicted {
-                return self.within_bounds();
-            }
-            self.evictions.fetch_add(1, Ordering::Relaxed);
         }
         self.within_bounds()
+    }
+
+    /// Evicts the entry that matters least among samples of this shard and a few others that
+    /// are free right now (of any class, so that expired states of other rules go first); or,
+    /// in `Scope::ExpiredElsewhere`, a state as good as new in the others. False when there is
+    /// none it may evict.
+    fn evict<W: Words>(
+        &self,
+        shard: &mut Shard<W>,
+        now: u64,
+        score: &dyn Score,
+        scope: Scope,
+    ) -> bool {
+        let (own, mut seen) = match scope {
+            Scope::Any => best(shard, now, score),
+            Scope::ExpiredElsewhere => (None, 0),
+        };
+        let mut chosen = own.map(|(s, at)| (s, None, at));
+        // A few other shards, and more while the sample is thin: a shard that holds only a
+        // used-up key must not make it the one to go.
+        let shards = self.mask + 1;
+        let start = next_random(&mut shard.random) as usize;
+        let mut tried = 0;
+        while tried < 4 * shards
+            && (tried < OTHER_SHARDS || seen < EVICTION_CANDIDATES)
+            && chosen.is_none_or(|(s, _, _)| s < f64::INFINITY)
+        {
+            let n = (start + tried) % (4 * shards);
+            let (class, index) = ((n / shards) as u64, n % shards);
+            tried += 1;
+            let Some(((s, at), count)) = self.best_in(class, index, now, score) else {
+                continue;
+            };
+            seen += count;
+            if chosen.is_none_or(|(c, _, _)| s > c) {
+                chosen = Some((s, Some((class, index)), at));
+            }
+        }
+        match chosen {
+            Some((s, _, _)) if scope == Scope::ExpiredElsewhere && s < f64::INFINITY => false,
+            None => false,
+            Some((s, None, at)) => self.evict_own(shard, (s, at)),
+            Some((s, Some((class, index)), at)) => {
+                // Taken meanwhile: this shard's best instead, if it may go.
+                if self.evictable(s) && self.remove_in(class, index, at) {
+                    self.evicted(s);
+                    true
+                } else {
+                    own.is_some_and(|chosen| self.evict_own(shard, chosen))
+                }
+            }
+        }
+    }
+
+    /// Evicts `chosen`, an entry of `shard` and its score, if the table may evict it.
+    fn evict_own<W: Words>(&self, shard: &mut Shard<W>, (s, at): (f64, usize)) -> bool {
+        if self.evictable(s) && self.remove_at(shard, at) {
+            self.evicted(s);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Whether an entry of score `s` may be evicted: one as good as new always; another
+    /// unless the table refuses new keys when full.
+    fn evictable(&self, s: f64) -> bool {
+        s == f64::INFINITY || self.bounds.when_full == WhenFull::Evict
+    }
+
+    /// Counts an eviction of score `s`, and says the first that forgot a limiting key.
+    fn evicted(&self, s: f64) {
+        if s == f64::INFINITY {
+            return;
+        }
+        self.evictions.fetch_add(1, Ordering::Relaxed);
+        if s <= 0.0 {
+            self.limiting_evictions.fetch_add(1, Ordering::Relaxed);
+            if !self.warned.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    max_keys = self.bounds.max_keys,
+                    max_bytes = self.bounds.max_bytes,
+                    "the memory bound evicted a key that was still limiting: every key \
+                     sampled was used up, and the one forgotten starts afresh; raise \
+                     max_keys or max_bytes, or refuse new keys when full (said once)"
+                );
+            }
+        }
     }
 
     fn within_bounds(&self) -> bool {
@@ -457,6 +670,16 @@ impl Table {
         }
     }
 
+    /// Removes the entry of `key` of `slot`, if held.
+    pub(crate) fn remove<W: Words>(&self, shard: &mut Shard<W>, hash: u64, slot: u32, key: &[u8]) {
+        if let Ok(entry) = shard.entries.find_entry(hash, |e| e.key.is(slot, key)) {
+            let (removed, _) = entry.remove();
+            self.keys.fetch_sub(1, Ordering::Relaxed);
+            self.bytes
+                .fetch_sub(removed.heap_bytes(), Ordering::Relaxed);
+        }
+    }
+
     /// Removes the entry at bucket `at`, if there is one.
     fn remove_at<W: Words>(&self, shard: &mut Shard<W>, at: usize) -> bool {
         let Ok(entry) = shard.entries.get_bucket_entry(at) else {
@@ -464,7 +687,8 @@ impl Table {
         };
         let (removed, _) = entry.remove();
         self.keys.fetch_sub(1, Ordering::Relaxed);
-        self.bytes.fetch_sub(removed.bytes(), Ordering::Relaxed);
+        self.bytes
+            .fetch_sub(removed.heap_bytes(), Ordering::Relaxed);
         true
     }
 }

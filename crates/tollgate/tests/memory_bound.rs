@@ -1,0 +1,59 @@
+//! The byte bound holds for what the process really holds, tables included: a store bounded
+//! only by bytes, checked with ever more distinct keys, stays within them.
+//!
+//! Its own test binary, so that no other test shares the process whose memory it reads.
+
+#![cfg(target_os = "linux")]
+
+use tollgate::{Algorithm, Limiter, ManualClock, MemoryStore, Rule, Tier};
+
+/// Resident memory of this process, in bytes.
+fn resident() -> usize {
+    let statm = std::fs::read_to_string("/proc/self/statm").expect("procfs");
+    let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+fn limiter(store: MemoryStore) -> Limiter<MemoryStore, ManualClock> {
+    // A long window: no key expires, every eviction forgets state that mattered.
+    let rule = Rule::new("churn", Algorithm::Gcra, [Tier::per_day(20)]).unwrap();
+    Limiter::builder(rule)
+        .store(store)
+        .clock(ManualClock::new())
+        .build()
+        .unwrap()
+}
+
+fn check(limiter: &Limiter<MemoryStore, ManualClock>, i: u64) {
+    let key = format!("{i:016x}");
+    assert!(limiter.check_now(key.as_bytes(), 1).unwrap().allowed());
+}
+
+#[test]
+fn max_bytes_bounds_the_tables_too() {
+    const MAX_BYTES: usize = 2 << 20;
+    let before = resident();
+    let store = MemoryStore::builder().max_bytes(MAX_BYTES).build().unwrap();
+    let limiter = limiter(store.clone());
+    for i in 0..400_000 {
+        check(&limiter, i);
+        assert!(
+            store.bytes() <= MAX_BYTES,
+            "{} bytes after {i} keys",
+            store.bytes()
+        );
+    }
+    let held = resident() - before;
+    println!(
+        "max_bytes {MAX_BYTES}: {} keys in {} bytes counted, resident +{} KiB",
+        store.keys(),
+        store.bytes(),
+        held >> 10
+    );
+    // Shards fill unevenly and a table grows by doubling: most of the bound goes to keys.
+    assert!(store.keys() * 33 > MAX_BYTES / 4, "{} keys", store.keys());
+    assert!(
+        held <= MAX_BYTES + MAX_BYTES / 4 + (1 << 20),
+        "resident +{held} bytes for a bound of {MAX_BYTES}"
+    );
+}
