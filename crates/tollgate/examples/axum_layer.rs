@@ -1,6 +1,8 @@
 //! The source documents' multi-tenant service as an axum app behind tollgate's tower layer:
 //! per organization (the `X-Org` header), GET a product 1000 times and PUT one 100 times per
-//! aligned 10-second window; each organization's flood stays its own.
+//! aligned 10-second window; each organization's flood stays its own. Each method's limit is
+//! its method router's `route_layer`, so a method a route does not have (405) spends nothing,
+//! and a request without `X-Org` is refused with 400 rather than let through.
 //!
 //! Run: `cargo run -p tollgate --features tower --example axum_layer`, then
 //! `curl -i -H 'x-org: acme' localhost:3000/v1/product/7`.
@@ -31,12 +33,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .route(
             "/v1/product/{id}",
             get(|| async { "a product\n" })
-                .layer(RateLimitLayer::new(Limiter::new(get_rule), per_org())),
+                .route_layer(RateLimitLayer::new(Limiter::new(get_rule), per_org())),
         )
         .route(
             "/v1/product/{id}/edit",
             axum::routing::put(|| async { "updated\n" })
-                .layer(RateLimitLayer::new(Limiter::new(put_rule), per_org())),
+                .route_layer(RateLimitLayer::new(Limiter::new(put_rule), per_org())),
         );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
     println!("listening on http://127.0.0.1:3000");

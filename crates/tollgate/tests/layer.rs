@@ -66,14 +66,163 @@ async fn every_answer_carries_the_fields_and_a_denial_is_429() {
     assert_eq!(denied.status(), 429);
     assert_eq!(header(&denied, "retry-after"), Some("3600"));
     assert_eq!(header(&denied, "ratelimit"), Some("\"api\";r=0;t=3600"));
-    // Another key is its own; a request without a key passes unchecked.
+    // Another key is its own; a request without a key is the client's mistake, not a way
+    // around the limit.
     assert_eq!(
         call(&app, "10.0.0.1", &[("x-org", "b")]).await.status(),
         200
     );
     let keyless = call(&app, "10.0.0.1", &[]).await;
-    assert_eq!(keyless.status(), 200);
+    assert_eq!(keyless.status(), 400);
     assert!(header(&keyless, "x-ratelimit-limit").is_none());
+    let body = axum::body::to_bytes(keyless.into_body(), 1 << 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        body,
+        "the request has no `x-org` header, which its rate limit key comes from\n"
+    );
+}
+
+/// A request as a server without `ConnectInfo` passes it on: no client address.
+async fn call_without_address(app: &Router, headers: &[(&str, &str)]) -> Response<Body> {
+    let mut request = Request::get("/orgs/acme/items");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    app.clone()
+        .oneshot(request.body(Body::empty()).unwrap())
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_missing_client_address_is_refused_not_waved_through() {
+    let app = app(memory(rule(3)), KeyExtractor::client_ip([]));
+    for _ in 0..5 {
+        let response = call_without_address(&app, &[]).await;
+        assert_eq!(response.status(), 500);
+        let body = axum::body::to_bytes(response.into_body(), 1 << 10)
+            .await
+            .unwrap();
+        let body = String::from_utf8(body.to_vec()).unwrap();
+        assert!(
+            body.contains("into_make_service_with_connect_info::<SocketAddr>()"),
+            "{body}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_missing_key_can_share_one_counter_or_pass_by_choice() {
+    use tollgate::layer::MissingKey;
+    let shared = Router::new()
+        .route("/orgs/{org}/items", get(|| async { "items" }))
+        .route_layer(
+            RateLimitLayer::new(memory(rule(2)), KeyExtractor::client_ip([]))
+                .on_missing_key(MissingKey::Shared(b"no address".to_vec())),
+        );
+    let statuses = |app: Router| async move {
+        let mut statuses = Vec::new();
+        for _ in 0..3 {
+            statuses.push(call_without_address(&app, &[]).await.status().as_u16());
+        }
+        statuses
+    };
+    assert_eq!(statuses(shared).await, [200, 200, 429]);
+    let allowed = Router::new()
+        .route("/orgs/{org}/items", get(|| async { "items" }))
+        .route_layer(
+            RateLimitLayer::new(memory(rule(2)), KeyExtractor::header("x-org"))
+                .on_missing_key(MissingKey::Allow),
+        );
+    assert_eq!(statuses(allowed).await, [200, 200, 200]);
+}
+
+#[tokio::test]
+async fn the_engine_refuses_address_keys_without_an_address() {
+    use std::sync::Arc;
+    use tollgate::engine::{Engine, KeyPart, Match, Route};
+
+    let route = Route {
+        rule: rule(2),
+        enabled: true,
+        matcher: Match::default(),
+        key: vec![KeyPart::ClientIp],
+    };
+    let engine = Engine::new(vec![route], vec![]).unwrap();
+    let limiter = Limiter::builder(rule(2))
+        .clock(ManualClock::new())
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/orgs/{org}/items", get(|| async { "items" }))
+        .route_layer(RateLimitLayer::engine(Arc::new(limiter), Arc::new(engine)));
+    assert_eq!(call_without_address(&app, &[]).await.status(), 500);
+    assert_eq!(call(&app, "10.0.0.1", &[]).await.status(), 200);
+}
+
+/// Served as a user would, over a real socket: plain `axum::serve` gives no address, and the
+/// first request says so; with `ConnectInfo` the limit holds.
+#[tokio::test]
+async fn served_over_a_socket_the_wiring_decides_and_never_silently() {
+    let serve = |with_address: bool| async move {
+        let app = Router::new()
+            .route("/x", get(|| async { "x" }))
+            .route_layer(RateLimitLayer::new(
+                Limiter::new(rule(3)),
+                KeyExtractor::client_ip([]),
+            ));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            if with_address {
+                let app = app.into_make_service_with_connect_info::<SocketAddr>();
+                axum::serve(listener, app).await.unwrap();
+            } else {
+                axum::serve(listener, app).await.unwrap();
+            }
+        });
+        let mut statuses = Vec::new();
+        for _ in 0..5 {
+            let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            stream
+                .write_all(b"GET /x HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+                .await
+                .unwrap();
+            let mut answer = String::new();
+            stream.read_to_string(&mut answer).await.unwrap();
+            statuses.push(answer[9..12].parse::<u16>().unwrap());
+        }
+        statuses
+    };
+    assert_eq!(serve(false).await, [500; 5]);
+    assert_eq!(serve(true).await, [200, 200, 200, 429, 429]);
+}
+
+/// With the method router's `route_layer`, a method the route does not have gets its 405,
+/// and a path no route has its 404, without spending a permit (`Router::layer` counts both,
+/// `Router::route_layer` the 405).
+#[tokio::test]
+async fn requests_to_no_route_spend_nothing() {
+    let layer = RateLimitLayer::new(memory(rule(1)), KeyExtractor::header("x-org"));
+    let app = Router::new().route(
+        "/orgs/{org}/items",
+        get(|| async { "items" }).route_layer(layer),
+    );
+    let put = Request::put("/orgs/acme/items")
+        .header("x-org", "a")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(app.clone().oneshot(put).await.unwrap().status(), 405);
+    let nowhere = Request::get("/nowhere")
+        .header("x-org", "a")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(app.clone().oneshot(nowhere).await.unwrap().status(), 404);
+    let response = call(&app, "10.0.0.1", &[("x-org", "a")]).await;
+    assert_eq!(response.status(), 200);
 }
 
 #[tokio::test]

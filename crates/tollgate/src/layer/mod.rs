@@ -3,18 +3,29 @@
 //! under the rules of the routes it matches; a denied request gets 429 with
 //! `Retry-After`, and every answer carries the rate limit fields (see [`headers`]). Rules in
 //! shadow mode count and report but never deny; when the store fails, each rule's failure
-//! policy decides, as for any check.
+//! policy decides, as for any check. A request whose key cannot be found is refused unless
+//! [`MissingKey`] says otherwise: the layer never stops limiting silently.
+//!
+//! Add it to a method router with `route_layer`, so that only requests the app serves are
+//! counted (`Router::layer` would count 404s and 405s too, `Router::route_layer` 405s: a `PUT`
+//! to a `GET` route would spend a `GET` permit), and serve the app with the connection's
+//! address when a key needs it:
 //!
 //! ```
+//! use std::net::SocketAddr;
 //! use axum::{Router, routing::get};
 //! use tollgate::layer::{KeyExtractor, RateLimitLayer};
 //! use tollgate::{Algorithm, Limiter, Rule, Tier};
 //!
-//! let rule = Rule::new("per-org", Algorithm::SlidingWindow, [Tier::per_minute(100)])?;
+//! # async fn serve() -> Result<(), Box<dyn std::error::Error>> {
+//! let rule = Rule::new("per-client", Algorithm::SlidingWindow, [Tier::per_minute(100)])?;
+//! let per_client = RateLimitLayer::new(Limiter::new(rule), KeyExtractor::client_ip([]));
 //! let app: Router = Router::new()
-//!     .route("/products", get(|| async { "products" }))
-//!     .layer(RateLimitLayer::new(Limiter::new(rule), KeyExtractor::header("x-org")));
-//! # Ok::<(), Box<dyn std::error::Error>>(())
+//!     .route("/products", get(|| async { "products" }).route_layer(per_client));
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//! axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+//! # Ok(())
+//! # }
 //! ```
 
 pub mod headers;
@@ -23,6 +34,7 @@ use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use axum::body::Body;
@@ -33,15 +45,15 @@ use tower::{Layer, Service};
 
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decisions;
-use crate::engine::{Engine, Hit, Items, Request as EngineRequest};
+use crate::engine::{Engine, Hit, Items, KeyPart, Request as EngineRequest};
 use crate::error::Error;
 use crate::limiter::Limiter;
 use crate::store::{MemoryStore, Store};
 
 type Extract = dyn Fn(&Parts) -> Option<Vec<u8>> + Send + Sync;
 
-/// Takes a request's counter key. A request without one (no such header, no address) is
-/// passed on unchecked. Cheap to clone.
+/// Takes a request's counter key. What happens to a request without one (no such header, no
+/// address) is the layer's [`MissingKey`]. Cheap to clone.
 #[derive(Clone)]
 pub struct KeyExtractor(Source);
 
@@ -89,19 +101,73 @@ impl KeyExtractor {
         Self(Source::Custom(Arc::new(f)))
     }
 
-    /// The key of the request whose head is `parts`.
-    fn key<'a>(&self, parts: &'a Parts) -> Option<Cow<'a, [u8]>> {
+    /// The key of the request whose head is `parts`, or why it has none.
+    fn key<'a>(&self, parts: &'a Parts) -> Result<Cow<'a, [u8]>, Missing> {
         match &self.0 {
             Source::ClientIp(trusted) => {
-                let ip = client_ip(parts, trusted)?;
-                Some(Cow::Owned(ip.to_string().into_bytes()))
+                let ip = client_ip(parts, trusted).ok_or(Missing::Address)?;
+                Ok(Cow::Owned(ip.to_string().into_bytes()))
             }
-            Source::Header(name) => parts.headers.get(*name).map(|v| v.as_bytes().into()),
+            Source::Header(name) => parts
+                .headers
+                .get(*name)
+                .map(|v| v.as_bytes().into())
+                .ok_or(Missing::Header(name)),
             Source::Route => parts
                 .extensions
                 .get::<MatchedPath>()
-                .map(|p| p.as_str().as_bytes().into()),
-            Source::Custom(f) => f(parts).map(Cow::Owned),
+                .map(|p| p.as_str().as_bytes().into())
+                .ok_or(Missing::Route),
+            Source::Custom(f) => f(parts).map(Cow::Owned).ok_or(Missing::Custom),
+        }
+    }
+}
+
+/// What the layer does with a request in which its [`KeyExtractor`] finds no key, or, with
+/// [`RateLimitLayer::engine`], whose routes key on a client address the server did not give.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum MissingKey {
+    /// Refuse it (the default). `400 Bad Request` when the client left out the header the
+    /// key comes from; `500 Internal Server Error`, said in the log the first time, when the
+    /// server did not give the layer what it needs: no client address (serve the app with
+    /// `into_make_service_with_connect_info::<SocketAddr>()`), no matched route (add the
+    /// layer with `route_layer`), or a custom extractor that found nothing.
+    #[default]
+    Refuse,
+    /// Check it under this key, one counter shared by every request without a key of its own
+    /// (with the engine: the routes' keys with an empty address).
+    Shared(Vec<u8>),
+    /// Pass it on unchecked: for keys whose absence means that no limit applies.
+    Allow,
+}
+
+/// Why a request has no key.
+#[derive(Debug, Clone, Copy)]
+enum Missing {
+    Header(&'static str),
+    Address,
+    Route,
+    Custom,
+}
+
+impl Missing {
+    /// Whether the client is to blame (else the server's wiring is).
+    fn clients(self) -> bool {
+        matches!(self, Self::Header(_))
+    }
+
+    fn message(self) -> String {
+        match self {
+            Self::Header(name) => {
+                format!("the request has no `{name}` header, which its rate limit key comes from")
+            }
+            Self::Address => "rate limiting needs the client's address, which the server does \
+                 not give: serve the app with into_make_service_with_connect_info::<SocketAddr>()"
+                .into(),
+            Self::Route => "rate limiting by route needs the route axum matched: add the layer \
+                 with Router::route_layer"
+                .into(),
+            Self::Custom => "the rate limit key extractor found no key in the request".into(),
         }
     }
 }
@@ -152,6 +218,9 @@ pub struct RateLimitLayer<S: Store = MemoryStore, C: Clock = SystemClock> {
     limiter: Arc<Limiter<S, C>>,
     key: Keys,
     cost: u64,
+    missing: MissingKey,
+    /// Whether a server-side missing key was logged yet (once per layer and its clones).
+    warned: Arc<AtomicBool>,
 }
 
 /// How the layer finds what to check.
@@ -160,8 +229,8 @@ enum Keys {
     /// Every rule of the limiter, for one key.
     Extract(KeyExtractor),
     /// The rules whose routes match the request, each for its own key; the client's address
-    /// from the connection.
-    Engine(Arc<Engine>),
+    /// from the connection, which some route keys on when the flag says so.
+    Engine(Arc<Engine>, bool),
 }
 
 impl<S: Store, C: Clock> Clone for RateLimitLayer<S, C> {
@@ -170,6 +239,8 @@ impl<S: Store, C: Clock> Clone for RateLimitLayer<S, C> {
             limiter: self.limiter.clone(),
             key: self.key.clone(),
             cost: self.cost,
+            missing: self.missing.clone(),
+            warned: self.warned.clone(),
         }
     }
 }
@@ -186,6 +257,8 @@ impl<S: Store, C: Clock> RateLimitLayer<S, C> {
             limiter,
             key: Keys::Extract(key),
             cost: 1,
+            missing: MissingKey::Refuse,
+            warned: Arc::default(),
         }
     }
 
@@ -194,16 +267,28 @@ impl<S: Store, C: Clock> RateLimitLayer<S, C> {
     /// rule of the engine (build it from [`Engine::rules`]). A request no route matches passes
     /// unchecked.
     pub fn engine(limiter: Arc<Limiter<S, C>>, engine: Arc<Engine>) -> Self {
+        let by_address = engine
+            .routes()
+            .iter()
+            .any(|r| r.key.contains(&KeyPart::ClientIp));
         Self {
             limiter,
-            key: Keys::Engine(engine),
+            key: Keys::Engine(engine, by_address),
             cost: 1,
+            missing: MissingKey::Refuse,
+            warned: Arc::default(),
         }
     }
 
     /// Each request takes `cost` permits.
     pub fn cost(mut self, cost: u64) -> Self {
         self.cost = cost;
+        self
+    }
+
+    /// What to do with a request without a key (default [`MissingKey::Refuse`]).
+    pub fn on_missing_key(mut self, missing: MissingKey) -> Self {
+        self.missing = missing;
         self
     }
 }
@@ -263,9 +348,10 @@ where
             let decided = decide(&layer, &parts).await;
             let request = Request::from_parts(parts, body);
             let decisions = match decided {
-                None => return inner.call(request).await,
-                Some(Ok(decisions)) => decisions,
-                Some(Err(err)) => return Ok(refused(&err)),
+                Decided::Pass => return inner.call(request).await,
+                Decided::Checked(Ok(decisions)) => decisions,
+                Decided::Checked(Err(err)) => return Ok(refused(&err)),
+                Decided::Missing(missing) => return Ok(layer.keyless(missing)),
             };
             if !decisions.allowed() {
                 return Ok(too_many(&decisions));
@@ -277,30 +363,66 @@ where
     }
 }
 
-/// The decisions for the request whose head is `parts`, all-or-nothing; `None` when it has no
-/// key or matches no route, and goes through unchecked. The key is borrowed from the head.
-async fn decide<S: Store, C: Clock>(
-    layer: &RateLimitLayer<S, C>,
-    parts: &Parts,
-) -> Option<Result<Decisions, Error>> {
+/// What the layer made of a request.
+enum Decided {
+    /// No route matched, or no key and [`MissingKey::Allow`]: unchecked.
+    Pass,
+    /// Checked, all-or-nothing.
+    Checked(Result<Decisions, Error>),
+    /// No key, and [`MissingKey::Refuse`].
+    Missing(Missing),
+}
+
+impl<S: Store, C: Clock> RateLimitLayer<S, C> {
+    /// The answer to a request refused for want of a key, logged the first time the server's
+    /// wiring is to blame.
+    fn keyless(&self, missing: Missing) -> Response<Body> {
+        let status = if missing.clients() {
+            StatusCode::BAD_REQUEST
+        } else {
+            if !self.warned.swap(true, Ordering::Relaxed) {
+                tracing::error!(
+                    "{}; every request is refused with 500 until it does (said once)",
+                    missing.message()
+                );
+            }
+            StatusCode::INTERNAL_SERVER_ERROR
+        };
+        let mut response = Response::new(Body::from(format!("{}\n", missing.message())));
+        *response.status_mut() = status;
+        response
+    }
+}
+
+/// The decisions for the request whose head is `parts`, all-or-nothing, or why there are
+/// none. The key is borrowed from the head.
+async fn decide<S: Store, C: Clock>(layer: &RateLimitLayer<S, C>, parts: &Parts) -> Decided {
     match &layer.key {
         Keys::Extract(extract) => {
-            let key = extract.key(parts)?;
-            Some(
-                layer
-                    .limiter
-                    .check(&key, layer.cost)
-                    .await
-                    .map(Decisions::one),
-            )
+            let key = match (extract.key(parts), &layer.missing) {
+                (Ok(key), _) => key,
+                (Err(missing), MissingKey::Refuse) => return Decided::Missing(missing),
+                (Err(_), MissingKey::Shared(key)) => Cow::Borrowed(&key[..]),
+                (Err(_), MissingKey::Allow) => return Decided::Pass,
+            };
+            let decision = layer.limiter.check(&key, layer.cost).await;
+            Decided::Checked(decision.map(Decisions::one))
         }
-        Keys::Engine(engine) => {
+        Keys::Engine(engine, by_address) => {
             let hits = engine_hits(engine, parts);
             if hits.is_empty() {
-                return None;
+                return Decided::Pass;
+            }
+            // Some route keys on the address: without one, every client would share a counter.
+            if *by_address && peer(parts).is_none() {
+                match layer.missing {
+                    MissingKey::Refuse => return Decided::Missing(Missing::Address),
+                    MissingKey::Allow => return Decided::Pass,
+                    MissingKey::Shared(_) => {}
+                }
             }
             let items = Items::of(&hits, layer.cost);
-            Some(layer.limiter.check_batch(&items).await)
+            Decided::Checked(layer.limiter.check_batch(&items).await)
         }
     }
 }
