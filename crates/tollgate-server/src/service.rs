@@ -491,7 +491,7 @@ async fn open_store(config: &StoreConfig) -> anyhow::Result<AnyStore> {
             timeout,
             instances,
             sync_interval,
-            max_unsynced,
+            max_unclaimed,
         } => {
             let redis = match url {
                 Some(url) => RedisStore::builder(url),
@@ -506,7 +506,7 @@ async fn open_store(config: &StoreConfig) -> anyhow::Result<AnyStore> {
                     &redis,
                     HybridConfig {
                         sync_interval: *sync_interval,
-                        max_unsynced: *max_unsynced,
+                        max_unclaimed: *max_unclaimed,
                         instances: *instances,
                         ..HybridConfig::default()
                     },

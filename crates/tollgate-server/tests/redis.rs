@@ -224,3 +224,43 @@ async fn a_failing_redis_shows_in_metrics_and_readiness() {
     );
     assert_eq!(ready(server.http.clone()).await, 503);
 }
+
+/// Three `tollgate serve` in hybrid mode with the default settings, 1000 per day, 5000 checks
+/// over 64 connections spread across them from a cold start: within the limit plus each
+/// instance's unclaimed permits (a hundredth of the limit each, before they hear of one
+/// another), where they once admitted up to 2207.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hybrid_instances_stay_within_the_stated_bound() {
+    let redis = Redis::start();
+    let rules = format!(
+        "store:\n  kind: redis\n  url: {}\n  mode: hybrid\nrules:\n  - id: daily\n    key: [header:x-tenant]\n    algorithm: fixed_window\n    tiers: [{{ limit: 1000, period: 1d }}]\n",
+        redis.url()
+    );
+    let servers: Vec<Server> = (0..3)
+        .map(|_| Server::start(&[("rules.yaml", &rules)], &[]))
+        .collect();
+    let client = reqwest::Client::new();
+    let body =
+        json!({ "request": { "method": "GET", "path": "/", "headers": { "x-tenant": "t" } } });
+    let mut tasks = Vec::new();
+    for connection in 0..64 {
+        let url = servers[connection % 3].http.clone();
+        let (client, body) = (client.clone(), body.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut admitted = 0;
+            for _ in 0..5_000 / 64 + 1 {
+                let (status, _, answer) = check(&client, &url, body.clone()).await;
+                assert!(status == 200 || status == 429, "{status}: {answer}");
+                assert_eq!(answer["decisions"][0]["source"], "hybrid");
+                admitted += u32::from(status == 200);
+            }
+            admitted
+        }));
+    }
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += task.await.unwrap();
+    }
+    println!("admitted {admitted} of 1000");
+    assert!((1_000..=1_000 + 3 * 10).contains(&admitted), "{admitted}");
+}

@@ -245,10 +245,8 @@ async fn main() {
         }
         if runs("hybrid") {
             let before = fcalls(server.port);
-            let config = HybridConfig {
-                instances: INSTANCES as u32,
-                ..HybridConfig::default()
-            };
+            // The default settings: each instance learns how many run from Redis.
+            let config = HybridConfig::default();
             let mut hybrid = Vec::new();
             for _ in 0..INSTANCES {
                 let store = HybridStore::new(&redis().await, config).unwrap();

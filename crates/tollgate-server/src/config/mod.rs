@@ -73,8 +73,9 @@ pub enum StoreConfig {
         instances: u32,
         /// Hybrid: how often counts are synced.
         sync_interval: Duration,
-        /// Hybrid: the most permits one instance admits unsynced, per key.
-        max_unsynced: Option<u64>,
+        /// Hybrid: the most permits of a key one instance admits per window beyond its
+        /// claim (`None`: the store's default).
+        max_unclaimed: Option<u64>,
     },
 }
 

@@ -70,7 +70,7 @@ enum StoreSection {
         instances: Option<u32>,
         #[serde(default, deserialize_with = "duration::deserialize_option")]
         sync_interval: Option<Duration>,
-        max_unsynced: Option<u64>,
+        max_unclaimed: Option<u64>,
     },
 }
 
@@ -428,7 +428,7 @@ pub(super) fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
             timeout,
             instances,
             sync_interval,
-            max_unsynced,
+            max_unclaimed,
         } => StoreConfig::Redis {
             url,
             cluster,
@@ -436,7 +436,7 @@ pub(super) fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
             timeout: timeout.unwrap_or(Duration::from_millis(20)),
             instances: instances.unwrap_or(1),
             sync_interval: sync_interval.unwrap_or(Duration::from_secs(1)),
-            max_unsynced,
+            max_unclaimed,
         },
     });
     if let Some(StoreConfig::Redis { url, cluster, .. }) = &store {

@@ -1,20 +1,23 @@
-//! The hybrid (two-layer) store: every instance decides in its own memory, from the global
-//! count it last read from Redis and what it admitted since, and a background task pushes its
-//! deltas and reads the global counts back, every sync interval and sooner when a key needs
-//! it. Decisions never wait for Redis.
+//! The hybrid (two-layer) store: every instance decides in its own memory, and a background
+//! task pushes what it admitted to Redis and reads the global counts back, every sync interval
+//! and sooner when a key needs it. Decisions never wait for Redis.
 //!
 //! It counts fixed windows and sliding window counters: counts add up across instances (one
-//! Redis counter per key, tier and window, incremented by each instance's delta), where a
+//! Redis counter per key, tier and window, incremented by each instance's pushes), where a
 //! bucket's or a log's state does not.
 //!
-//! Accuracy. At each sync an instance learns its share of a key's traffic (its delta over the
-//! global growth since its last sync, averaged over syncs) and may admit, before its next sync, all that was left
-//! when it is alone, and half its share of it when it is not (the others still hold
-//! allowances from their own syncs, when more was left), and at most `max_unsynced` permits. When that allowance runs out it asks for an early sync
-//! and denies meanwhile (a few milliseconds). So instances together overshoot a limit by at
-//! most `instances x max_unsynced` permits per window; while their shares add up to one and
-//! what is left does not halve between two syncs, not at all but for one permit each per sync
-//! near the limit. A key new to an instance starts as if its share were `1 / instances`.
+//! Accuracy. With each push, an instance claims permits of the window for itself (see
+//! `claim` in `lua/counters.lua`): Redis grants a claim only from what the limit leaves once
+//! the count and the other instances' live claims are taken out, at most an even share of it,
+//! and sized to what the instance admitted over the last two sync intervals. Between syncs an
+//! instance admits within its claim, and beyond it at most `unclaimed` permits (see
+//! [`HybridConfig::max_unclaimed`]) that nobody reserved: so that a key new to it, or a burst,
+//! is admitted at once. Claims keep the count plus every claim within the limit, so only the
+//! unclaimed permits can exceed it: in any window the instances together admit at most
+//! `limit + Σ unclaimed` (by default `limit + max(2 x instances, about 1% of the limit)`). When
+//! an instance runs out of claim and unclaimed permits it asks for an early sync and denies
+//! meanwhile (a few milliseconds). Claims an instance no longer uses lapse after three sync
+//! intervals: until then the others may admit less than the limit.
 //!
 //! When syncs fail for longer than two intervals, each rule's failure policy decides (what was
 //! admitted meanwhile is pushed when Redis answers again: nothing is lost).
@@ -28,7 +31,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use super::guard::{GuardPlan, Guarded, StoreFailures};
-use super::redis::{RedisStore, StoreTime, counter_prefix, packed};
+use super::redis::{CounterItem, RedisStore, StoreTime, counter_key, counter_prefix, packed};
 use super::slots::{Slots, Versions};
 use super::table::{Access, Bounds, Score, Table, WhenFull};
 use super::{LocalStore, Planned, Store};
@@ -41,14 +44,17 @@ use crate::rule::{Rule, Tier};
 /// Settings of a [`HybridStore`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HybridConfig {
-    /// How often the keys used since the last sync are pushed to Redis and read back
-    /// (default 1 s).
+    /// How often the keys used since the last sync are pushed to Redis and read back, and
+    /// their claims renewed (default 1 s; at least 1 ms). Claims lapse after three intervals.
     pub sync_interval: Duration,
-    /// The most permits of a key one instance admits beyond what Redis has seen; `None`
-    /// (the default) caps it only by the instance's share of what was left.
-    pub max_unsynced: Option<u64>,
-    /// Instances expected to share the keys (default 1): a key new to this instance starts
-    /// with this share of its limit.
+    /// The most permits of a key one instance admits per window beyond its claim, before a
+    /// sync counts them: what the instances together may admit over a limit. `None` (the
+    /// default): 2, or a hundredth of the limit shared by the instances claiming the key,
+    /// whichever is more. `Some(0)`: never over the limit, but a key's first checks on an
+    /// instance wait for a claim (denied for a few milliseconds).
+    pub max_unclaimed: Option<u64>,
+    /// Instances expected to share the keys (default 1): until a sync says how many claim a
+    /// key, the default `max_unclaimed` divides its hundredth of the limit by this.
     pub instances: u32,
     /// The most keys held in this process (default a million).
     pub max_keys: usize,
@@ -58,10 +64,38 @@ impl Default for HybridConfig {
     fn default() -> Self {
         Self {
             sync_interval: Duration::from_secs(1),
-            max_unsynced: None,
+            max_unclaimed: None,
             instances: 1,
             max_keys: 1_000_000,
         }
+    }
+}
+
+impl HybridConfig {
+    /// Checks the settings.
+    ///
+    /// # Errors
+    /// [`Error::Store`] naming a setting out of range.
+    pub fn validate(&self) -> Result<(), Error> {
+        let invalid = |message: &str| {
+            Err(Error::Store {
+                message: message.into(),
+                transient: false,
+            })
+        };
+        if self.sync_interval < Duration::from_millis(1) {
+            return invalid("sync_interval: must be at least 1 ms");
+        }
+        if self.sync_interval > Duration::from_secs(3_600) {
+            return invalid("sync_interval: must be at most an hour");
+        }
+        if self.instances == 0 {
+            return invalid("instances: must be at least 1");
+        }
+        if self.max_keys == 0 {
+            return invalid("max_keys: must be at least 1");
+        }
+        Ok(())
     }
 }
 
@@ -70,7 +104,8 @@ impl Default for HybridConfig {
 pub struct HybridStats {
     /// Items decided in this process.
     pub decisions: u64,
-    /// Items denied because this instance's allowance ran out before a sync.
+    /// Items denied because this instance had used its claim and unclaimed permits before a
+    /// sync brought more.
     pub allowance_denials: u64,
     /// Syncs that answered.
     pub syncs: u64,
@@ -81,8 +116,8 @@ pub struct HybridStats {
 }
 
 /// Limits shared by every instance through Redis, decided in each instance's memory and
-/// synced in the background; see the module documentation for the bound on how far instances
-/// may overshoot. Cheap to clone: clones share the table and the sync task.
+/// synced in the background; see the module documentation for how far instances may exceed
+/// a limit. Cheap to clone: clones share the table and the sync task.
 #[derive(Clone)]
 pub struct HybridStore {
     inner: Arc<Inner>,
@@ -91,6 +126,8 @@ pub struct HybridStore {
 struct Inner {
     redis: RedisStore,
     config: HybridConfig,
+    /// This instance's name in the claims: random, new for each store.
+    id: Vec<u8>,
     table: Table,
     slots: Slots,
     /// Keys used since the last sync, each once (marked `QUEUED` in its words).
@@ -104,6 +141,8 @@ struct Inner {
     last_now: AtomicU64,
     /// This process's time (µs) of the last sync that answered.
     last_ok: AtomicU64,
+    /// Instances that synced within three intervals, as the last sync heard (0: none yet).
+    instances: AtomicU64,
     failing: AtomicBool,
     stopped: AtomicBool,
     decisions: AtomicU64,
@@ -136,7 +175,7 @@ struct Shape {
     sliding: bool,
     /// `tg:c:<rule>:<fingerprint>:`
     prefix: Vec<u8>,
-    /// What a denial for want of allowance asks to wait (µs): about one early sync.
+    /// What a denial for want of a claim asks to wait (µs): about one early sync.
     retry: u64,
 }
 
@@ -146,30 +185,40 @@ impl Guarded for HybridPlan {
     }
 }
 
-// A key's words: flags, this instance's share of the key's traffic (of `ONE`), then per tier:
+// A key's words: flags, then per tier:
 const FLAGS: usize = 0;
-const SHARE: usize = 1;
-const KEY_WORDS: usize = 2;
+const KEY_WORDS: usize = 1;
 /// The start of the current window (µs; 0: none yet).
 const START: usize = 0;
-/// The global count of the current window, as last read.
-const GLOBAL: usize = 1;
-/// The count of the window before, as last read, with this instance's deltas not sent yet.
-const PREVIOUS: usize = 2;
-/// Admitted here in the current window, not sent yet.
-const PENDING: usize = 3;
+/// The window's count, as last answered.
+const COUNT: usize = 1;
+/// The other instances' live claims on the window, as last answered.
+const OTHERS: usize = 2;
+/// The count of the window before, as last known, with this instance's pushes not sent yet.
+const PREVIOUS: usize = 3;
+/// Admitted here in the window, not sent yet.
+const PENDING: usize = 4;
 /// Sent in a sync that has not answered yet.
-const IN_FLIGHT: usize = 4;
-/// How many permits this instance may hold unsynced in the current window.
-const ALLOWANCE: usize = 5;
+const IN_FLIGHT: usize = 5;
+/// This instance's claim: what it may admit beyond `COUNT`, as last answered.
+const CLAIM: usize = 6;
+/// Until when the claim may be used (µs, on the counters' clock): Redis keeps it a sync
+/// interval longer.
+const CLAIM_UNTIL: usize = 7;
+/// Asked for here since `SINCE_AT` (admitted, or denied for want of a claim), for the rate a
+/// claim is sized to.
+const SINCE: usize = 8;
+const SINCE_AT: usize = 9;
 /// Admitted here in the window before, not sent yet.
-const PENDING_PREVIOUS: usize = 6;
-/// When this instance last heard the current window's count (µs, on the counters' clock).
-const HEARD_AT: usize = 7;
-const TIER_WORDS: usize = 8;
+const PENDING_PREVIOUS: usize = 10;
+/// Instances claiming the key, this one included, as last answered (0: not heard yet).
+const CLAIMERS: usize = 11;
+const TIER_WORDS: usize = 12;
 
 const QUEUED: u64 = 1;
-const ONE: u64 = 1 << 20;
+
+/// The sorted set of running instances, by when each last synced.
+const INSTANCES_KEY: &[u8] = b"tg:c:instances";
 
 impl fmt::Debug for HybridStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -186,8 +235,10 @@ impl HybridStore {
     /// handling), and its background sync task.
     ///
     /// # Errors
-    /// [`Error::Store`] outside a Tokio runtime, which the sync task needs.
+    /// [`Error::Store`] for settings out of range, or outside a Tokio runtime, which the sync
+    /// task needs.
     pub fn new(redis: &RedisStore, config: HybridConfig) -> Result<Self, Error> {
+        config.validate()?;
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::Store {
             message: "a hybrid store needs a Tokio runtime for its sync task".into(),
             transient: false,
@@ -197,6 +248,7 @@ impl HybridStore {
         let inner = Arc::new(Inner {
             redis: redis.clone(),
             config,
+            id: instance_id(&clock),
             table: Table::new(Bounds {
                 max_keys: config.max_keys,
                 max_bytes: usize::MAX,
@@ -207,6 +259,7 @@ impl HybridStore {
             queue: Mutex::new(Vec::new()),
             wake: Arc::new(Notify::new()),
             last_ok: AtomicU64::new(clock.now_micros()),
+            instances: AtomicU64::new(0),
             clock,
             offset: AtomicI64::new(0),
             last_now: AtomicU64::new(0),
@@ -241,7 +294,7 @@ impl HybridStore {
     /// # Errors
     /// [`Error::Store`] when Redis did not answer; nothing is lost, the next sync retries.
     pub async fn sync(&self) -> Result<(), Error> {
-        self.inner.sync().await
+        self.inner.sync(false).await
     }
 
     /// Keys held in this process now.
@@ -269,6 +322,16 @@ impl HybridStore {
     }
 }
 
+/// A name for this instance in the claims: its start time and address in memory, hashed, so
+/// that two stores of one process, or two processes, differ.
+fn instance_id(clock: &SystemClock) -> Vec<u8> {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = foldhash::fast::RandomState::default().build_hasher();
+    hasher.write_u64(clock.now_micros());
+    hasher.write_u32(std::process::id());
+    format!("{:016x}", hasher.finish()).into_bytes()
+}
+
 /// The sync task: every interval, or soon after a check asks, until the store is dropped or
 /// shut down.
 async fn run(inner: Weak<Inner>, wake: Arc<Notify>) {
@@ -278,10 +341,14 @@ async fn run(inner: Weak<Inner>, wake: Arc<Notify>) {
     else {
         return;
     };
+    // At once, so that the instance soon knows how many others run.
+    let mut first = true;
     loop {
-        tokio::select! {
-            () = tokio::time::sleep(interval) => {}
-            () = wake.notified() => tokio::time::sleep(gap).await,
+        if !std::mem::take(&mut first) {
+            tokio::select! {
+                () = tokio::time::sleep(interval) => {}
+                () = wake.notified() => tokio::time::sleep(gap).await,
+            }
         }
         let Some(inner) = inner.upgrade() else {
             return;
@@ -290,7 +357,7 @@ async fn run(inner: Weak<Inner>, wake: Arc<Notify>) {
             return;
         }
         let was_failing = inner.failing.load(Ordering::Relaxed);
-        match inner.sync().await {
+        match inner.sync(false).await {
             Ok(()) if was_failing => tracing::info!("hybrid store syncs with redis again"),
             Err(err) if !was_failing => {
                 tracing::warn!(error = %err, "hybrid store cannot sync with redis; counts kept to push later");
@@ -304,6 +371,10 @@ impl Inner {
     /// The least time between two syncs: a twentieth of the interval, 1 to 50 ms.
     fn min_gap(&self) -> Duration {
         (self.config.sync_interval / 20).clamp(Duration::from_millis(1), Duration::from_millis(50))
+    }
+
+    fn interval_micros(&self) -> u64 {
+        self.config.sync_interval.as_micros() as u64
     }
 
     /// `now` on the limiter's clock, as the counters' clock reads it.
@@ -330,16 +401,21 @@ impl Inner {
         }
     }
 
-    /// This instance's allowance in a window that starts (see [`claim`]).
-    fn fresh_allowance(&self, tier: &Tier, share: u64) -> u64 {
-        let allowance = claim(tier.limit(), tier.limit() / 2, share);
-        self.config
-            .max_unsynced
-            .map_or(allowance, |cap| allowance.min(cap))
+    /// The permits of `tier` this instance may admit beyond its claim: 2, or a hundredth of
+    /// its limit shared by the instances running (as the last sync heard, or as configured
+    /// before it) or claiming the key (`claimers`), whichever is more; unless configured.
+    fn unclaimed(&self, tier: &Tier, claimers: u64) -> u64 {
+        self.config.max_unclaimed.unwrap_or_else(|| {
+            let running = match self.instances.load(Ordering::Relaxed) {
+                0 => u64::from(self.config.instances),
+                heard => heard,
+            };
+            (tier.limit() / (100 * running.max(claimers).max(1))).max(2)
+        })
     }
 
     /// Decides `items` all-or-nothing in memory, queueing the keys it admits for the next
-    /// sync, and waking the sync task when an allowance ran out.
+    /// sync, and waking the sync task when a key ran out of claim.
     fn decide(
         &self,
         items: &[Planned<'_, HybridPlan>],
@@ -361,12 +437,18 @@ impl Inner {
         let decisions = self.table.access(&accesses, now, &scorer, |words| {
             let mut decisions = Vec::with_capacity(items.len());
             for (item, w) in items.iter().zip(words.iter_mut()) {
-                self.roll(item, w, now);
-                let (decision, wants_sync) = judge(item, w, now, max_delay);
-                if wants_sync {
-                    starved += 1;
-                    // The next sync brings this key a new allowance.
-                    enqueue(item, w, &mut queue);
+                roll(item, w, now);
+                let (decision, wants) = self.judge(item, w, now, max_delay);
+                match wants {
+                    Wants::Nothing => {}
+                    Wants::Claim => {
+                        starved += 1;
+                        // Demand the claim is sized to, admitted or not.
+                        demanded(item, w, now);
+                        enqueue(item, w, &mut queue);
+                    }
+                    // The next sync says whether other instances' claims still hold it back.
+                    Wants::Look => enqueue(item, w, &mut queue),
                 }
                 decisions.push(decision.shadow(item.rule.is_shadow()));
             }
@@ -376,6 +458,7 @@ impl Inner {
                         for t in 0..item.rule.tiers().len() {
                             tier_mut(w, t)[PENDING] += item.cost;
                         }
+                        demanded(item, w, now);
                         enqueue(item, w, &mut queue);
                     }
                 }
@@ -398,41 +481,72 @@ impl Inner {
         Decisions::many(decisions)
     }
 
-    /// Moves each tier of `item`'s key to the window of `now`: the current window's count
-    /// becomes the one before, and a new allowance starts.
-    fn roll(&self, item: &Planned<'_, HybridPlan>, w: &mut [u64], now: u64) {
-        if w[SHARE] == 0 {
-            w[SHARE] = ONE / u64::from(self.config.instances.max(1));
-        }
-        let share = w[SHARE];
-        for (t, tier) in item.rule.tiers().iter().enumerate() {
-            let period = tier.period_micros();
-            let window = now - now % period;
-            let allowance = self.fresh_allowance(tier, share);
-            let tw = tier_mut(w, t);
-            if tw[START] >= window {
-                continue;
-            }
-            let (previous, pending) = if tw[START] + period == window {
-                (tw[GLOBAL] + tw[PENDING] + tw[IN_FLIGHT], tw[PENDING])
-            } else {
-                (0, 0)
-            };
-            tw.copy_from_slice(&[window, 0, previous, 0, 0, allowance, pending, 0]);
-        }
+    /// One item's decision from its key's words at `now`, as the counts and claims it holds
+    /// say, and what it needs of the next sync.
+    fn judge(
+        &self,
+        item: &Planned<'_, HybridPlan>,
+        w: &mut [u64],
+        now: u64,
+        max_delay: Option<u64>,
+    ) -> (Decision, Wants) {
+        let look = Attempt {
+            now,
+            cost: item.cost,
+            max_delay,
+            commit: false,
+        };
+        let mut wants = Wants::Nothing;
+        let verdicts: Vec<Verdict> = item
+            .rule
+            .tiers()
+            .iter()
+            .enumerate()
+            .map(|(t, tier)| {
+                let tw = tier_mut(w, t);
+                let unsynced = tw[PENDING] + tw[IN_FLIGHT];
+                let verdict = window_verdict(item, tier, tw, tw[OTHERS] + unsynced, &look);
+                if !verdict.allowed {
+                    // Held back by claims rather than by what was admitted: they may lapse.
+                    let admitted = window_verdict(item, tier, tw, unsynced, &look);
+                    if admitted.allowed && wants == Wants::Nothing {
+                        wants = Wants::Look;
+                        let wait = self.interval_micros();
+                        return Verdict::deny(
+                            verdict.limit,
+                            verdict.remaining,
+                            verdict.reset_after,
+                            wait,
+                        );
+                    }
+                    return verdict;
+                }
+                let claim = if now < tw[CLAIM_UNTIL] { tw[CLAIM] } else { 0 };
+                let unclaimed = self.unclaimed(tier, tw[CLAIMERS]);
+                if item.cost > 0 && unsynced + item.cost > claim.saturating_add(unclaimed) {
+                    wants = Wants::Claim;
+                    let wait = item.plan.shape.retry;
+                    return Verdict::deny(
+                        verdict.limit,
+                        verdict.remaining,
+                        verdict.reset_after,
+                        wait,
+                    );
+                }
+                verdict
+            })
+            .collect();
+        let decision = Decision::merge(item.rule, |i| verdicts[i]).with_source(Source::Hybrid);
+        (decision, wants)
     }
 
-    /// Pushes the deltas of the queued keys, reads the counts back, and gives each key its new
-    /// allowance. On failure the deltas go back to pending and the keys back to the queue.
-    async fn sync(&self) -> Result<(), Error> {
+    /// Says this instance runs, pushes the deltas of the queued keys and renews their claims
+    /// (or, with `release`, gives the claims up), reads the counts back, and gives each key
+    /// what Redis granted. On failure the deltas go back to pending and the keys back to the
+    /// queue.
+    async fn sync(&self, release: bool) -> Result<(), Error> {
         let queued: Vec<Queued> =
             std::mem::take(&mut *self.queue.lock().unwrap_or_else(|e| e.into_inner()));
-        if queued.is_empty() {
-            self.last_ok
-                .store(self.clock.now_micros(), Ordering::Relaxed);
-            self.failing.store(false, Ordering::Relaxed);
-            return Ok(());
-        }
         let now = self.last_now.load(Ordering::Relaxed).max(1);
         let accesses: Vec<Access<'_>> = queued
             .iter()
@@ -442,7 +556,8 @@ impl Inner {
                 words: q.shape.words,
             })
             .collect();
-        let mut sends: Vec<Push> = Vec::new();
+        let interval = self.interval_micros();
+        let mut pushes: Vec<Push> = Vec::new();
         self.table.access(&accesses, now, &self.scorer(), |words| {
             for (index, (q, w)) in queued.iter().zip(words.iter_mut()).enumerate() {
                 w[FLAGS] &= !QUEUED;
@@ -451,59 +566,126 @@ impl Inner {
                     if tw[START] == 0 {
                         continue;
                     }
+                    if q.shape.sliding && tw[PENDING_PREVIOUS] > 0 {
+                        // First, so that the current window's claim weighs it.
+                        let delta = std::mem::take(&mut tw[PENDING_PREVIOUS]);
+                        let window = tw[START] - t.period_micros();
+                        pushes.push(Push::only(index, tier, window, delta));
+                    }
                     let delta = std::mem::take(&mut tw[PENDING]);
                     tw[IN_FLIGHT] += delta;
-                    sends.push(Push::new(index, tier, tw[START], delta, true));
-                    if q.shape.sliding {
-                        let previous = std::mem::take(&mut tw[PENDING_PREVIOUS]);
-                        let window = tw[START] - t.period_micros();
-                        sends.push(Push::new(index, tier, window, previous, false));
-                    }
+                    let claim = if now < tw[CLAIM_UNTIL] { tw[CLAIM] } else { 0 };
+                    let (want, keep) = if release {
+                        (0, 0)
+                    } else {
+                        (
+                            wanted(tw, now, interval),
+                            claim.saturating_sub(tw[IN_FLIGHT]),
+                        )
+                    };
+                    pushes.push(Push {
+                        index,
+                        tier,
+                        window: tw[START],
+                        delta,
+                        claim: Some((want, keep)),
+                    });
                 }
             }
         });
-        let keys: Vec<Vec<u8>> = sends
-            .iter()
-            .map(|s| {
-                let q = &queued[s.index];
-                let period = q.rule.tiers()[s.tier].period_micros();
-                counter_key(&q.shape.prefix, &q.key, s.tier, s.window / period)
-            })
-            .collect();
-        let args: Vec<Vec<u8>> = sends
-            .iter()
-            .map(|s| {
-                let period = queued[s.index].rule.tiers()[s.tier].period_micros();
+        // First, this instance as running (a key of its own: on a cluster, a call of its own).
+        let presence = CounterItem {
+            keys: vec![INSTANCES_KEY.to_vec()],
+            args: packed([
+                3.0,
+                0.0,
+                (3 * interval / 1_000) as f64,
+                0.0,
+                0.0,
+                0.0,
+                0.0,
+                0.0,
+                0.0,
+            ]),
+        };
+        let items: Vec<CounterItem> = std::iter::once(presence)
+            .chain(pushes.iter().map(|p| {
+                let q = &queued[p.index];
+                let tier = &q.rule.tiers()[p.tier];
+                let period = tier.period_micros();
+                let counter =
+                    |window: u64| counter_key(&q.shape.prefix, &q.key, p.tier, window / period);
                 // Kept through the next window, which a sliding window weighs it in.
-                let ttl = (s.window + 2 * period).saturating_sub(now) / 1_000 + 1_000;
-                packed([s.delta as f64, ttl as f64])
-            })
+                let ttl = (p.window + 2 * period).saturating_sub(now) / 1_000 + 1_000;
+                let (kind, want, keep, mut keys) = match p.claim {
+                    None => (0.0, 0, 0, vec![counter(p.window)]),
+                    Some((want, keep)) => {
+                        let mut claims = counter(p.window);
+                        claims.extend_from_slice(b":claims");
+                        (1.0, want, keep, vec![counter(p.window), claims])
+                    }
+                };
+                let kind = if p.claim.is_some() && q.shape.sliding {
+                    keys.push(counter(p.window - period));
+                    2.0
+                } else {
+                    kind
+                };
+                let args = packed([
+                    kind,
+                    p.delta as f64,
+                    ttl as f64,
+                    tier.limit() as f64,
+                    want as f64,
+                    keep as f64,
+                    (3 * interval) as f64,
+                    period as f64,
+                    p.window as f64,
+                ]);
+                CounterItem { keys, args }
+            }))
             .collect();
         let local = self.clock.now_micros();
         let timeout = self.config.sync_interval.min(Duration::from_secs(1));
-        let answer = match tokio::time::timeout(timeout, self.redis.add(&keys, &args)).await {
-            Ok(answer) => answer,
-            Err(_) => {
-                self.timed_out_syncs.fetch_add(1, Ordering::Relaxed);
-                Err(Error::Store {
-                    message: format!("no answer within {timeout:?}"),
-                    transient: true,
-                })
-            }
-        };
+        let answer =
+            match tokio::time::timeout(timeout, self.redis.claim(&self.id, now, &items)).await {
+                Ok(answer) => answer,
+                Err(_) => {
+                    self.timed_out_syncs.fetch_add(1, Ordering::Relaxed);
+                    Err(Error::Store {
+                        message: format!("no answer within {timeout:?}"),
+                        transient: true,
+                    })
+                }
+            };
         let calls = answer.as_ref().map_or(1, |a| a.calls);
         self.calls.fetch_add(calls, Ordering::Relaxed);
         let scorer = self.scorer();
         match answer {
             Ok(answer) => {
-                if self.redis.time() == StoreTime::Server {
-                    let offset = answer.time as i64 - local as i64;
-                    self.offset.store(offset, Ordering::Relaxed);
+                let at = match self.redis.time() {
+                    StoreTime::Server => {
+                        let offset = answer.time as i64 - local as i64;
+                        self.offset.store(offset, Ordering::Relaxed);
+                        answer.time
+                    }
+                    StoreTime::Local => now,
+                };
+                let mut answered = answer.values.chunks_exact(5);
+                if let Some(presence) = answered.next() {
+                    self.instances.store(presence[0] as u64, Ordering::Relaxed);
                 }
                 self.table.access(&accesses, now, &scorer, |words| {
-                    for (s, &count) in sends.iter().zip(&answer.values) {
-                        let q = &queued[s.index];
-                        settle(&self.config, q, &mut words[s.index], s, count as u64, now);
+                    for (p, values) in pushes.iter().zip(answered) {
+                        let q = &queued[p.index];
+                        let heard = Heard {
+                            count: values[0] as u64,
+                            others: values[1] as u64,
+                            claim: values[2] as u64,
+                            claimers: values[3] as u64,
+                            previous: values[4] as u64,
+                        };
+                        settle(q, &mut words[p.index], p, &heard, at, now, interval);
                     }
                 });
                 self.last_ok
@@ -514,14 +696,14 @@ impl Inner {
             }
             Err(err) => {
                 self.table.access(&accesses, now, &scorer, |words| {
-                    for s in &sends {
-                        let period = queued[s.index].rule.tiers()[s.tier].period_micros();
-                        let tw = tier_mut(&mut words[s.index], s.tier);
-                        if s.current && tw[START] == s.window {
-                            tw[IN_FLIGHT] -= s.delta;
-                            tw[PENDING] += s.delta;
-                        } else if tw[START] == s.window + period {
-                            tw[PENDING_PREVIOUS] += s.delta;
+                    for p in &pushes {
+                        let period = queued[p.index].rule.tiers()[p.tier].period_micros();
+                        let tw = tier_mut(&mut words[p.index], p.tier);
+                        if p.claim.is_some() && tw[START] == p.window {
+                            tw[IN_FLIGHT] -= p.delta;
+                            tw[PENDING] += p.delta;
+                        } else if tw[START] == p.window + period {
+                            tw[PENDING_PREVIOUS] += p.delta;
                         }
                     }
                     for w in words.iter_mut() {
@@ -541,104 +723,110 @@ impl Inner {
     }
 }
 
-/// One counter a sync pushes (or, with no delta, reads).
+/// What a check needs of the next sync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wants {
+    Nothing,
+    /// A claim, soon: the instance ran out (an early sync).
+    Claim,
+    /// A fresh look at the others' claims, at the next sync.
+    Look,
+}
+
+/// One tier's verdict at `look` with `used` permits in the current window on top of the
+/// count heard (and, for a sliding window, the window before).
+fn window_verdict(
+    item: &Planned<'_, HybridPlan>,
+    tier: &Tier,
+    tw: &[u64],
+    used: u64,
+    look: &Attempt,
+) -> Verdict {
+    let used = tw[COUNT] + used;
+    if item.plan.shape.sliding {
+        SlidingWindow.decide(tier, &mut [tw[START], tw[PREVIOUS], used], look)
+    } else {
+        FixedWindow.decide(tier, &mut [tw[START], used], look)
+    }
+}
+
+/// How many permits to claim: what this instance admitted over the time it measured (at least
+/// a quarter of an interval, so that a burst does not claim the window), for two intervals.
+fn wanted(tw: &[u64], now: u64, interval: u64) -> u64 {
+    if tw[SINCE] == 0 {
+        return 0;
+    }
+    let elapsed = now.saturating_sub(tw[SINCE_AT]).max(interval / 4).max(1);
+    let want = u128::from(tw[SINCE]) * u128::from(2 * interval) / u128::from(elapsed);
+    u64::try_from(want).unwrap_or(u64::MAX).max(1)
+}
+
+/// One counter a sync pushes to, and, for the current window, the claim it asks for.
 struct Push {
     index: usize,
     tier: usize,
     window: u64,
     delta: u64,
-    /// The key's current window; else the one before, for a sliding window.
-    current: bool,
+    /// The claim wanted and the least to keep; `None`: a push to the window before.
+    claim: Option<(u64, u64)>,
 }
 
 impl Push {
-    fn new(index: usize, tier: usize, window: u64, delta: u64, current: bool) -> Self {
+    fn only(index: usize, tier: usize, window: u64, delta: u64) -> Self {
         Self {
             index,
             tier,
             window,
             delta,
-            current,
+            claim: None,
         }
     }
 }
 
-/// A counter's name: `tg:c:<rule>:<fingerprint>:<key length>:{k<key>}:<tier>:<window>`.
-fn counter_key(prefix: &[u8], key: &[u8], tier: usize, window: u64) -> Vec<u8> {
-    super::redis::counter_key(prefix, key, tier, window)
+/// What Redis answered for one push.
+struct Heard {
+    count: u64,
+    others: u64,
+    claim: u64,
+    claimers: u64,
+    previous: u64,
 }
 
-/// Applies the count Redis answered for `s` to the key's words `w`, and gives the tier a
-/// new allowance: this instance's share of what is left.
-fn settle(config: &HybridConfig, q: &Queued, w: &mut [u64], s: &Push, count: u64, now: u64) {
-    let tier = &q.rule.tiers()[s.tier];
-    let period = tier.period_micros();
-    let share = w[SHARE];
-    let tw = tier_mut(w, s.tier);
-    if tw[START] == s.window + period {
+/// Applies what Redis answered for `p` to the key's words `w`: the counts, and the claim,
+/// usable until two intervals after Redis granted it at `at`.
+fn settle(q: &Queued, w: &mut [u64], p: &Push, heard: &Heard, at: u64, now: u64, interval: u64) {
+    let period = q.rule.tiers()[p.tier].period_micros();
+    let tw = tier_mut(w, p.tier);
+    if tw[START] == p.window + period {
         // The count of the window before (or of the current one, which ended meanwhile).
-        tw[PREVIOUS] = count + tw[PENDING_PREVIOUS];
+        tw[PREVIOUS] = heard.count + tw[PENDING_PREVIOUS];
         return;
     }
-    if !s.current || tw[START] != s.window {
+    if p.claim.is_none() || tw[START] != p.window {
         return;
     }
-    let growth = count.saturating_sub(tw[GLOBAL]);
-    // What the others admitted since this instance last heard the count, per µs: they hold
-    // about half a sync interval of it unsent at any time.
-    let others = growth.saturating_sub(s.delta);
-    let heard = std::mem::replace(&mut tw[HEARD_AT], now);
-    let unseen = match now.checked_sub(heard) {
-        Some(elapsed) if heard > 0 && elapsed > 0 => {
-            let half = config.sync_interval.as_micros() as u64 / 2;
-            (u128::from(others) * u128::from(half) / u128::from(elapsed)) as u64
-        }
-        _ => 0,
-    };
-    tw[IN_FLIGHT] -= s.delta;
-    tw[GLOBAL] = count;
-    let look = Attempt {
-        now,
-        cost: 0,
-        max_delay: None,
-        commit: false,
-    };
-    let used = count + tw[PENDING] + tw[IN_FLIGHT];
-    let left = if q.shape.sliding {
-        SlidingWindow.decide(tier, &mut [tw[START], tw[PREVIOUS], used], &look)
-    } else {
-        FixedWindow.decide(tier, &mut [tw[START], used], &look)
+    tw[IN_FLIGHT] -= p.delta;
+    tw[COUNT] = heard.count;
+    tw[OTHERS] = heard.others;
+    tw[CLAIM] = heard.claim;
+    tw[CLAIM_UNTIL] = at + 2 * interval;
+    tw[CLAIMERS] = heard.claimers;
+    if q.shape.sliding {
+        tw[PREVIOUS] = heard.previous + tw[PENDING_PREVIOUS];
     }
-    .remaining;
-    // A moving average: one sync may see no one else's count by chance.
-    let share = if s.tier == 0 && growth > 0 {
-        let sample = (s.delta * ONE / growth).min(ONE);
-        (share - share / 2 + sample.div_ceil(2)).clamp(ONE / 64, ONE)
-    } else {
-        share
-    };
-    let allowance = claim(left, left.saturating_sub(unseen), share);
-    let allowance = config
-        .max_unsynced
-        .map_or(allowance, |cap| allowance.min(cap));
-    tw[ALLOWANCE] = tw[PENDING] + tw[IN_FLIGHT] + allowance;
-    w[SHARE] = share;
+    // The rate is measured afresh from the sync: what was admitted since it was sent.
+    tw[SINCE] = tw[PENDING];
+    tw[SINCE_AT] = if tw[PENDING] > 0 { now } else { 0 };
 }
 
-/// What an instance with `share` of a key's traffic (of `ONE`) may admit before its next
-/// sync, of `left` (as Redis counts) or `seen` (less what the others have admitted and not
-/// sent yet, by their recent rate). Alone (above 15/16) it may take all; sharing, its share
-/// of what is seen, rounded down, and one permit while its share is one at least.
-fn claim(left: u64, seen: u64, share: u64) -> u64 {
-    if share >= ONE / 16 * 15 {
-        return left;
-    }
-    let mine = u128::from(seen) * u128::from(share);
-    let whole = (mine / u128::from(ONE)) as u64;
-    if whole == 0 && mine >= u128::from(ONE) {
-        1
-    } else {
-        whole
+/// Counts `item`'s cost in the demand its key's claims are sized to.
+fn demanded(item: &Planned<'_, HybridPlan>, w: &mut [u64], now: u64) {
+    for t in 0..item.rule.tiers().len() {
+        let tw = tier_mut(w, t);
+        if tw[SINCE_AT] == 0 {
+            tw[SINCE_AT] = now;
+        }
+        tw[SINCE] += item.cost;
     }
 }
 
@@ -657,45 +845,31 @@ fn tier_mut(w: &mut [u64], tier: usize) -> &mut [u64] {
     &mut w[KEY_WORDS + TIER_WORDS * tier..KEY_WORDS + TIER_WORDS * (tier + 1)]
 }
 
-/// One item's decision from its key's words at `now`, as the counts it holds say, and whether
-/// it was denied for want of allowance (a sync brings more).
-fn judge(
-    item: &Planned<'_, HybridPlan>,
-    w: &mut [u64],
-    now: u64,
-    max_delay: Option<u64>,
-) -> (Decision, bool) {
-    let look = Attempt {
-        now,
-        cost: item.cost,
-        max_delay,
-        commit: false,
-    };
-    let mut starved = false;
-    let verdicts: Vec<Verdict> = item
-        .rule
-        .tiers()
-        .iter()
-        .enumerate()
-        .map(|(t, tier)| {
-            let tw = tier_mut(w, t);
-            let used = tw[GLOBAL] + tw[PENDING] + tw[IN_FLIGHT];
-            let verdict = if item.plan.shape.sliding {
-                SlidingWindow.decide(tier, &mut [tw[START], tw[PREVIOUS], used], &look)
-            } else {
-                FixedWindow.decide(tier, &mut [tw[START], used], &look)
-            };
-            let unsynced = tw[PENDING] + tw[IN_FLIGHT];
-            if verdict.allowed && item.cost > 0 && unsynced + item.cost > tw[ALLOWANCE] {
-                starved = true;
-                let wait = item.plan.shape.retry;
-                return Verdict::deny(verdict.limit, verdict.remaining, verdict.reset_after, wait);
-            }
-            verdict
-        })
-        .collect();
-    let decision = Decision::merge(item.rule, |i| verdicts[i]).with_source(Source::Hybrid);
-    (decision, starved)
+/// Moves each tier of `item`'s key to the window of `now`: the current window's count (and
+/// what this instance admitted in it) becomes the one before; the new window has no claim yet.
+fn roll(item: &Planned<'_, HybridPlan>, w: &mut [u64], now: u64) {
+    for (t, tier) in item.rule.tiers().iter().enumerate() {
+        let period = tier.period_micros();
+        let window = now - now % period;
+        let tw = tier_mut(w, t);
+        if tw[START] >= window {
+            continue;
+        }
+        let (previous, pending) = if tw[START] + period == window {
+            (tw[COUNT] + tw[PENDING] + tw[IN_FLIGHT], tw[PENDING])
+        } else {
+            (0, 0)
+        };
+        let mut fresh = [0; TIER_WORDS];
+        fresh[START] = window;
+        fresh[PREVIOUS] = previous;
+        fresh[PENDING_PREVIOUS] = pending;
+        // How fast this instance admits, and how many instances claim, carry over.
+        fresh[SINCE] = tw[SINCE];
+        fresh[SINCE_AT] = tw[SINCE_AT];
+        fresh[CLAIMERS] = tw[CLAIMERS];
+        tw.copy_from_slice(&fresh);
+    }
 }
 
 impl Store for HybridStore {
@@ -738,7 +912,7 @@ impl Store for HybridStore {
     async fn shutdown(&self) {
         self.inner.stopped.store(true, Ordering::Relaxed);
         self.inner.wake.notify_one();
-        if let Err(err) = self.inner.sync().await {
+        if let Err(err) = self.inner.sync(true).await {
             tracing::warn!(error = %err, "hybrid store could not push its last counts");
         }
     }
@@ -774,7 +948,8 @@ impl LocalStore for HybridStore {
 
 /// Judges entries for the table: keys with counts to push stay; keys whose windows (and the
 /// next, which a sliding window weighs them in) are over may go; otherwise the more a key has
-/// left of its limit, the less its counts matter.
+/// left of its limit, the less its counts matter. Forgetting a claim only leaves it unused
+/// until it lapses.
 struct Scorer<'a> {
     slots: RwLockReadGuard<'a, Versions>,
 }
@@ -792,7 +967,7 @@ impl Score for Scorer<'_> {
                 return Some(-1.0);
             }
             live |= tw[START] + 2 * tier.period_micros() > now;
-            let left = tier.limit().saturating_sub(tw[GLOBAL]);
+            let left = tier.limit().saturating_sub(tw[COUNT]);
             least = least.min(left as f64 / tier.limit() as f64);
         }
         live.then_some(least)

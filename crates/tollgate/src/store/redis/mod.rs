@@ -393,43 +393,70 @@ impl RedisStore {
     /// Adds to window counters (see `lua/counters.lua`): `args` holds each key's delta and
     /// TTL; the answer's values are the counts after.
     pub(crate) async fn add(&self, keys: &[Vec<u8>], args: &[Vec<u8>]) -> Result<Answer, Error> {
-        self.counters(&script::ADD_ENTRY, keys, args, 1).await
+        let items = CounterItem::one_key_each(keys, args);
+        self.counters(&script::ADD_ENTRY, &[], &items, 1).await
     }
 
     /// Leases from window counters (see `lua/counters.lua`): `args` holds each key's want,
     /// limit, TTL and threshold; the answer's values are each key's grant and count after.
     pub(crate) async fn lease(&self, keys: &[Vec<u8>], args: &[Vec<u8>]) -> Result<Answer, Error> {
-        self.counters(&script::LEASE_ENTRY, keys, args, 2).await
+        let items = CounterItem::one_key_each(keys, args);
+        self.counters(&script::LEASE_ENTRY, &[], &items, 2).await
     }
 
-    /// Calls a counters function with `keys` and each key's packed `args`: one call on a
-    /// single server, one per slot on a cluster. The answer holds `width` values per key, in
-    /// the order of `keys`.
+    /// Pushes to window counters and claims from them for the instance `id` at `now` (µs, on
+    /// the caller's clock; the server's with [`StoreTime::Server`]; see `lua/counters.lua`);
+    /// the answer holds five values per item.
+    pub(crate) async fn claim(
+        &self,
+        id: &[u8],
+        now: u64,
+        items: &[CounterItem],
+    ) -> Result<Answer, Error> {
+        let at = match self.time {
+            StoreTime::Server => -1.0,
+            StoreTime::Local => now as f64,
+        };
+        let time = packed([at]);
+        self.counters(&script::CLAIM_ENTRY, &[id, &time], items, 5)
+            .await
+    }
+
+    /// Calls a counters function with `items`, and `whole`, arguments of the whole call (the
+    /// first before the items', the others after): one call on a single server, one per slot
+    /// on a cluster. The answer holds `width` values per item, in the order of `items`.
     async fn counters(
         &self,
         entry: &Entry,
-        keys: &[Vec<u8>],
-        args: &[Vec<u8>],
+        whole: &[&[u8]],
+        items: &[CounterItem],
         width: usize,
     ) -> Result<Answer, Error> {
         let groups: Vec<Vec<usize>> = match &self.connection {
-            Connection::Single(_) => vec![(0..keys.len()).collect()],
-            Connection::Cluster(_) => by_slot(keys.iter().map(|k| slot(k))),
+            Connection::Single(_) => vec![(0..items.len()).collect()],
+            Connection::Cluster(_) => by_slot(items.iter().map(|i| slot(&i.keys[0]))),
         };
         let mut answer = Answer {
             time: 0,
-            values: vec![0.0; width * keys.len()],
+            values: vec![0.0; width * items.len()],
             calls: 0,
         };
         for group in groups {
-            let names: Vec<Vec<u8>> = group.iter().map(|&i| keys[i].clone()).collect();
+            let names: Vec<Vec<u8>> = group
+                .iter()
+                .flat_map(|&i| items[i].keys.iter().cloned())
+                .collect();
             let packed: Vec<u8> = group
                 .iter()
-                .flat_map(|&i| args[i].iter().copied())
+                .flat_map(|&i| items[i].args.iter().copied())
                 .collect();
             answer.calls += 1;
+            let args: Vec<&[u8]> = match whole {
+                [] => vec![&packed[..]],
+                [first, rest @ ..] => [&[*first, &packed[..]], rest].concat(),
+            };
             let reply = self
-                .invoke(entry, &names, &[&packed])
+                .invoke(entry, &names, &args)
                 .await
                 .map_err(store_error)?;
             let doubles: Vec<f64> = reply
@@ -439,7 +466,7 @@ impl RedisStore {
             if doubles.len() != 1 + width * group.len() {
                 return Err(Error::Store {
                     message: format!(
-                        "counters replied {} values for {} keys",
+                        "counters replied {} values for {} items",
                         doubles.len(),
                         group.len()
                     ),
@@ -746,6 +773,25 @@ impl<'a> Verdicts<'a> {
         };
         self.at += 6 * 8 * rule.tiers().len();
         Decision::merge(rule, verdict).with_source(Source::Redis)
+    }
+}
+
+/// One item of a counters call: its keys (in one slot) and its packed arguments.
+#[derive(Debug)]
+pub(crate) struct CounterItem {
+    pub(crate) keys: Vec<Vec<u8>>,
+    pub(crate) args: Vec<u8>,
+}
+
+impl CounterItem {
+    fn one_key_each(keys: &[Vec<u8>], args: &[Vec<u8>]) -> Vec<Self> {
+        keys.iter()
+            .zip(args)
+            .map(|(key, args)| Self {
+                keys: vec![key.clone()],
+                args: args.clone(),
+            })
+            .collect()
     }
 }
 

@@ -134,7 +134,7 @@ fn algorithm_blocks(functions: bool) -> String {
 /// its code so that different versions of tollgate can share a server.
 pub(crate) struct Library {
     /// `tollgate_<hash>`; each function is `<name>_<algorithm>`, and `<name>_batch`,
-    /// `<name>_add` and `<name>_lease`.
+    /// `<name>_add`, `<name>_lease` and `<name>_claim`.
     pub(crate) name: String,
     /// The source given to `FUNCTION LOAD REPLACE`.
     pub(crate) code: String,
@@ -145,7 +145,7 @@ pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
     body.push_str(&algorithm_blocks(true));
     body.push_str(BATCH);
     body.push_str(COUNTERS);
-    for function in ["batch", "add", "lease"] {
+    for function in ["batch", "add", "lease", "claim"] {
         body.push_str(&format!(
             "\nredis.register_function('__LIBRARY___{function}', \
              function(keys, args) return {function}(keys, args) end)\n"
@@ -203,6 +203,9 @@ pub(crate) static BATCH_ENTRY: LazyLock<Entry> = LazyLock::new(|| {
 
 /// Counters of the hybrid and lease stores (`lua/counters.lua`): adding to them.
 pub(crate) static ADD_ENTRY: LazyLock<Entry> = LazyLock::new(|| counters("add"));
+
+/// Counters of the hybrid store (`lua/counters.lua`): pushing to them and claiming from them.
+pub(crate) static CLAIM_ENTRY: LazyLock<Entry> = LazyLock::new(|| counters("claim"));
 
 /// Counters of the hybrid and lease stores (`lua/counters.lua`): leasing from them.
 pub(crate) static LEASE_ENTRY: LazyLock<Entry> = LazyLock::new(|| counters("lease"));

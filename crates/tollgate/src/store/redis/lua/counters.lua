@@ -1,11 +1,10 @@
 -- Counters of permits per window, shared by the hybrid and lease stores: one integer key per
 -- rule, key, tier and aligned window, expiring after its window (and the next, which a sliding
--- window weighs it in). Both functions read the server's TIME, so that instances agree on
--- windows whatever their clocks say, and return it first.
+-- window weighs it in). Every function reads the server's TIME, so that instances agree on
+-- windows whatever their clocks say, and returns it first.
 
--- Adds each delta to its counter and returns the counts: a hybrid store pushing what it
--- admitted locally (0 only reads), or a lease store handing back what it did not use
--- (negative; never below 0, never creating a counter).
+-- Adds each delta to its counter and returns the counts: a lease store handing back what it
+-- did not use (negative; never below 0, never creating a counter), or any store reading (0).
 -- args[1]  two little-endian doubles per key: delta, TTL (ms) for a counter it creates
 -- Returns  little-endian doubles: now (µs), then each counter after the add.
 local function add(keys, args)
@@ -57,6 +56,97 @@ local function lease(keys, args)
       if used == grant then call('PEXPIRE', key, decimal(ttl)) end
     end
     reply[2 * i], reply[2 * i + 1] = grant, used
+  end
+  return pack('<' .. rep('d', #reply), unpack(reply))
+end
+
+-- The hybrid store's sync: each item pushes what one instance admitted to a window's counter
+-- and, unless it only pushes, replaces that instance's claim on the window. A claim is the
+-- permits beyond the count that the instance may admit before its next sync; claims are kept
+-- in a hash per window (instance id -> "amount expiry"), and a claim is granted only from what
+-- the limit leaves once the count and the other instances' live claims are taken out, at most
+-- an even share of it among the instances claiming. So the count, plus every live claim, stays
+-- within the limit, and instances that admit only within their claims never exceed it. A claim
+-- is at least `keep`, what the instance may still admit under its previous claim before it
+-- hears this answer. Claims expire unless renewed, so a stopped instance holds nothing for long.
+-- An item of kind 3 instead registers the instance as running, in a sorted set of instances
+-- by when each last synced, and counts those seen within its TTL.
+-- args[1]  the instance's id
+-- args[3]  a little-endian double: the caller's time (µs), or -1 for the server's TIME
+-- args[2]  nine little-endian doubles per item: kind (0: push only; 1: fixed window; 2: sliding
+--          window; 3: presence), delta, TTL (ms), limit, want, keep, claim TTL (µs), period
+--          (µs), window start (µs)
+-- keys     per item: its window's counter (the set of instances, for presence); then, for a
+--          window, the window's claims; then, for a sliding window, the counter of the window
+--          before
+-- Returns  little-endian doubles: now (µs), then five per item: the count (of instances, for
+--          presence), the other instances' live claims, this instance's claim, the instances
+--          claiming (this one included), and for a sliding window the count of the window
+--          before
+local function claim(keys, args)
+  if not floor then bind() end
+  local now = unpack_packed('<d', args[3])
+  if now < 0 then
+    local time = call('TIME')
+    now = time[1] * 1000000 + time[2]
+  end
+  local me, packed = args[1], args[2]
+  local reply = {now}
+  local position, k = 1, 1
+  while position <= #packed do
+    local kind, delta, ttl, limit, want, keep, claim_ttl, period, start
+    kind, delta, ttl, limit, want, keep, claim_ttl, period, start, position =
+      unpack_packed('<ddddddddd', packed, position)
+    local counter = keys[k]
+    k = k + 1
+    local count
+    if kind == 3 then
+      call('ZADD', counter, now, me)
+      call('ZREMRANGEBYSCORE', counter, '-inf', string.format('(%d', now - ttl * 1000))
+      call('PEXPIRE', counter, decimal(ttl))
+      count = call('ZCARD', counter)
+    elseif delta > 0 then
+      count = call('INCRBY', counter, decimal(delta))
+      if count == delta then call('PEXPIRE', counter, decimal(ttl)) end
+    else
+      count = tonumber(call('GET', counter) or '0')
+    end
+    local others, mine, claimers, previous = 0, 0, 1, 0
+    if kind == 1 or kind == 2 then
+      local claims = keys[k]
+      k = k + 1
+      if kind == 2 then
+        previous = tonumber(call('GET', keys[k]) or '0')
+        k = k + 1
+      end
+      local held = call('HGETALL', claims)
+      for i = 1, #held, 2 do
+        if held[i] ~= me then
+          local amount, expires = string.match(held[i + 1], '^(%d+) (%d+)$')
+          if tonumber(expires) > now then
+            others, claimers = others + tonumber(amount), claimers + 1
+          else
+            call('HDEL', claims, held[i])
+          end
+        end
+      end
+      local used = count + others
+      local elapsed = now - start
+      if kind == 2 and elapsed < period then
+        used = used + previous * ((period - elapsed) / period)
+      end
+      local left = max(floor(limit - used), 0)
+      mine = max(min(want, ceil(left / claimers)), keep)
+      if mine > 0 then
+        call('HSET', claims, me, string.format('%d %d', mine, now + claim_ttl))
+        call('PEXPIRE', claims, decimal(ttl))
+      else
+        call('HDEL', claims, me)
+      end
+    end
+    local at = #reply
+    reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4], reply[at + 5] =
+      count, others, mine, claimers, previous
   end
   return pack('<' .. rep('d', #reply), unpack(reply))
 end
