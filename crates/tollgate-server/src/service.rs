@@ -517,7 +517,7 @@ async fn open_store(config: &StoreConfig) -> anyhow::Result<AnyStore> {
                         instances: *instances,
                         ..LeaseConfig::default()
                     },
-                )),
+                )?),
             }
         }
     })

@@ -268,7 +268,7 @@ async fn main() {
             };
             let mut lease = Vec::new();
             for _ in 0..INSTANCES {
-                let store = LeaseStore::new(&redis().await, config);
+                let store = LeaseStore::new(&redis().await, config).unwrap();
                 lease.push(
                     Limiter::builder(rule("lease"))
                         .store(store)

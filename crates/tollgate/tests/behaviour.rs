@@ -101,7 +101,7 @@ impl Hybrid {
 impl Lease {
     async fn start() -> Self {
         let server = RedisServer::start();
-        let store = LeaseStore::new(&redis(&server).await, LeaseConfig::default());
+        let store = LeaseStore::new(&redis(&server).await, LeaseConfig::default()).unwrap();
         Self {
             store,
             _server: server,

@@ -8,18 +8,24 @@
 //! log's budget is not a count that can be handed out ahead.
 //!
 //! The batch follows the instance's own rate: enough for `target` more of what it spent since
-//! its last lease (a busy instance leases more, an idle one little). Once fewer than
-//! `threshold` of the limit are left, Redis grants at most half of what is left (but what the
-//! check needs), so that the last permits spread over the instances that still need them.
+//! its last lease (a busy instance leases more, an idle one little). Redis grants it only what
+//! the limit leaves once the other instances leasing the window have their due (their even
+//! share of the limit, less what they leased, and no more than their rate needs for the rest
+//! of the window), so equally busy instances end with equal shares of a limit, within a
+//! lease's rounding. Once fewer than `threshold` of the limit are left, Redis grants at most
+//! half of what is left (but what the check needs), so that the last permits spread over the
+//! instances that still need them. An instance leases a key one lease at a time: checks that
+//! find its lease short while one is asked for wait for that answer rather than asking again.
 //! [`Store::shutdown`] gives the permits not spent back.
 
 use std::fmt;
+use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLockReadGuard};
 use std::time::Duration;
 
 use super::guard::{GuardPlan, Guarded, StoreFailures};
-use super::redis::{RedisStore, StoreTime, counter_key, counter_prefix, packed};
+use super::redis::{CounterItem, RedisStore, StoreTime, counter_key, counter_prefix, packed};
 use super::slots::{Slots, Versions};
 use super::table::{Access, Bounds, Score, Table, WhenFull};
 use super::{Planned, Store};
@@ -56,6 +62,34 @@ impl Default for LeaseConfig {
     }
 }
 
+impl LeaseConfig {
+    /// Checks the settings.
+    ///
+    /// # Errors
+    /// [`Error::Store`] naming a setting out of range.
+    pub fn validate(&self) -> Result<(), Error> {
+        let invalid = |message: &str| {
+            Err(Error::Store {
+                message: message.into(),
+                transient: false,
+            })
+        };
+        if self.target < Duration::from_millis(1) || self.target > Duration::from_secs(86_400) {
+            return invalid("target: must be from 1 ms to a day");
+        }
+        if self.instances == 0 {
+            return invalid("instances: must be at least 1");
+        }
+        if !(self.threshold >= 0.0 && self.threshold <= 1.0) {
+            return invalid("threshold: must be from 0 to 1");
+        }
+        if self.max_keys == 0 {
+            return invalid("max_keys: must be at least 1");
+        }
+        Ok(())
+    }
+}
+
 /// What a lease store did, since it was made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct LeaseStats {
@@ -79,6 +113,11 @@ pub struct LeaseStore {
 struct Inner {
     redis: RedisStore,
     config: LeaseConfig,
+    /// This instance's name among a window's lessees: random, new for each store.
+    id: Vec<u8>,
+    /// One lease at a time per key: a check that needs one takes its key's stripe first.
+    leasing: Box<[tokio::sync::Mutex<()>]>,
+    hasher: foldhash::fast::RandomState,
     table: Table,
     slots: Slots,
     /// Keys that hold a lease, each once (marked `HELD`), for shutdown to give back.
@@ -163,16 +202,36 @@ struct Need {
     window: u64,
     need: u64,
     want: u64,
+    /// The rate the tier spends at (permits per million seconds; 0: not measured yet).
+    rate: u64,
 }
+
+/// Stripes of the one-lease-at-a-time locks: keys that share one wait for each other's
+/// leases, which are rare.
+const LEASING_STRIPES: usize = 1_024;
 
 impl LeaseStore {
     /// A lease store on the Redis of `redis` (its connections, clock and failure handling).
-    pub fn new(redis: &RedisStore, config: LeaseConfig) -> Self {
+    ///
+    /// # Errors
+    /// [`Error::Store`] for settings out of range.
+    pub fn new(redis: &RedisStore, config: LeaseConfig) -> Result<Self, Error> {
+        config.validate()?;
         let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
-        Self {
+        let clock = SystemClock::new();
+        let hasher = foldhash::fast::RandomState::default();
+        let mut id = hasher.build_hasher();
+        id.write_u64(clock.now_micros());
+        id.write_u32(std::process::id());
+        Ok(Self {
             inner: Arc::new(Inner {
                 redis: redis.clone(),
                 config,
+                id: format!("{:016x}", id.finish()).into_bytes(),
+                leasing: (0..LEASING_STRIPES)
+                    .map(|_| tokio::sync::Mutex::new(()))
+                    .collect(),
+                hasher,
                 table: Table::new(Bounds {
                     max_keys: config.max_keys,
                     max_bytes: usize::MAX,
@@ -181,7 +240,7 @@ impl LeaseStore {
                 }),
                 slots: Slots::default(),
                 held: Mutex::new(Vec::new()),
-                clock: SystemClock::new(),
+                clock,
                 offset: AtomicI64::new(0),
                 last_now: AtomicU64::new(0),
                 decisions: AtomicU64::new(0),
@@ -189,7 +248,7 @@ impl LeaseStore {
                 leased: AtomicU64::new(0),
                 returned: AtomicU64::new(0),
             }),
-        }
+        })
     }
 
     /// Whether Redis is being kept away now: checks spend what is leased, then each rule's
@@ -222,6 +281,29 @@ impl LeaseStore {
 }
 
 impl Inner {
+    /// The stripes of `items`' keys, locked in ascending order (so never deadlocking).
+    async fn leasing(
+        &self,
+        items: &[Planned<'_, LeasePlan>],
+    ) -> Vec<tokio::sync::MutexGuard<'_, ()>> {
+        let mut stripes: Vec<usize> = items
+            .iter()
+            .map(|i| {
+                let mut hasher = self.hasher.build_hasher();
+                hasher.write_u32(i.plan.shape.slot);
+                hasher.write(i.key);
+                hasher.finish() as usize % LEASING_STRIPES
+            })
+            .collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        let mut guards = Vec::with_capacity(stripes.len());
+        for stripe in stripes {
+            guards.push(self.leasing[stripe].lock().await);
+        }
+        guards
+    }
+
     fn scorer(&self) -> Scorer<'_> {
         Scorer {
             slots: self.slots.read(),
@@ -274,6 +356,7 @@ impl Inner {
                             window,
                             need: item.cost - available,
                             want: self.want(tier, tw, now, item.cost - available),
+                            rate: rate(tw, now),
                         });
                     }
                     verdicts.push(Verdict::deny(tier.limit(), remaining, reset, reset));
@@ -339,32 +422,36 @@ impl Inner {
         needs: &[Need],
         now: u64,
     ) -> Result<(), Error> {
-        let keys: Vec<Vec<u8>> = needs
+        let leases: Vec<CounterItem> = needs
             .iter()
             .map(|n| {
                 let item = &items[n.item];
-                let period = item.rule.tiers()[n.tier].period_micros();
-                counter_key(&item.plan.shape.prefix, item.key, n.tier, n.window / period)
-            })
-            .collect();
-        let args: Vec<Vec<u8>> = needs
-            .iter()
-            .map(|n| {
-                let tier = &items[n.item].rule.tiers()[n.tier];
+                let tier = &item.rule.tiers()[n.tier];
                 let period = tier.period_micros();
+                let counter =
+                    counter_key(&item.plan.shape.prefix, item.key, n.tier, n.window / period);
+                let mut lessees = counter.clone();
+                lessees.extend_from_slice(b":lessees");
                 let ttl = period / 1_000 + 1_000;
                 let threshold = (tier.limit() as f64 * self.config.threshold).ceil();
-                packed([
+                let args = packed([
                     n.want as f64,
                     n.need as f64,
                     tier.limit() as f64,
                     ttl as f64,
                     threshold,
-                ])
+                    n.rate as f64 / 1e6,
+                    (n.window + period) as f64,
+                    self.config.target.as_micros() as f64,
+                ]);
+                CounterItem {
+                    keys: vec![counter, lessees],
+                    args,
+                }
             })
             .collect();
         let local = self.clock.now_micros();
-        let answer = self.redis.lease(&keys, &args).await;
+        let answer = self.redis.lease(&self.id, now, &leases).await;
         self.calls
             .fetch_add(answer.as_ref().map_or(1, |a| a.calls), Ordering::Relaxed);
         let answer = answer?;
@@ -519,11 +606,17 @@ impl Store for LeaseStore {
             .saturating_add_signed(inner.offset.load(Ordering::Relaxed))
             .max(1);
         inner.last_now.fetch_max(at, Ordering::Relaxed);
-        let needs = match inner.spend(items, at, false) {
-            Ok(decisions) => return Ok(decisions),
-            Err(needs) => needs,
-        };
+        if let Ok(decisions) = inner.spend(items, at, false) {
+            return Ok(decisions);
+        }
         let remote = || async {
+            // One lease at a time per key (the wait within the store's timeout): a lease
+            // asked for meanwhile may be enough.
+            let _leasing = inner.leasing(items).await;
+            let needs = match inner.spend(items, at, false) {
+                Ok(decisions) => return Ok(decisions),
+                Err(needs) => needs,
+            };
             inner.take(items, &needs, at).await?;
             let at = now
                 .saturating_add_signed(inner.offset.load(Ordering::Relaxed))

@@ -397,11 +397,18 @@ impl RedisStore {
         self.counters(&script::ADD_ENTRY, &[], &items, 1).await
     }
 
-    /// Leases from window counters (see `lua/counters.lua`): `args` holds each key's want,
-    /// limit, TTL and threshold; the answer's values are each key's grant and count after.
-    pub(crate) async fn lease(&self, keys: &[Vec<u8>], args: &[Vec<u8>]) -> Result<Answer, Error> {
-        let items = CounterItem::one_key_each(keys, args);
-        self.counters(&script::LEASE_ENTRY, &[], &items, 2).await
+    /// Leases from window counters for the instance `id` at `now` (as for
+    /// [`claim`](Self::claim); see `lua/counters.lua`); the answer's values are each item's
+    /// grant and count after.
+    pub(crate) async fn lease(
+        &self,
+        id: &[u8],
+        now: u64,
+        items: &[CounterItem],
+    ) -> Result<Answer, Error> {
+        let time = packed([self.caller_time(now)]);
+        self.counters(&script::LEASE_ENTRY, &[id, &time], items, 2)
+            .await
     }
 
     /// Pushes to window counters and claims from them for the instance `id` at `now` (µs, on
@@ -413,13 +420,17 @@ impl RedisStore {
         now: u64,
         items: &[CounterItem],
     ) -> Result<Answer, Error> {
-        let at = match self.time {
-            StoreTime::Server => -1.0,
-            StoreTime::Local => now as f64,
-        };
-        let time = packed([at]);
+        let time = packed([self.caller_time(now)]);
         self.counters(&script::CLAIM_ENTRY, &[id, &time], items, 5)
             .await
+    }
+
+    /// `now` as the counters functions read the caller's time: -1 for the server's.
+    fn caller_time(&self, now: u64) -> f64 {
+        match self.time {
+            StoreTime::Server => -1.0,
+            StoreTime::Local => now as f64,
+        }
     }
 
     /// Calls a counters function with `items`, and `whole`, arguments of the whole call (the

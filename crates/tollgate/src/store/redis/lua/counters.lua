@@ -31,31 +31,73 @@ local function add(keys, args)
   return pack('<' .. rep('d', #reply), unpack(reply))
 end
 
--- Leases permits from each counter's budget: up to `want`, as many as the limit leaves; once
--- fewer than `threshold` are left, at most half of what is left, so that the last permits
--- spread over the instances that still need them; but never less than `need` (what the
--- check at hand needs) while the limit leaves that many.
--- args[1]  five little-endian doubles per key: want, need, limit, TTL (ms), threshold
--- Returns  little-endian doubles: now (µs), then per key: granted, counted after the grant.
+-- Leases permits from each counter's budget to one instance: up to `want`, its own due (its
+-- even share of the limit, less what it leased), and beyond that as many as the limit leaves
+-- once the other instances leasing from it have their due: each its even share of the
+-- limit (among the instances that leased within `stale`), less what it leased already, and no
+-- more than its rate would spend in the rest of the window (a quarter more), when its rate is
+-- known. So equally busy instances end up with equal shares, and an idle one holds nothing
+-- back. Once fewer than `threshold` are left, at most half of what is left, so that the last
+-- permits spread over the instances that still need them; but never less than `need` (what
+-- the check at hand needs) while what the others are due leaves that many. Each window's
+-- lessees are a hash
+-- (instance id -> "leased rate last"), rate in thousandths of a permit per second.
+-- args[1]  the instance's id
+-- args[2]  eight little-endian doubles per item: want, need, limit, TTL (ms), threshold, this
+--          instance's rate (permits per second; 0: not known yet), window end (µs), stale (µs)
+-- args[3]  a little-endian double: the caller's time (µs), or -1 for the server's TIME
+-- keys     per item: the window's counter, then its lessees
+-- Returns  little-endian doubles: now (µs), then per item: granted, counted after the grant.
 local function lease(keys, args)
   if not floor then bind() end
-  local time = call('TIME')
-  local reply = {time[1] * 1000000 + time[2]}
-  local position = 1
-  for i = 1, #keys do
-    local key = keys[i]
-    local want, need, limit, ttl, threshold
-    want, need, limit, ttl, threshold, position = unpack_packed('<ddddd', args[1], position)
-    local used = tonumber(call('GET', key) or '0')
+  local now = unpack_packed('<d', args[3])
+  if now < 0 then
+    local time = call('TIME')
+    now = time[1] * 1000000 + time[2]
+  end
+  local me, packed = args[1], args[2]
+  local reply = {now}
+  local position, i = 1, 1
+  while position <= #packed do
+    local counter, lessees = keys[2 * i - 1], keys[2 * i]
+    local want, need, limit, ttl, threshold, rate, window_end, stale
+    want, need, limit, ttl, threshold, rate, window_end, stale, position =
+      unpack_packed('<dddddddd', packed, position)
+    local used = tonumber(call('GET', counter) or '0')
     local left = max(limit - used, 0)
-    local grant = want
-    if left < threshold then grant = min(grant, ceil(left / 2)) end
-    grant = min(max(grant, need), left)
-    if grant > 0 then
-      used = call('INCRBY', key, decimal(grant))
-      if used == grant then call('PEXPIRE', key, decimal(ttl)) end
+    local held = call('HGETALL', lessees)
+    local others, mine = {}, 0
+    for f = 1, #held, 2 do
+      local leased, their_rate, last = string.match(held[f + 1], '^(%d+) (%d+) (%d+)$')
+      leased, their_rate, last = tonumber(leased), tonumber(their_rate), tonumber(last)
+      if held[f] == me then
+        mine = leased
+      elseif last + stale > now then
+        others[#others + 1] = {leased, their_rate / 1000}
+      end
     end
+    local fair = ceil(limit / (#others + 1))
+    local remaining = max(window_end - now, 0) / 1000000
+    local due = 0
+    for o = 1, #others do
+      local owed = max(fair - others[o][1], 0)
+      if others[o][2] > 0 then owed = min(owed, ceil(others[o][2] * remaining * 1.25)) end
+      due = due + owed
+    end
+    -- Its own due first: what the others are due beyond that is theirs.
+    local available = min(max(left - due, fair - mine, 0), left)
+    local grant = min(want, available)
+    if left < threshold then grant = min(grant, ceil(left / 2)) end
+    grant = min(max(grant, need), available)
+    if grant > 0 then
+      used = call('INCRBY', counter, decimal(grant))
+      if used == grant then call('PEXPIRE', counter, decimal(ttl)) end
+    end
+    call('HSET', lessees, me,
+      string.format('%d %d %d', mine + grant, floor(rate * 1000), now))
+    call('PEXPIRE', lessees, decimal(ttl))
     reply[2 * i], reply[2 * i + 1] = grant, used
+    i = i + 1
   end
   return pack('<' .. rep('d', #reply), unpack(reply))
 end
