@@ -53,11 +53,14 @@ impl FromRequestParts<AppState> for Admin {
                 "the admin API is off: start serve with --admin-token",
             ));
         };
+        // The scheme is case-insensitive (RFC 9110, 11.1).
         let given = parts
             .headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
+            .and_then(|v| v.trim().split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim());
         match given {
             Some(given) if constant_time_eq(given.as_bytes(), token.as_bytes()) => Ok(Admin),
             _ => {

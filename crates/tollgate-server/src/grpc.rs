@@ -26,20 +26,73 @@ use crate::service::{CheckError, DescriptorOutcome, Service};
 const MAX_DESCRIPTORS: usize = 64;
 
 /// The gRPC service over `service`; with `response_headers`, answers carry the rate limit
-/// fields for Envoy to add to its answer.
-pub fn server(service: Arc<Service>, response_headers: bool) -> RateLimitServiceServer<Rls> {
+/// fields for Envoy to add to its answer. A request message longer than `max_message` bytes
+/// is refused before it is read whole (`OUT_OF_RANGE`), so that no request can make the
+/// service decode more than that.
+pub fn server(
+    service: Arc<Service>,
+    response_headers: bool,
+    max_message: usize,
+) -> RateLimitServiceServer<Rls> {
     RateLimitServiceServer::new(Rls {
         service,
         response_headers,
     })
+    .max_decoding_message_size(max_message)
 }
 
-/// The connections of `listener`, with Nagle's algorithm off: Envoy sends many calls over one
-/// connection, and an answer written while the one before is not yet acknowledged would
-/// otherwise wait for that acknowledgement, up to the peer's delayed-ACK time (40 ms on
-/// Linux). (`Server::serve` sets this itself; an incoming stream of our own must.)
-pub fn incoming(listener: tokio::net::TcpListener) -> tonic::transport::server::TcpIncoming {
-    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
+/// Answers a request whose message cannot be decoded with `INVALID_ARGUMENT`, where tonic
+/// says `INTERNAL`: the caller's mistake, not the service's. Such answers carry their status
+/// in their headers (a trailers-only answer).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DecodeErrorsLayer;
+
+impl<S> tower::Layer<S> for DecodeErrorsLayer {
+    type Service = DecodeErrors<S>;
+
+    fn layer(&self, inner: S) -> DecodeErrors<S> {
+        DecodeErrors(inner)
+    }
+}
+
+/// See [`DecodeErrorsLayer`].
+#[derive(Debug, Clone)]
+pub struct DecodeErrors<S>(S);
+
+impl<S, B, R> tower::Service<axum::http::Request<B>> for DecodeErrors<S>
+where
+    S: tower::Service<axum::http::Request<B>, Response = axum::http::Response<R>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: axum::http::Request<B>) -> Self::Future {
+        let answer = self.0.call(request);
+        Box::pin(async move {
+            let mut answer = answer.await?;
+            let headers = answer.headers_mut();
+            // The message is percent-encoded.
+            let undecodable = headers.get("grpc-status").is_some_and(|s| s == "13")
+                && headers
+                    .get("grpc-message")
+                    .is_some_and(|m| m.as_bytes().starts_with(b"failed%20to%20decode%20Protobuf"));
+            if undecodable {
+                let invalid = axum::http::HeaderValue::from_static("3");
+                headers.insert("grpc-status", invalid);
+            }
+            Ok(answer)
+        })
+    }
 }
 
 /// Answers `ShouldRateLimit` from the service's domains.

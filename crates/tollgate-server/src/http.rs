@@ -29,14 +29,16 @@ use axum::extract::{DefaultBodyLimit, Query, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::serve::{IncomingStream, Listener, ListenerExt, TapIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tollgate::engine::{Descriptor, Request, descriptor};
 use tollgate::{Decision, Source};
 
 use crate::admin;
+use crate::connections::{Registry, Tracked};
 use tollgate::layer::headers::{self, ceil_secs};
 
 use crate::service::{CheckError, DescriptorOutcome, Outcome, Service};
@@ -52,6 +54,8 @@ pub struct AppState {
     pub admin_token: Option<Arc<str>>,
     /// The largest request body read, in bytes; a larger one gets 413.
     pub max_body_bytes: usize,
+    /// The connections of both listeners, for the metrics.
+    pub connections: Option<Arc<Registry>>,
 }
 
 /// The path of the check API.
@@ -72,51 +76,67 @@ fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// The connections of `listener`, with Nagle's algorithm off: an answer written while the
-/// one before is not yet acknowledged (a client that pipelines its requests) would otherwise
-/// wait for that acknowledgement, up to the peer's delayed-ACK time (40 ms on Linux).
-pub fn listener(listener: TcpListener) -> TapIo<TcpListener, fn(&mut TcpStream)> {
-    fn no_delay(tcp: &mut TcpStream) {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot turn Nagle's algorithm off");
-        }
-    }
-    listener.tap_io(no_delay)
-}
-
-/// Serves the HTTP API on each connection of a listener: `axum::serve(listener,
-/// Connections::new(state))`.
-#[derive(Debug, Clone)]
-pub struct Connections {
+/// Serves the HTTP API on `listener` until `shutdown` resolves, then lets the requests in
+/// flight finish. Each connection is admitted and watched by `registry` (see
+/// [`crate::connections`]): HTTP/1 request heads must arrive within its header timeout, and
+/// a client that half-closes its side after its request still gets the answer.
+pub async fn serve(
+    listener: TcpListener,
     state: AppState,
-    router: Router,
-}
-
-impl Connections {
-    /// The HTTP API over `state`.
-    pub fn new(state: AppState) -> Self {
-        let router = router(state.clone());
-        Self { state, router }
+    registry: Arc<Registry>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let router = router(state.clone());
+    let limits = registry.limits();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    // Each connection's task holds a sender: when all are dropped, every connection ended.
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::channel::<()>(1);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let watched = tokio::select! {
+            watched = registry.accept(&listener, true) => watched,
+            () = &mut shutdown => break,
+        };
+        let connection = Connection {
+            state: state.clone(),
+            router: router.clone(),
+            peer: watched.peer(),
+            tracked: Some(watched.tracked().clone()),
+        };
+        let (mut stop, done) = (stop_rx.clone(), done_tx.clone());
+        tokio::spawn(async move {
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_timeout)
+                .max_buf_size(crate::framing::MAX_HEAD.max(8192))
+                .half_close(true);
+            builder.http2().timer(TokioTimer::new());
+            let service = tower::ServiceExt::map_request(
+                connection,
+                |request: axum::http::Request<hyper::body::Incoming>| request.map(Body::new),
+            );
+            let served =
+                builder.serve_connection(TokioIo::new(watched), TowerToHyperService::new(service));
+            let mut served = std::pin::pin!(served);
+            tokio::select! {
+                result = served.as_mut() => {
+                    if let Err(e) = result {
+                        tracing::debug!(error = %e, "connection ended");
+                    }
+                }
+                () = async { drop(stop.wait_for(|stop| *stop).await) } => {
+                    served.as_mut().graceful_shutdown();
+                    let _ = served.await;
+                }
+            }
+            drop(done);
+        });
     }
-}
-
-impl<'a, L: Listener<Addr = SocketAddr>> tower::Service<IncomingStream<'a, L>> for Connections {
-    type Response = Connection;
-    type Error = Infallible;
-    type Future = std::future::Ready<Result<Connection, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, incoming: IncomingStream<'a, L>) -> Self::Future {
-        let peer = *incoming.remote_addr();
-        std::future::ready(Ok(Connection {
-            state: self.state.clone(),
-            router: self.router.clone(),
-            peer,
-        }))
-    }
+    let _ = stop_tx.send(true);
+    drop(done_tx);
+    let _ = done_rx.recv().await;
 }
 
 /// The HTTP API on one connection. The two checks, asked on every request of a service or
@@ -129,6 +149,22 @@ pub struct Connection {
     state: AppState,
     router: Router,
     peer: SocketAddr,
+    /// The connection as the registry tracks it, told of each request in flight.
+    tracked: Option<Arc<Tracked>>,
+}
+
+impl Connection {
+    /// The HTTP API over `state` on a connection from `peer` that no registry tracks (for
+    /// tests and benchmarks that drive it directly).
+    pub fn new(state: AppState, peer: SocketAddr) -> Self {
+        let router = router(state.clone());
+        Self {
+            state,
+            router,
+            peer,
+            tracked: None,
+        }
+    }
 }
 
 impl tower::Service<axum::extract::Request> for Connection {
@@ -141,8 +177,14 @@ impl tower::Service<axum::extract::Request> for Connection {
     }
 
     fn call(&mut self, request: axum::extract::Request) -> Self::Future {
+        let in_flight = self.tracked.as_ref().map(|t| t.begin());
+        if in_flight.as_ref().is_some_and(|f| f.ambiguous()) {
+            // Proxies may frame such a body one way and this server another: a request
+            // smuggled inside it is never read.
+            return Box::pin(std::future::ready(Ok(ambiguous_length())));
+        }
         let path = request.uri().path();
-        if path == CHECK {
+        let answer: Self::Future = if path == CHECK {
             if request.method() != Method::POST {
                 return Box::pin(std::future::ready(Ok(not_allowed("POST"))));
             }
@@ -153,8 +195,29 @@ impl tower::Service<axum::extract::Request> for Connection {
             Box::pin(async move { Ok(auth(state, peer, request).await) })
         } else {
             Box::pin(self.router.call(request))
+        };
+        match in_flight {
+            None => answer,
+            Some(in_flight) => Box::pin(async move {
+                let answer = answer.await;
+                drop(in_flight);
+                answer
+            }),
         }
     }
+}
+
+/// 400 for a request with both `Content-Length` and `Transfer-Encoding`, and the connection
+/// closed after it.
+fn ambiguous_length() -> Response {
+    let mut response = (
+        StatusCode::BAD_REQUEST,
+        "a request may not have both Content-Length and Transfer-Encoding\n",
+    )
+        .into_response();
+    let close = HeaderValue::from_static("close");
+    response.headers_mut().insert(header::CONNECTION, close);
+    response
 }
 
 /// 405, with the method the path takes.
@@ -540,6 +603,9 @@ async fn ready(State(state): State<AppState>) -> Response {
 
 async fn render_metrics(State(state): State<AppState>) -> Response {
     state.service.observe();
+    if let Some(registry) = &state.connections {
+        crate::metrics::connections(registry.open(), registry.evicted());
+    }
     match &state.metrics {
         Some(handle) => (
             [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],

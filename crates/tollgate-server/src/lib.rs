@@ -6,6 +6,8 @@
 pub mod admin;
 pub mod bench;
 pub mod config;
+pub mod connections;
+mod framing;
 pub mod grpc;
 pub mod http;
 pub mod metrics;

@@ -22,7 +22,7 @@ use tollgate_server::service::Service;
 /// thread-local free lists make that cheaper than glibc's allocator.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use tollgate_server::{bench, config, grpc, http, metrics};
+use tollgate_server::{bench, config, connections, grpc, http, metrics};
 
 #[derive(Parser)]
 #[command(
@@ -314,13 +314,23 @@ async fn serve(
     let http_addr = http.unwrap_or(server.http);
     let grpc_addr = grpc.or(server.grpc);
     let grpc_response_headers = grpc_response_headers || server.grpc_response_headers;
+    let limits = server
+        .connections
+        .within(connections::raise_descriptor_limit());
+    let registry = connections::Registry::new(limits);
     let state = http::AppState {
         service: service.clone(),
         metrics: Some(handle),
         admin_token: admin_token.filter(|t| !t.is_empty()).map(Into::into),
         max_body_bytes: server.max_body_bytes,
+        connections: Some(registry.clone()),
     };
-    let app = http::Connections::new(state);
+    tracing::info!(
+        max_connections = limits.max_connections,
+        header_timeout = ?limits.header_timeout,
+        idle_timeout = ?limits.idle_timeout,
+        "connections bounded"
+    );
     let listener = tokio::net::TcpListener::bind(http_addr)
         .await
         .with_context(|| format!("cannot listen on {http_addr}"))?;
@@ -335,11 +345,17 @@ async fn serve(
                 .with_context(|| format!("cannot listen on {addr}"))?;
             let addr = grpc_listener.local_addr()?;
             tracing::info!(%addr, "gRPC (Envoy rate limit service) listening");
-            let incoming = grpc::incoming(grpc_listener);
-            let svc = grpc::server(service.clone(), grpc_response_headers);
+            let incoming = connections::incoming(registry.clone(), grpc_listener);
+            let svc = grpc::server(
+                service.clone(),
+                grpc_response_headers,
+                server.max_body_bytes,
+            );
             let shutdown = stopped(stop_rx.clone());
             Some(tokio::spawn(async move {
                 tonic::transport::Server::builder()
+                    .layer(connections::TrackLayer)
+                    .layer(grpc::DecodeErrorsLayer)
                     .add_service(svc)
                     .serve_with_incoming_shutdown(incoming, shutdown)
                     .await
@@ -359,11 +375,7 @@ async fn serve(
         let _ = stop_tx.send(true);
     });
     let drain = server.drain;
-    let http_task = tokio::spawn(async move {
-        axum::serve(http::listener(listener), app)
-            .with_graceful_shutdown(stopped(stop_rx))
-            .await
-    });
+    let http_task = tokio::spawn(http::serve(listener, state, registry, stopped(stop_rx)));
     let finished = async {
         let http = http_task.await;
         let grpc = match grpc_task {
@@ -373,7 +385,7 @@ async fn serve(
         (http, grpc)
     };
     let (http, grpc) = finished.await;
-    http??;
+    http?;
     if let Some(grpc) = grpc {
         grpc??;
     }

@@ -2,7 +2,9 @@
 //! the recorder installed at start.
 //!
 //! - `tollgate_decisions_total{rule, outcome}`: outcome `allowed`, `denied`, or
-//!   `shadow_denied` (a shadow rule that would have denied);
+//!   `shadow_denied` (a shadow rule that would have denied); per-value names (Envoy's
+//!   `detailed_metric`) take at most 1,000 `rule` values, then `_other`, counted in
+//!   `tollgate_metric_series_folded_total`;
 //! - `tollgate_near_limit_total{rule}`: admitted with under a fifth of the limit left;
 //! - `tollgate_policy_decisions_total{rule, source}`: decided by the failure policy
 //!   (`fallback`, `fail_open`, `fail_closed`) because the store failed;
@@ -19,8 +21,12 @@
 //!   stay within its bounds; `tollgate_limiting_evictions_total`, those that were used up
 //!   (their next check was admitted as a new key's); `tollgate_refused_keys_total`, new keys
 //!   it found no room for, decided by their rule's failure policy;
-//! - `tollgate_redis_calls_saved`: decisions taken without a Redis call (hybrid, lease).
+//! - `tollgate_redis_calls_saved`: decisions taken without a Redis call (hybrid, lease);
+//! - `tollgate_connections_open`, `tollgate_connections_evicted_total`: connections of both
+//!   listeners open now, and closed so far to make room for new ones at the cap.
 
+use std::collections::HashSet;
+use std::sync::{LazyLock, RwLock};
 use std::time::Duration;
 
 use metrics::{Counter, Histogram, counter, gauge, histogram};
@@ -102,14 +108,40 @@ impl RuleMetrics {
     }
 }
 
-/// Records one decision under `rule`, a name not registered ahead (Envoy's detailed metrics).
+/// The most distinct `rule` labels that decisions recorded under names not registered ahead
+/// (Envoy's detailed metrics, one per descriptor value) may create; beyond, decisions are
+/// recorded under `rule="_other"` and counted in `tollgate_metric_series_folded_total`, so that
+/// no traffic can grow the series (and `/metrics`) without bound.
+pub const MAX_DETAILED_LABELS: usize = 1_000;
+
+/// The label values given out so far for names not registered ahead.
+static DETAILED: LazyLock<RwLock<HashSet<String>>> = LazyLock::new(RwLock::default);
+
+/// The `rule` label for `name`: itself while fewer than [`MAX_DETAILED_LABELS`] are given out.
+fn detailed_label(name: &str) -> String {
+    let known = |set: &HashSet<String>| set.contains(name);
+    if known(&DETAILED.read().unwrap_or_else(|e| e.into_inner())) {
+        return name.to_string();
+    }
+    let mut labels = DETAILED.write().unwrap_or_else(|e| e.into_inner());
+    if known(&labels) || labels.len() < MAX_DETAILED_LABELS {
+        labels.insert(name.to_string());
+        return name.to_string();
+    }
+    counter!("tollgate_metric_series_folded_total").increment(1);
+    "_other".to_string()
+}
+
+/// Records one decision under `rule`, a name not registered ahead (Envoy's detailed metrics),
+/// within [`MAX_DETAILED_LABELS`].
 pub fn decision(rule: &str, d: &Decision) {
-    counter!("tollgate_decisions_total", "rule" => rule.to_string(), "outcome" => outcome(d))
+    let rule = detailed_label(rule);
+    counter!("tollgate_decisions_total", "rule" => rule.clone(), "outcome" => outcome(d))
         .increment(1);
     if near_limit(d) {
-        counter!("tollgate_near_limit_total", "rule" => rule.to_string()).increment(1);
+        counter!("tollgate_near_limit_total", "rule" => rule.clone()).increment(1);
     }
-    policy(rule, d);
+    policy(&rule, d);
 }
 
 /// The outcome label of a decision.
@@ -167,6 +199,12 @@ pub fn store_bound(evictions: u64, limiting: u64, refused: u64) {
     counter!("tollgate_evictions_total").absolute(evictions);
     counter!("tollgate_limiting_evictions_total").absolute(limiting);
     counter!("tollgate_refused_keys_total").absolute(refused);
+}
+
+/// Records the connections open now and those closed to make room so far.
+pub fn connections(open: usize, evicted: u64) {
+    gauge!("tollgate_connections_open").set(open as f64);
+    counter!("tollgate_connections_evicted_total").absolute(evicted);
 }
 
 /// Records the decisions taken without a Redis call so far.

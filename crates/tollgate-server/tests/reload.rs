@@ -89,6 +89,21 @@ async fn the_admin_api_needs_its_token_and_validates_like_the_files() {
     let wrong = admin(&server.http, "guess", Method::GET, "", None).await;
     assert_eq!(wrong.status().as_u16(), 401);
     assert_eq!(admin_ids(&server.http, "s3cret").await, ["api"]);
+    // The scheme's case does not matter (RFC 9110); the token's does.
+    for (authorization, status) in [
+        ("bearer s3cret", 200),
+        ("BEARER  s3cret", 200),
+        ("Bearer S3CRET", 401),
+        ("Basic s3cret", 401),
+    ] {
+        let answer = client
+            .get(format!("{}/v1/rules", server.http))
+            .header("authorization", authorization)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status().as_u16(), status, "{authorization}");
+    }
 
     let new_rule = json!({
         "id": "login",

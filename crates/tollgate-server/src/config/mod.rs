@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tollgate::WhenFull;
+
+use crate::connections::Limits;
 use tollgate::engine::{Domain, Engine, Route};
 
 pub use duration::parse_duration;
@@ -33,6 +35,8 @@ pub struct ServerConfig {
     /// as in Envoy's own rate limit service: Envoy's `enable_x_ratelimit_headers` would
     /// otherwise write `X-RateLimit-*` twice.
     pub grpc_response_headers: bool,
+    /// Bounds on the connections of both listeners.
+    pub connections: Limits,
 }
 
 impl Default for ServerConfig {
@@ -43,6 +47,7 @@ impl Default for ServerConfig {
             max_body_bytes: 64 * 1024,
             drain: Duration::from_secs(10),
             grpc_response_headers: false,
+            connections: Limits::default(),
         }
     }
 }

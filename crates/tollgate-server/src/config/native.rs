@@ -1,7 +1,7 @@
 //! tollgate's native rule file:
 //!
 //! ```yaml
-//! server: { http: 127.0.0.1:8080, grpc: 127.0.0.1:8081, grpc_response_headers: false }
+//! server: { http: 127.0.0.1:8080, grpc: 127.0.0.1:8081, max_connections: 10000, idle_timeout: 60s }
 //! store: { kind: memory, max_keys: 1000000, when_full: evict }
 //! rules:
 //!   - id: get-product
@@ -30,6 +30,7 @@ use super::duration::{self, parse_duration};
 use super::{
     ConfigError, DEFAULT_MAX_BYTES, DEFAULT_MAX_KEYS, Parsed, RedisMode, ServerConfig, StoreConfig,
 };
+use crate::connections::Limits;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -50,6 +51,11 @@ struct ServerSection {
     #[serde(default, deserialize_with = "duration::deserialize_option")]
     drain: Option<Duration>,
     grpc_response_headers: Option<bool>,
+    max_connections: Option<usize>,
+    #[serde(default, deserialize_with = "duration::deserialize_option")]
+    header_timeout: Option<Duration>,
+    #[serde(default, deserialize_with = "duration::deserialize_option")]
+    idle_timeout: Option<Duration>,
 }
 
 #[derive(Deserialize)]
@@ -397,6 +403,15 @@ pub(super) fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
                 grpc_response_headers: s
                     .grpc_response_headers
                     .unwrap_or(defaults.grpc_response_headers),
+                connections: Limits {
+                    max_connections: s
+                        .max_connections
+                        .unwrap_or(defaults.connections.max_connections),
+                    header_timeout: s
+                        .header_timeout
+                        .unwrap_or(defaults.connections.header_timeout),
+                    idle_timeout: s.idle_timeout.unwrap_or(defaults.connections.idle_timeout),
+                },
             })
         }
     };

@@ -46,8 +46,22 @@ pub fn free_port() -> u16 {
 impl Server {
     /// Serves `files` (name, YAML), with `args` added to `serve`.
     pub fn start(files: &[(&str, &str)], args: &[&str]) -> Self {
+        Self::start_under(&[], files, args)
+    }
+
+    /// As [`start`](Self::start), run by `wrapper` (a command and its arguments, such as
+    /// `prlimit --nofile=256:256`), if any.
+    pub fn start_under(wrapper: &[&str], files: &[(&str, &str)], args: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_tollgate"));
+        let binary = env!("CARGO_BIN_EXE_tollgate");
+        let mut command = match wrapper {
+            [] => Command::new(binary),
+            [program, rest @ ..] => {
+                let mut command = Command::new(program);
+                command.args(rest).arg(binary);
+                command
+            }
+        };
         command.arg("serve");
         for (name, text) in files {
             let path = dir.path().join(name);
