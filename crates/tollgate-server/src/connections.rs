@@ -7,11 +7,12 @@
 //!   request in flight and whose last request is oldest (one that sent nothing, or no complete
 //!   request, goes first), so clients that send requests are always answered;
 //! - a connection that has no request in flight and reads or writes nothing for
-//!   `idle_timeout` is closed (an HTTP/1 request head must also arrive whole within
-//!   `header_timeout`, which hyper enforces).
+//!   `idle_timeout` is closed, and so is an HTTP/1 connection whose request head, once begun,
+//!   is not whole within `header_timeout` (one that sends a byte at a time).
 //!
 //! A connection is admitted by [`Registry::admit`] and wrapped in [`Watched`], its IO, which
-//! enforces the idle timeout and ends the connection when it is evicted; requests mark their
+//! enforces both timeouts with one timer per connection (re-armed only when it fires, never
+//! per request) and ends the connection when it is evicted; requests mark their
 //! start and end on it ([`Tracked::begin`]), over HTTP by the connection's service and over
 //! gRPC by [`TrackLayer`].
 
@@ -272,13 +273,17 @@ impl Registry {
             tracing::debug!(%peer, "every connection has a request in flight: refused");
             return None;
         };
-        let idle = self.limits.idle_timeout;
+        let limits = self.limits;
+        let now = tokio::time::Instant::now();
         Some(Watched {
             io: tcp,
             peer,
-            idle: Box::pin(tokio::time::sleep(idle)),
-            idle_timeout: idle,
-            last_active: tokio::time::Instant::now(),
+            timer: Box::pin(tokio::time::sleep(
+                limits.idle_timeout.min(limits.header_timeout),
+            )),
+            limits,
+            last_active: now,
+            head_started: None,
             admitted,
             framing: http1.then(Framing::default),
         })
@@ -291,11 +296,13 @@ impl Registry {
 pub struct Watched<IO> {
     io: IO,
     peer: SocketAddr,
-    /// Fires at the earliest the connection can have been idle long enough; re-armed from
-    /// `last_active` then, rather than on every read and write.
-    idle: Pin<Box<Sleep>>,
-    idle_timeout: Duration,
+    /// Fires at the earliest a timeout can have run out; re-armed from `last_active` and
+    /// `head_started` then, rather than on every read and write.
+    timer: Pin<Box<Sleep>>,
+    limits: Limits,
     last_active: tokio::time::Instant,
+    /// When the HTTP/1 request head being read began.
+    head_started: Option<tokio::time::Instant>,
     admitted: Admitted,
     framing: Option<Framing>,
 }
@@ -320,16 +327,32 @@ impl<IO> Watched<IO> {
         self.last_active = tokio::time::Instant::now();
     }
 
-    /// Whether the connection has been idle for its timeout, waking `cx` when it may be.
-    fn idle_too_long(&mut self, cx: &mut Context<'_>) -> bool {
-        while self.idle.as_mut().poll(cx).is_ready() {
-            let deadline = self.last_active + self.idle_timeout;
-            if deadline <= tokio::time::Instant::now() {
-                return true;
+    /// Why the connection is to be closed now, if a timeout ran out; else `cx` is woken when
+    /// one may. `idle` says whether no request is in flight.
+    fn timed_out(&mut self, cx: &mut Context<'_>, idle: bool) -> Option<&'static str> {
+        while self.timer.as_mut().poll(cx).is_ready() {
+            let now = tokio::time::Instant::now();
+            let head = self.head_started.map(|at| at + self.limits.header_timeout);
+            if head.is_some_and(|deadline| deadline <= now) {
+                return Some("a request head did not arrive whole in time");
             }
-            self.idle.as_mut().reset(deadline);
+            let quiet = self.last_active + self.limits.idle_timeout;
+            if idle && quiet <= now {
+                return Some("idle for too long");
+            }
+            let next = match head {
+                Some(head) => head.min(quiet),
+                None => quiet,
+            };
+            // While a request is in flight, look again an idle timeout later.
+            let next = if next <= now {
+                now + self.limits.idle_timeout
+            } else {
+                next
+            };
+            self.timer.as_mut().reset(next);
         }
-        false
+        None
     }
 }
 
@@ -347,9 +370,16 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Watched<IO> {
                     this.active();
                     if let Some(framing) = &mut this.framing {
                         framing.feed(&buf.filled()[before..]);
+                        this.head_started = match (framing.in_head(), this.head_started) {
+                            (true, None) => Some(this.last_active),
+                            (true, started) => started,
+                            (false, _) => None,
+                        };
                         if let Some(index) = framing.ambiguous() {
                             let tracked = &this.admitted.tracked;
                             tracked.ambiguous.store(index, Ordering::Release);
+                        }
+                        if framing.ambiguous().is_some() || framing.off() {
                             this.framing = None;
                         }
                     }
@@ -359,7 +389,12 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Watched<IO> {
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             Poll::Pending => {
                 let tracked = &this.admitted.tracked;
-                *tracked.waker.lock().unwrap_or_else(|e| e.into_inner()) = Some(cx.waker().clone());
+                {
+                    let mut waker = tracked.waker.lock().unwrap_or_else(|e| e.into_inner());
+                    if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                        *waker = Some(cx.waker().clone());
+                    }
+                }
                 if tracked.evicted.load(Ordering::Acquire) {
                     return Poll::Ready(Err(io::Error::new(
                         io::ErrorKind::ConnectionAborted,
@@ -367,11 +402,8 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Watched<IO> {
                     )));
                 }
                 let idle = tracked.in_flight.load(Ordering::Acquire) == 0;
-                if idle && this.idle_too_long(cx) {
-                    return Poll::Ready(Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "idle for too long",
-                    )));
+                if let Some(why) = this.timed_out(cx, idle) {
+                    return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, why)));
                 }
                 Poll::Pending
             }

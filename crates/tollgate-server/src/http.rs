@@ -29,7 +29,7 @@ use axum::extract::{DefaultBodyLimit, Query, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
@@ -87,7 +87,6 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     let router = router(state.clone());
-    let limits = registry.limits();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     // Each connection's task holds a sender: when all are dropped, every connection ended.
     let (done_tx, mut done_rx) = tokio::sync::mpsc::channel::<()>(1);
@@ -105,14 +104,13 @@ pub async fn serve(
         };
         let (mut stop, done) = (stop_rx.clone(), done_tx.clone());
         tokio::spawn(async move {
+            // The header timeout is the watched IO's, with no timer per request.
             let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             builder
                 .http1()
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.header_timeout)
-                .max_buf_size(crate::framing::MAX_HEAD.max(8192))
+                .header_read_timeout(None)
+                .max_buf_size(crate::framing::MAX_HEAD)
                 .half_close(true);
-            builder.http2().timer(TokioTimer::new());
             let service = tower::ServiceExt::map_request(
                 connection,
                 |request: axum::http::Request<hyper::body::Incoming>| request.map(Body::new),
@@ -184,25 +182,31 @@ impl tower::Service<axum::extract::Request> for Connection {
             return Box::pin(std::future::ready(Ok(ambiguous_length())));
         }
         let path = request.uri().path();
-        let answer: Self::Future = if path == CHECK {
+        // Each answer's future holds the request in flight until it is done.
+        if path == CHECK {
             if request.method() != Method::POST {
                 return Box::pin(std::future::ready(Ok(not_allowed("POST"))));
             }
             let state = self.state.clone();
-            Box::pin(async move { Ok(check(state, request).await) })
+            Box::pin(async move {
+                let answer = check(state, request).await;
+                drop(in_flight);
+                Ok(answer)
+            })
         } else if path == AUTH {
             let (state, peer) = (self.state.clone(), self.peer);
-            Box::pin(async move { Ok(auth(state, peer, request).await) })
+            Box::pin(async move {
+                let answer = auth(state, peer, request).await;
+                drop(in_flight);
+                Ok(answer)
+            })
         } else {
-            Box::pin(self.router.call(request))
-        };
-        match in_flight {
-            None => answer,
-            Some(in_flight) => Box::pin(async move {
+            let answer = self.router.call(request);
+            Box::pin(async move {
                 let answer = answer.await;
                 drop(in_flight);
                 answer
-            }),
+            })
         }
     }
 }

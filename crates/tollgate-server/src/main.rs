@@ -284,7 +284,11 @@ fn simulate(
 }
 
 fn validate(files: &[PathBuf]) -> ExitCode {
-    match config::load(files) {
+    let checked = config::load(files).and_then(|config| {
+        tollgate_server::service::check(&config)?;
+        Ok(config)
+    });
+    match checked {
         Ok(config) => {
             let routes = config.engine.routes().len();
             let domains = config.engine.domains().count();

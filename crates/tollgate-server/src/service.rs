@@ -12,7 +12,7 @@ use arc_swap::ArcSwap;
 use tollgate::engine::{Descriptor, DescriptorHit, Engine, Headers, Items, NodeLimit, Request};
 use tollgate::{
     AnyStore, Decision, Decisions, Error, HybridConfig, HybridStore, Item, LeaseConfig, LeaseStore,
-    Limiter, MemoryStore, RedisStore, Store,
+    Limiter, MemoryStore, MemoryStoreBuilder, RedisStore, RedisStoreBuilder, Store,
 };
 
 use crate::config::{self, Config, ConfigError, RedisMode, RuleSpec, StoreConfig};
@@ -126,7 +126,8 @@ impl Service {
     /// The files' first error, or a store that cannot be made.
     pub async fn start(files: Vec<PathBuf>) -> anyhow::Result<Self> {
         let config = config::load(&files)?;
-        let store = open_store(&config.store).await?;
+        check(&config)?;
+        let store = StoreSettings::of(&config.store).open().await?;
         let shared = match &config.store {
             StoreConfig::Redis { url, cluster, .. } => {
                 Some(SharedRules::open(url.as_deref(), cluster).await?)
@@ -166,6 +167,7 @@ impl Service {
     /// The files' first error.
     pub fn reload(&self) -> Result<(), ConfigError> {
         let result = config::load(&self.files).and_then(|config| {
+            check(&config)?;
             let old = self.current.load();
             if config.store != old.config.store || config.server != old.config.server {
                 tracing::warn!("the server and store sections take effect at the next restart");
@@ -470,55 +472,144 @@ fn build(config: Config, store: &AnyStore) -> Result<Loaded, Error> {
     })
 }
 
-/// The store `config` describes.
-async fn open_store(config: &StoreConfig) -> anyhow::Result<AnyStore> {
-    Ok(match config {
-        StoreConfig::Memory {
-            max_keys,
-            max_bytes,
-            when_full,
-        } => AnyStore::Memory(
-            MemoryStore::builder()
-                .max_keys(*max_keys)
-                .max_bytes(*max_bytes)
-                .when_full(*when_full)
-                .build()?,
-        ),
-        StoreConfig::Redis {
-            url,
-            cluster,
-            mode,
-            timeout,
-            instances,
-            sync_interval,
-            max_unclaimed,
-        } => {
-            let redis = match url {
-                Some(url) => RedisStore::builder(url),
-                None => RedisStore::cluster_builder(cluster),
-            }
-            .timeout(*timeout)
-            .build()
-            .await?;
-            match mode {
-                RedisMode::Strict => AnyStore::Redis(redis),
-                RedisMode::Hybrid => AnyStore::Hybrid(HybridStore::new(
-                    &redis,
-                    HybridConfig {
+/// The store a configuration describes, before it is opened: settings only, checked and
+/// opened from one place, so that `validate`, `serve` and a reload refuse the same things.
+#[derive(Debug, Clone)]
+enum StoreSettings {
+    Memory(MemoryStoreBuilder),
+    Redis {
+        redis: RedisStoreBuilder,
+        mode: Mode,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Mode {
+    Strict,
+    Hybrid(HybridConfig),
+    Lease(LeaseConfig),
+}
+
+impl StoreSettings {
+    fn of(config: &StoreConfig) -> Self {
+        match config {
+            StoreConfig::Memory {
+                max_keys,
+                max_bytes,
+                when_full,
+            } => Self::Memory(
+                MemoryStore::builder()
+                    .max_keys(*max_keys)
+                    .max_bytes(*max_bytes)
+                    .when_full(*when_full),
+            ),
+            StoreConfig::Redis {
+                url,
+                cluster,
+                mode,
+                timeout,
+                instances,
+                sync_interval,
+                max_unclaimed,
+            } => {
+                let redis = match url {
+                    Some(url) => RedisStore::builder(url),
+                    None => RedisStore::cluster_builder(cluster),
+                }
+                .timeout(*timeout);
+                let mode = match mode {
+                    RedisMode::Strict => Mode::Strict,
+                    RedisMode::Hybrid => Mode::Hybrid(HybridConfig {
                         sync_interval: *sync_interval,
                         max_unclaimed: *max_unclaimed,
                         instances: *instances,
                         ..HybridConfig::default()
-                    },
-                )?),
-                RedisMode::Lease => AnyStore::Lease(LeaseStore::new(
-                    &redis,
-                    LeaseConfig {
+                    }),
+                    RedisMode::Lease => Mode::Lease(LeaseConfig {
                         instances: *instances,
                         ..LeaseConfig::default()
-                    },
-                )?),
+                    }),
+                };
+                Self::Redis { redis, mode }
             }
         }
-    })
+    }
+
+    /// What opening the store would refuse in its settings, without connecting.
+    fn validate(&self) -> Result<(), Error> {
+        match self {
+            Self::Memory(memory) => memory.validate(),
+            Self::Redis { redis, mode } => {
+                redis.validate()?;
+                match mode {
+                    Mode::Strict => Ok(()),
+                    Mode::Hybrid(config) => config.validate(),
+                    Mode::Lease(config) => config.validate(),
+                }
+            }
+        }
+    }
+
+    /// Whether the store can hold `rule`, as planning it there would say.
+    fn holds(&self, rule: &tollgate::Rule) -> Result<(), Error> {
+        match self {
+            Self::Memory(memory) => memory.holds(rule),
+            Self::Redis { mode, .. } => match mode {
+                Mode::Strict => RedisStore::holds(rule),
+                Mode::Hybrid(_) => HybridStore::holds(rule),
+                Mode::Lease(_) => LeaseStore::holds(rule),
+            },
+        }
+    }
+
+    /// Opens the store (a cluster connects now; a single server on first use).
+    async fn open(self) -> anyhow::Result<AnyStore> {
+        Ok(match self {
+            Self::Memory(memory) => AnyStore::Memory(memory.build()?),
+            Self::Redis { redis, mode } => {
+                let redis = redis.build().await?;
+                match mode {
+                    Mode::Strict => AnyStore::Redis(redis),
+                    Mode::Hybrid(config) => AnyStore::Hybrid(HybridStore::new(&redis, config)?),
+                    Mode::Lease(config) => AnyStore::Lease(LeaseStore::new(&redis, config)?),
+                }
+            }
+        })
+    }
+}
+
+/// Checks what `serve` would refuse or could not enforce in `config`, without connecting to
+/// anything: the server's settings, the store's, and whether the store holds every rule.
+/// `validate`, `serve` and every reload run this one check; errors name the file, line and
+/// column of the section or rule at fault.
+///
+/// # Errors
+/// The first thing found, at its place.
+pub fn check(config: &Config) -> Result<(), ConfigError> {
+    let server = &config.server;
+    let limits = server.connections;
+    let problem = if limits.max_connections == 0 {
+        Some("server.max_connections: must be at least 1")
+    } else if limits.header_timeout.is_zero() {
+        Some("server.header_timeout: must be longer than zero")
+    } else if limits.idle_timeout.is_zero() {
+        Some("server.idle_timeout: must be longer than zero")
+    } else if server.max_body_bytes < 1_024 {
+        Some("server.max_body_bytes: must be at least 1024")
+    } else {
+        None
+    };
+    if let Some(problem) = problem {
+        return Err(config.places.server().error(problem));
+    }
+    let store = StoreSettings::of(&config.store);
+    store
+        .validate()
+        .map_err(|e| config.places.store().error(e.to_string()))?;
+    for rule in config.engine.rules() {
+        store
+            .holds(rule)
+            .map_err(|e| config.places.rule(rule.name()).error(e.to_string()))?;
+    }
+    Ok(())
 }

@@ -162,3 +162,94 @@ fn files_of_both_formats_merge() {
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("3 rules (1 routes, 2 Envoy domains)"), "{out}");
 }
+
+/// What `serve` would refuse, or could not enforce, `validate` refuses, at the section or
+/// rule at fault; and `serve` refuses the same files with the same message, before it binds
+/// anything.
+#[test]
+fn validate_refuses_what_serve_refuses() {
+    let rule = |algorithm: &str| {
+        format!(
+            "rules:\n  - id: api\n    algorithm: {algorithm}\n    tiers: [{{ limit: 3, period: 1d }}]\n"
+        )
+    };
+    let cases = [
+        (
+            format!(
+                "store: {{ kind: memory, max_keys: 0 }}\n{}",
+                rule("fixed_window")
+            ),
+            "1:8: store: max_keys: must be at least 1",
+        ),
+        (
+            format!(
+                "store: {{ kind: memory, max_bytes: 0 }}\n{}",
+                rule("fixed_window")
+            ),
+            "1:8: store: max_bytes: must be at least 4096 (4 KiB), not 0",
+        ),
+        (
+            format!(
+                "store: {{ kind: redis, url: \"redis://127.0.0.1:1\", timeout: 0s }}\n{}",
+                rule("fixed_window")
+            ),
+            "1:8: store: timeout: must be longer than zero",
+        ),
+        (
+            format!(
+                "store: {{ kind: redis, url: \"redis://127.0.0.1:1\", mode: hybrid }}\n{}",
+                rule("gcra")
+            ),
+            "3:5: rule `api`: algorithm: the hybrid store holds only fixed_window and sliding_window",
+        ),
+        (
+            format!(
+                "store: {{ kind: redis, url: \"redis://127.0.0.1:1\", mode: lease }}\n{}",
+                rule("sliding_log")
+            ),
+            "3:5: rule `api`: algorithm: the lease store holds only fixed_window",
+        ),
+        (
+            format!(
+                "store: {{ kind: redis, url: \"redis://127.0.0.1:1\", mode: hybrid, sync_interval: 0s }}\n{}",
+                rule("fixed_window")
+            ),
+            "1:8: store: sync_interval: must be at least 1 ms",
+        ),
+        (
+            format!("server: {{ max_connections: 0 }}\n{}", rule("fixed_window")),
+            "1:9: server.max_connections: must be at least 1",
+        ),
+        (
+            format!("server: {{ idle_timeout: 0s }}\n{}", rule("fixed_window")),
+            "1:9: server.idle_timeout: must be longer than zero",
+        ),
+    ];
+    for (text, expected) in cases {
+        let (code, out) = validate(&[("rules.yaml", &text)]);
+        assert_eq!(code, 1, "{text}\n{out}");
+        assert!(
+            out.contains(&format!("rules.yaml:{expected}")),
+            "{text}\n{out}"
+        );
+        // serve refuses it with the same words, and exits.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rules.yaml");
+        std::fs::write(&path, &text).unwrap();
+        let path = path.to_string_lossy().into_owned();
+        let (code, out, err) = run(&[
+            "serve",
+            "--config",
+            &path,
+            "--http",
+            "127.0.0.1:0",
+            "--grpc",
+            "127.0.0.1:0",
+        ]);
+        assert_ne!(code, 0, "serve took {text}");
+        assert!(
+            format!("{out}{err}").contains(&format!("rules.yaml:{expected}")),
+            "{text}\n{out}{err}"
+        );
+    }
+}

@@ -122,6 +122,61 @@ pub struct Config {
     pub specs: Vec<RuleSpec>,
     /// Routes and domains, ready to match.
     pub engine: Engine,
+    /// Where each part was written, for errors found after loading.
+    pub places: Places,
+}
+
+/// A place in a rule file: the file, and the line and column (from 1) when known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Place {
+    /// The file.
+    pub file: PathBuf,
+    /// Line and column.
+    pub at: Option<(u64, u64)>,
+}
+
+impl Place {
+    /// An error at this place.
+    pub fn error(&self, message: impl Into<String>) -> ConfigError {
+        ConfigError::new(&self.file, self.at, message)
+    }
+}
+
+/// Where the parts of a configuration were written.
+#[derive(Debug, Clone, Default)]
+pub struct Places {
+    /// The first file.
+    pub first: Option<PathBuf>,
+    /// The `server` section, if a file has one.
+    pub server: Option<Place>,
+    /// The `store` section, if a file has one.
+    pub store: Option<Place>,
+    /// Each native rule, by id.
+    pub rules: std::collections::HashMap<String, Place>,
+}
+
+impl Places {
+    /// The place of the `server` section, or the first file.
+    pub fn server(&self) -> Place {
+        self.server.clone().unwrap_or_else(|| self.file())
+    }
+
+    /// The place of the `store` section, or the first file.
+    pub fn store(&self) -> Place {
+        self.store.clone().unwrap_or_else(|| self.file())
+    }
+
+    /// The place of rule `id`, or the first file.
+    pub fn rule(&self, id: &str) -> Place {
+        self.rules.get(id).cloned().unwrap_or_else(|| self.file())
+    }
+
+    fn file(&self) -> Place {
+        Place {
+            file: self.first.clone().unwrap_or_else(|| PathBuf::from("-")),
+            at: None,
+        }
+    }
 }
 
 /// A rule file that cannot be loaded: where, and why.
@@ -182,8 +237,8 @@ impl ConfigError {
 /// The parts of one file.
 #[derive(Debug, Default)]
 struct Parsed {
-    server: Option<ServerConfig>,
-    store: Option<StoreConfig>,
+    server: Option<(ServerConfig, Option<(u64, u64)>)>,
+    store: Option<(StoreConfig, Option<(u64, u64)>)>,
     specs: Vec<(RuleSpec, Option<(u64, u64)>)>,
     domain: Option<Domain>,
 }
@@ -215,17 +270,27 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Config, ConfigError> {
     let mut specs: Vec<RuleSpec> = Vec::new();
     let mut routes: Vec<Route> = Vec::new();
     let mut domains: Vec<Domain> = Vec::new();
+    let mut places = Places {
+        first: Some(texts[0].0.clone()),
+        ..Places::default()
+    };
+    let place = |file: &Path, at| Place {
+        file: file.to_path_buf(),
+        at,
+    };
     for (file, text) in texts {
         let parsed = parse(file, text)?;
-        if let Some(s) = parsed.server {
+        if let Some((s, at)) = parsed.server {
             if server.replace(s).is_some() {
-                return Err(ConfigError::new(file, None, "`server` is set in two files"));
+                return Err(ConfigError::new(file, at, "`server` is set in two files"));
             }
+            places.server = Some(place(file, at));
         }
-        if let Some(s) = parsed.store {
+        if let Some((s, at)) = parsed.store {
             if store.replace(s).is_some() {
-                return Err(ConfigError::new(file, None, "`store` is set in two files"));
+                return Err(ConfigError::new(file, at, "`store` is set in two files"));
             }
+            places.store = Some(place(file, at));
         }
         for (spec, at) in parsed.specs {
             if specs.iter().any(|s| s.id == spec.id) {
@@ -236,6 +301,7 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Config, ConfigError> {
                 ));
             }
             routes.push(spec.route().map_err(|e| ConfigError::new(file, at, e))?);
+            places.rules.insert(spec.id.clone(), place(file, at));
             specs.push(spec);
         }
         if let Some(domain) = parsed.domain {
@@ -256,6 +322,7 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Config, ConfigError> {
         store: store.unwrap_or_default(),
         specs,
         engine,
+        places,
     })
 }
 

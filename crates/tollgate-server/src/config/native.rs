@@ -35,7 +35,7 @@ use crate::connections::Limits;
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct File {
-    server: Option<ServerSection>,
+    server: Option<Spanned<ServerSection>>,
     store: Option<Spanned<StoreSection>>,
     #[serde(default, alias = "slas")]
     rules: Vec<Spanned<RuleSpec>>,
@@ -377,12 +377,19 @@ pub fn parse_algorithm(text: &str) -> Result<Algorithm, String> {
     }
 }
 
+/// A span's line and column, when it has them.
+fn place(span: &serde_saphyr::Location) -> Option<(u64, u64)> {
+    (span.line() > 0).then(|| (span.line(), span.column()))
+}
+
 /// Parses a native file.
 pub(super) fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
     let parsed: File = serde_saphyr::from_str(text).map_err(|e| ConfigError::yaml(file, &e))?;
     let server = match parsed.server {
         None => None,
-        Some(s) => {
+        Some(spanned) => {
+            let at = place(&spanned.referenced);
+            let s = spanned.value;
             let defaults = ServerConfig::default();
             let grpc = match s.grpc.as_deref() {
                 None => defaults.grpc,
@@ -390,12 +397,12 @@ pub(super) fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
                 Some(addr) => Some(addr.parse().map_err(|_| {
                     ConfigError::new(
                         file,
-                        None,
+                        at,
                         format!("server.grpc: `{addr}` is not an address or `off`"),
                     )
                 })?),
             };
-            Some(ServerConfig {
+            let config = ServerConfig {
                 http: s.http.unwrap_or(defaults.http),
                 grpc,
                 max_body_bytes: s.max_body_bytes.unwrap_or(defaults.max_body_bytes),
@@ -412,7 +419,8 @@ pub(super) fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
                         .unwrap_or(defaults.connections.header_timeout),
                     idle_timeout: s.idle_timeout.unwrap_or(defaults.connections.idle_timeout),
                 },
-            })
+            };
+            Some((config, at))
         }
     };
     if let Some(store) = &parsed.store {
@@ -423,6 +431,7 @@ pub(super) fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
             }
         }
     }
+    let store_at = parsed.store.as_ref().and_then(|s| place(&s.referenced));
     let store = parsed.store.map(|s| match s.value {
         StoreSection::Memory {
             max_keys,
@@ -458,19 +467,16 @@ pub(super) fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
         if url.is_none() == cluster.is_empty() {
             return Err(ConfigError::new(
                 file,
-                None,
+                store_at,
                 "store: a redis store needs either `url` or `cluster`",
             ));
         }
     }
+    let store = store.map(|s| (s, store_at));
     let specs = parsed
         .rules
         .into_iter()
-        .map(|s| {
-            let at =
-                (s.referenced.line() > 0).then(|| (s.referenced.line(), s.referenced.column()));
-            (s.value, at)
-        })
+        .map(|s| (s.value, place(&s.referenced)))
         .collect();
     Ok(Parsed {
         server,

@@ -111,6 +111,14 @@ impl Guard {
         }
     }
 
+    /// Whether the guard can hold `rule`'s local share (as [`plan`](Self::plan) would say).
+    pub(crate) fn holds(rule: &Rule) -> Result<(), Error> {
+        match rule.local() {
+            Some(local) => super::memory::fits(local, MemoryStore::DEFAULT_MAX_BYTES),
+            None => Ok(()),
+        }
+    }
+
     pub(crate) fn plan(&self, rule: &Rule) -> Result<GuardPlan, Error> {
         let local = match rule.local() {
             Some(local) => Some((local.clone(), self.fallback.plan(local)?)),

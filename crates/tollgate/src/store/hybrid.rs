@@ -872,21 +872,38 @@ fn roll(item: &Planned<'_, HybridPlan>, w: &mut [u64], now: u64) {
     }
 }
 
+/// Whether `rule` counts a sliding window (else a fixed one); an error for an algorithm the
+/// hybrid store cannot hold.
+fn sliding(rule: &Rule) -> Result<bool, Error> {
+    match rule.algorithm() {
+        Algorithm::FixedWindow => Ok(false),
+        Algorithm::SlidingWindow => Ok(true),
+        _ => Err(super::unsupported(
+            rule,
+            "hybrid",
+            "counts that add up across instances",
+        )),
+    }
+}
+
+impl HybridStore {
+    /// Whether a hybrid store can hold `rule` (as planning it would say), without one: a
+    /// fixed window or a sliding window counter, with a local share on failure that fits in
+    /// memory.
+    ///
+    /// # Errors
+    /// [`Error::Rule`] saying which algorithms the hybrid store holds.
+    pub fn holds(rule: &Rule) -> Result<(), Error> {
+        sliding(rule)?;
+        super::guard::Guard::holds(rule)
+    }
+}
+
 impl Store for HybridStore {
     type Plan = HybridPlan;
 
     fn plan(&self, rule: &Rule) -> Result<HybridPlan, Error> {
-        let sliding = match rule.algorithm() {
-            Algorithm::FixedWindow => false,
-            Algorithm::SlidingWindow => true,
-            _ => {
-                return Err(super::unsupported(
-                    rule,
-                    "hybrid",
-                    "counts that add up across instances",
-                ));
-            }
-        };
+        let sliding = sliding(rule)?;
         let shape = Shape {
             slot: self.inner.slots.slot(rule)?,
             words: KEY_WORDS + TIER_WORDS * rule.tiers().len(),

@@ -570,10 +570,13 @@ fn tier_mut(w: &mut [u64], tier: usize) -> &mut [u64] {
     &mut w[KEY_WORDS + TIER_WORDS * tier..KEY_WORDS + TIER_WORDS * (tier + 1)]
 }
 
-impl Store for LeaseStore {
-    type Plan = LeasePlan;
-
-    fn plan(&self, rule: &Rule) -> Result<LeasePlan, Error> {
+impl LeaseStore {
+    /// Whether a lease store can hold `rule` (as planning it would say), without one: a
+    /// fixed window, with a local share on failure that fits in memory.
+    ///
+    /// # Errors
+    /// [`Error::Rule`] saying which algorithms the lease store holds.
+    pub fn holds(rule: &Rule) -> Result<(), Error> {
         if *rule.algorithm() != Algorithm::FixedWindow {
             return Err(super::unsupported(
                 rule,
@@ -581,6 +584,15 @@ impl Store for LeaseStore {
                 "a budget of permits per window, leased ahead",
             ));
         }
+        super::guard::Guard::holds(rule)
+    }
+}
+
+impl Store for LeaseStore {
+    type Plan = LeasePlan;
+
+    fn plan(&self, rule: &Rule) -> Result<LeasePlan, Error> {
+        Self::holds(rule)?;
         let shape = Shape {
             slot: self.inner.slots.slot(rule)?,
             words: KEY_WORDS + TIER_WORDS * rule.tiers().len(),

@@ -104,12 +104,20 @@ impl MemoryStoreBuilder {
         self
     }
 
-    /// Builds the store.
+    /// Whether a store built with these settings can hold `rule` (as planning it on the
+    /// store would say), without building it.
     ///
     /// # Errors
-    /// [`Error::Store`] when `max_keys` is 0 or `max_bytes` below [`MIN_MAX_BYTES`]: such a
-    /// store could hold no key, so it would limit nothing.
-    pub fn build(self) -> Result<MemoryStore, Error> {
+    /// [`Error::Rule`] for a rule whose key cannot fit in `max_bytes`.
+    pub fn holds(&self, rule: &Rule) -> Result<(), Error> {
+        fits(rule, self.bounds.max_bytes)
+    }
+
+    /// Checks the settings, as [`build`](Self::build) does.
+    ///
+    /// # Errors
+    /// [`Error::Store`] when `max_keys` is 0 or `max_bytes` below [`MIN_MAX_BYTES`].
+    pub fn validate(&self) -> Result<(), Error> {
         let invalid = |message: String| Error::Store {
             message,
             transient: false,
@@ -123,6 +131,16 @@ impl MemoryStoreBuilder {
                 self.bounds.max_bytes
             )));
         }
+        Ok(())
+    }
+
+    /// Builds the store.
+    ///
+    /// # Errors
+    /// [`Error::Store`] when `max_keys` is 0 or `max_bytes` below [`MIN_MAX_BYTES`]: such a
+    /// store could hold no key, so it would limit nothing.
+    pub fn build(self) -> Result<MemoryStore, Error> {
+        self.validate()?;
         Ok(MemoryStore {
             inner: Arc::new(Inner {
                 table: Table::new(self.bounds),
@@ -133,6 +151,9 @@ impl MemoryStoreBuilder {
 }
 
 impl MemoryStore {
+    /// The default bounds: a million keys and 512 MiB.
+    pub(crate) const DEFAULT_MAX_BYTES: usize = 512 << 20;
+
     /// A store of at most a million keys and 512 MiB.
     pub fn new() -> Self {
         Self::builder()
@@ -146,7 +167,7 @@ impl MemoryStore {
         MemoryStoreBuilder {
             bounds: Bounds {
                 max_keys: 1_000_000,
-                max_bytes: 512 << 20,
+                max_bytes: Self::DEFAULT_MAX_BYTES,
                 shards: (threads * 8).clamp(16, 1_024),
                 when_full: WhenFull::Evict,
             },
@@ -368,20 +389,8 @@ impl Store for MemoryStore {
     type Plan = MemoryPlan;
 
     fn plan(&self, rule: &Rule) -> Result<MemoryPlan, Error> {
+        fits(rule, self.inner.table.bounds().max_bytes)?;
         let words = rule.words();
-        let bounds = self.inner.table.bounds();
-        let largest = Table::entry_bytes(words, MAX_KEY_LEN);
-        if largest > bounds.max_bytes {
-            return Err(Error::Rule(RuleError {
-                rule: rule.name().into(),
-                field: "tiers".into(),
-                reason: format!(
-                    "a key of this rule can take {largest} bytes, more than the store's \
-                     max_bytes of {}",
-                    bounds.max_bytes
-                ),
-            }));
-        }
         // A log's state grows with its limit, so every version of it must live in one class.
         let class = match rule.algorithm() {
             crate::Algorithm::SlidingLog => Class::Many,
@@ -433,6 +442,22 @@ impl LocalStore for MemoryStore {
             items => self.check_many(items, now, max_delay),
         }
     }
+}
+
+/// Whether a key of `rule` fits in a store of `max_bytes`.
+pub(crate) fn fits(rule: &Rule, max_bytes: usize) -> Result<(), Error> {
+    let largest = Table::entry_bytes(rule.words(), MAX_KEY_LEN);
+    if largest > max_bytes {
+        return Err(Error::Rule(RuleError {
+            rule: rule.name().into(),
+            field: "tiers".into(),
+            reason: format!(
+                "a key of this rule can take {largest} bytes, more than the store's max_bytes \
+                 of {max_bytes}"
+            ),
+        }));
+    }
+    Ok(())
 }
 
 /// Judges entries for the table from the registry: a state as good as new may go; otherwise

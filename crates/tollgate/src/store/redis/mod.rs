@@ -368,6 +368,15 @@ impl RedisStore {
         Self::cluster_builder(nodes).build().await
     }
 
+    /// Whether a Redis store can hold `rule` (as planning it would say), without one: every
+    /// algorithm, with a local share on failure that fits in memory.
+    ///
+    /// # Errors
+    /// [`Error::Rule`] for a local share too large.
+    pub fn holds(rule: &Rule) -> Result<(), Error> {
+        Guard::holds(rule)
+    }
+
     /// Whether Redis is being kept away now, every check decided by its rule's failure
     /// policy.
     pub fn degraded(&self) -> bool {
