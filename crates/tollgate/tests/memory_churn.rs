@@ -7,29 +7,10 @@
 
 #![cfg(target_os = "linux")]
 
-use tollgate::{Algorithm, Limiter, ManualClock, MemoryStore, Rule, Tier};
+mod churning;
 
-/// Resident memory of this process, in bytes.
-fn resident() -> usize {
-    let statm = std::fs::read_to_string("/proc/self/statm").expect("procfs");
-    let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
-    pages * 4096
-}
-
-fn limiter(store: MemoryStore) -> Limiter<MemoryStore, ManualClock> {
-    // A long window: no key expires, every eviction forgets state that mattered.
-    let rule = Rule::new("churn", Algorithm::Gcra, [Tier::per_day(20)]).unwrap();
-    Limiter::builder(rule)
-        .store(store)
-        .clock(ManualClock::new())
-        .build()
-        .unwrap()
-}
-
-fn check(limiter: &Limiter<MemoryStore, ManualClock>, i: u64) {
-    let key = format!("{i:016x}");
-    assert!(limiter.check_now(key.as_bytes(), 1).unwrap().allowed());
-}
+use churning::{check, limiter, resident};
+use tollgate::MemoryStore;
 
 #[test]
 fn churn_does_not_grow_a_full_store() {

@@ -6,17 +6,13 @@
 
 #![cfg(target_os = "linux")]
 
+mod churning;
+
+use churning::resident;
 use tollgate::{Algorithm, Limiter, ManualClock, MemoryStore, Rule, Tier, TokenBucket};
 
 const KEYS: u64 = 1_000_000;
 const BUDGET: u64 = 120 << 20;
-
-/// Resident memory of this process, in bytes.
-fn resident() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").expect("procfs");
-    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
-    pages * 4096
-}
 
 fn million_keys(algorithm: Algorithm, tier: Tier) -> u64 {
     let rule = Rule::new("footprint", algorithm, [tier]).unwrap();
@@ -36,7 +32,7 @@ fn million_keys(algorithm: Algorithm, tier: Tier) -> u64 {
     }
     assert_eq!(limiter.store().keys() as u64, KEYS);
     assert_eq!(limiter.store().evictions(), 0);
-    resident().saturating_sub(before)
+    resident().saturating_sub(before) as u64
 }
 
 #[test]

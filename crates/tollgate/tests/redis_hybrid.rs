@@ -6,6 +6,7 @@
 
 mod support;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -47,10 +48,15 @@ fn limiter(store: &HybridStore, rule: &Rule, clock: &ManualClock) -> HybridLimit
 
 /// The counts Redis holds for `rule`'s windows (all instances' admissions, once pushed).
 fn window_counts(server: &RedisServer, rule: &str) -> Vec<u64> {
+    counters(server, rule).into_values().collect()
+}
+
+/// Each window counter of `rule` Redis holds, by name.
+fn counters(server: &RedisServer, rule: &str) -> HashMap<String, u64> {
     let keys = server.cli(&["--scan", "--pattern", &format!("tg:c:{rule}:*")]);
     keys.lines()
         .filter(|k| !k.ends_with(":claims"))
-        .map(|k| server.cli(&["get", k]).parse().unwrap())
+        .map(|k| (k.to_string(), server.cli(&["get", k]).parse().unwrap()))
         .collect()
 }
 
@@ -145,14 +151,41 @@ async fn hammer(
             }));
         }
     }
-    for task in tasks {
-        task.await.unwrap();
+    // Windows' counters expire a period after their window: read them while they last (a
+    // count only grows, so its largest reading is its last).
+    let seen = std::thread::scope(|scope| {
+        let reading = scope.spawn(|| {
+            let mut seen: HashMap<String, u64> = HashMap::new();
+            while !stop.load(Ordering::Relaxed) {
+                for (key, count) in counters(server, name) {
+                    let kept = seen.entry(key).or_default();
+                    *kept = (*kept).max(count);
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            seen
+        });
+        tokio::task::block_in_place(|| {
+            tokio::runtime::Handle::current().block_on(async {
+                for task in tasks {
+                    task.await.unwrap();
+                }
+                for store in &stores {
+                    store.sync().await.unwrap();
+                }
+            })
+        });
+        stop.store(true, Ordering::Relaxed);
+        reading.join().unwrap()
+    });
+    let mut counts = seen;
+    for (key, count) in counters(server, name) {
+        let kept = counts.entry(key).or_default();
+        *kept = (*kept).max(count);
     }
-    stop.store(true, Ordering::Relaxed);
-    for store in &stores {
-        store.sync().await.unwrap();
-    }
-    window_counts(server, name)
+    let mut windows: Vec<(String, u64)> = counts.into_iter().collect();
+    windows.sort();
+    windows.into_iter().map(|(_, count)| count).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -31,6 +31,14 @@ local function add(keys, args)
   return pack('<' .. rep('d', #reply), unpack(reply))
 end
 
+-- The caller's time (µs) in a packed double, or the server's TIME where it is -1.
+local function caller_now(packed)
+  local now = unpack_packed('<d', packed)
+  if now >= 0 then return now end
+  local time = call('TIME')
+  return time[1] * 1000000 + time[2]
+end
+
 -- Leases permits from each counter's budget to one instance: up to `want`, its own due (its
 -- even share of the limit, less what it leased), and beyond that as many as the limit leaves
 -- once the other instances leasing from it have their due: each its even share of the
@@ -40,8 +48,8 @@ end
 -- back. Once fewer than `threshold` are left, at most half of what is left, so that the last
 -- permits spread over the instances that still need them; but never less than `need` (what
 -- the check at hand needs) while what the others are due leaves that many. Each window's
--- lessees are a hash
--- (instance id -> "leased rate last"), rate in thousandths of a permit per second.
+-- lessees are a hash (instance id -> "leased rate last"), rate in thousandths of a permit per
+-- second.
 -- args[1]  the instance's id
 -- args[2]  eight little-endian doubles per item: want, need, limit, TTL (ms), threshold, this
 --          instance's rate (permits per second; 0: not known yet), window end (µs), stale (µs)
@@ -50,11 +58,7 @@ end
 -- Returns  little-endian doubles: now (µs), then per item: granted, counted after the grant.
 local function lease(keys, args)
   if not floor then bind() end
-  local now = unpack_packed('<d', args[3])
-  if now < 0 then
-    local time = call('TIME')
-    now = time[1] * 1000000 + time[2]
-  end
+  local now = caller_now(args[3])
   local me, packed = args[1], args[2]
   local reply = {now}
   local position, i = 1, 1
@@ -114,10 +118,10 @@ end
 -- An item of kind 3 instead registers the instance as running, in a sorted set of instances
 -- by when each last synced, and counts those seen within its TTL.
 -- args[1]  the instance's id
--- args[3]  a little-endian double: the caller's time (µs), or -1 for the server's TIME
 -- args[2]  nine little-endian doubles per item: kind (0: push only; 1: fixed window; 2: sliding
 --          window; 3: presence), delta, TTL (ms), limit, want, keep, claim TTL (µs), period
 --          (µs), window start (µs)
+-- args[3]  a little-endian double: the caller's time (µs), or -1 for the server's TIME
 -- keys     per item: its window's counter (the set of instances, for presence); then, for a
 --          window, the window's claims; then, for a sliding window, the counter of the window
 --          before
@@ -127,11 +131,7 @@ end
 --          before
 local function claim(keys, args)
   if not floor then bind() end
-  local now = unpack_packed('<d', args[3])
-  if now < 0 then
-    local time = call('TIME')
-    now = time[1] * 1000000 + time[2]
-  end
+  local now = caller_now(args[3])
   local me, packed = args[1], args[2]
   local reply = {now}
   local position, k = 1, 1
