@@ -14,7 +14,7 @@
 //! enforces both timeouts with one timer per connection (re-armed only when it fires, never
 //! per request) and ends the connection when it is evicted; requests mark their
 //! start and end on it ([`Tracked::begin`]), over HTTP by the connection's service and over
-//! gRPC by [`TrackLayer`].
+//! gRPC by [`GuardsLayer`](crate::grpc::GuardsLayer).
 
 use std::collections::HashMap;
 use std::io;
@@ -468,50 +468,6 @@ impl tonic::transport::server::Connected for Watched<TcpStream> {
             peer: self.peer,
             tracked: self.admitted.tracked.clone(),
         }
-    }
-}
-
-/// Marks each gRPC request in flight on its connection, so that a busy connection is neither
-/// idle nor evicted.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct TrackLayer;
-
-impl<S> tower::Layer<S> for TrackLayer {
-    type Service = Track<S>;
-
-    fn layer(&self, inner: S) -> Track<S> {
-        Track(inner)
-    }
-}
-
-/// See [`TrackLayer`].
-#[derive(Debug, Clone)]
-pub struct Track<S>(S);
-
-impl<S, B> tower::Service<axum::http::Request<B>> for Track<S>
-where
-    S: tower::Service<axum::http::Request<B>>,
-    S::Future: Send + 'static,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = Pin<Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.0.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: axum::http::Request<B>) -> Self::Future {
-        let in_flight = request
-            .extensions()
-            .get::<ConnectInfo>()
-            .map(|c| c.tracked.begin());
-        let answer = self.0.call(request);
-        Box::pin(async move {
-            let answer = answer.await;
-            drop(in_flight);
-            answer
-        })
     }
 }
 

@@ -20,6 +20,7 @@ use tollgate::Decision;
 use tollgate::engine::{Descriptor, NodeLimit, descriptor};
 use tonic::{Request, Response, Status};
 
+use crate::connections::{ConnectInfo, InFlight};
 use crate::service::{CheckError, DescriptorOutcome, Service};
 
 /// The most descriptors one request may carry.
@@ -41,33 +42,34 @@ pub fn server(
     .max_decoding_message_size(max_message)
 }
 
-/// Answers a request whose message cannot be decoded with `INVALID_ARGUMENT`, where tonic
-/// says `INTERNAL`: the caller's mistake, not the service's. Such answers carry their status
-/// in their headers (a trailers-only answer).
+/// What the gRPC listener does around the service, in one layer so that a call pays for one
+/// wrapping future, not boxed: it marks each call in flight on its connection (see
+/// [`crate::connections`]), so that a busy connection is neither idle nor evicted; and it
+/// answers a call whose message cannot be decoded with `INVALID_ARGUMENT`, where tonic says
+/// `INTERNAL`: the caller's mistake, not the service's (such answers carry their status in
+/// their headers, trailers-only).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct DecodeErrorsLayer;
+pub struct GuardsLayer;
 
-impl<S> tower::Layer<S> for DecodeErrorsLayer {
-    type Service = DecodeErrors<S>;
+impl<S> tower::Layer<S> for GuardsLayer {
+    type Service = Guards<S>;
 
-    fn layer(&self, inner: S) -> DecodeErrors<S> {
-        DecodeErrors(inner)
+    fn layer(&self, inner: S) -> Guards<S> {
+        Guards(inner)
     }
 }
 
-/// See [`DecodeErrorsLayer`].
+/// See [`GuardsLayer`].
 #[derive(Debug, Clone)]
-pub struct DecodeErrors<S>(S);
+pub struct Guards<S>(S);
 
-impl<S, B, R> tower::Service<axum::http::Request<B>> for DecodeErrors<S>
+impl<S, B, R> tower::Service<axum::http::Request<B>> for Guards<S>
 where
     S: tower::Service<axum::http::Request<B>, Response = axum::http::Response<R>>,
-    S::Future: Send + 'static,
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future =
-        std::pin::Pin<Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>>;
+    type Future = Guarded<S::Future>;
 
     fn poll_ready(
         &mut self,
@@ -77,9 +79,41 @@ where
     }
 
     fn call(&mut self, request: axum::http::Request<B>) -> Self::Future {
-        let answer = self.0.call(request);
-        Box::pin(async move {
-            let mut answer = answer.await?;
+        let in_flight = request
+            .extensions()
+            .get::<ConnectInfo>()
+            .map(|c| c.tracked.begin());
+        Guarded {
+            answer: self.0.call(request),
+            in_flight,
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The answer of a call through [`Guards`].
+    #[derive(Debug)]
+    pub struct Guarded<F> {
+        #[pin]
+        answer: F,
+        in_flight: Option<InFlight>,
+    }
+}
+
+impl<F, R, E> std::future::Future for Guarded<F>
+where
+    F: std::future::Future<Output = Result<axum::http::Response<R>, E>>,
+{
+    type Output = F::Output;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let this = self.project();
+        let mut answer = std::task::ready!(this.answer.poll(cx));
+        this.in_flight.take();
+        if let Ok(answer) = &mut answer {
             let headers = answer.headers_mut();
             // The message is percent-encoded.
             let undecodable = headers.get("grpc-status").is_some_and(|s| s == "13")
@@ -90,8 +124,8 @@ where
                 let invalid = axum::http::HeaderValue::from_static("3");
                 headers.insert("grpc-status", invalid);
             }
-            Ok(answer)
-        })
+        }
+        std::task::Poll::Ready(answer)
     }
 }
 

@@ -358,8 +358,7 @@ async fn serve(
             let shutdown = stopped(stop_rx.clone());
             Some(tokio::spawn(async move {
                 tonic::transport::Server::builder()
-                    .layer(connections::TrackLayer)
-                    .layer(grpc::DecodeErrorsLayer)
+                    .layer(grpc::GuardsLayer)
                     .add_service(svc)
                     .serve_with_incoming_shutdown(incoming, shutdown)
                     .await

@@ -13,7 +13,7 @@ use axum::http::{Request, StatusCode, header};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tollgate::engine::PathPattern;
 use tollgate_server::config;
-use tollgate_server::grpc::{DecodeErrors, DecodeErrorsLayer, Rls};
+use tollgate_server::grpc::{Guards, GuardsLayer, Rls};
 use tollgate_server::http::{AppState, Connection};
 use tollgate_server::service::{self, Service};
 use tower::ServiceExt;
@@ -60,7 +60,7 @@ descriptors:
 struct Harness {
     runtime: tokio::runtime::Runtime,
     http: Connection,
-    grpc: DecodeErrors<RateLimitServiceServer<Rls>>,
+    grpc: Guards<RateLimitServiceServer<Rls>>,
     _dir: tempfile::TempDir,
 }
 
@@ -92,7 +92,7 @@ fn harness() -> &'static Harness {
         Harness {
             http: Connection::new(state, peer),
             grpc: tower::Layer::layer(
-                &DecodeErrorsLayer,
+                &GuardsLayer,
                 tollgate_server::grpc::server(service, true, 64 * 1024),
             ),
             runtime,
