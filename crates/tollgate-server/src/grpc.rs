@@ -1,7 +1,10 @@
 //! Envoy's rate limit service over gRPC: `envoy.service.ratelimit.v3.RateLimitService/
-//! ShouldRateLimit`. The descriptors of one request are decided all-or-nothing: when one is
-//! over its limit, none consumes. Each descriptor's cost is its `hits_addend`, else the
-//! request's, else 1. When asked, answers carry the rate limit fields of the HTTP answers in
+//! ShouldRateLimit`, answered as the Envoy ratelimit service answers it: each descriptor
+//! counts its hits whatever the others' outcome (see [`Service::check_descriptors`]), a
+//! descriptor may carry its own limit, and the statuses report what that service reports.
+//! Each descriptor's cost is its `hits_addend`, else the request's, else 1. How many
+//! descriptors a request carries is bounded by the message size (`max_body_bytes`). When
+//! asked, answers carry the rate limit fields of the HTTP answers in
 //! `response_headers_to_add`, which Envoy adds to its answer to the client.
 
 use std::sync::Arc;
@@ -17,14 +20,11 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use tollgate::Decision;
-use tollgate::engine::{Descriptor, NodeLimit, descriptor};
+use tollgate::engine::{Descriptor, LimitOverride, NodeLimit, descriptor};
 use tonic::{Request, Response, Status};
 
 use crate::connections::{ConnectInfo, InFlight};
 use crate::service::{CheckError, DescriptorOutcome, Service};
-
-/// The most descriptors one request may carry.
-const MAX_DESCRIPTORS: usize = 64;
 
 /// The gRPC service over `service`; with `response_headers`, answers carry the rate limit
 /// fields for Envoy to add to its answer. A request message longer than `max_message` bytes
@@ -149,11 +149,63 @@ fn unit(limit: &NodeLimit) -> Unit {
     }
 }
 
-fn current_limit(limit: &NodeLimit, rule: &str) -> RateLimit {
+/// The name of a unit a descriptor's own limit gives; `None` for an unknown unit.
+fn unit_name(unit: Unit) -> Option<&'static str> {
+    Some(match unit {
+        Unit::Second => "second",
+        Unit::Minute => "minute",
+        Unit::Hour => "hour",
+        Unit::Day => "day",
+        Unit::Week => "week",
+        Unit::Month => "month",
+        Unit::Year => "year",
+        Unit::Unknown => return None,
+    })
+}
+
+/// The limit as the answer names it: its configured name (empty when it has none), its
+/// permits per unit and its unit.
+fn current_limit(limit: &NodeLimit) -> RateLimit {
     RateLimit {
-        name: limit.name.clone().unwrap_or_else(|| rule.to_string()),
+        name: limit.name.clone().unwrap_or_default(),
         requests_per_unit: u32::try_from(limit.requests_per_unit).unwrap_or(u32::MAX),
         unit: unit(limit) as i32,
+    }
+}
+
+/// One descriptor's status, as the Envoy ratelimit service gives it: no limit is OK with
+/// nothing remaining, `unlimited` OK with all (2^32 - 1); a limit says its remaining permits
+/// (0 when over) and the whole seconds until its window resets.
+fn status(outcome: &DescriptorOutcome) -> DescriptorStatus {
+    let code = |over: bool| if over { Code::OverLimit } else { Code::Ok } as i32;
+    match outcome {
+        DescriptorOutcome::None => DescriptorStatus {
+            code: Code::Ok as i32,
+            ..DescriptorStatus::default()
+        },
+        DescriptorOutcome::Unlimited => DescriptorStatus {
+            code: Code::Ok as i32,
+            limit_remaining: u32::MAX,
+            ..DescriptorStatus::default()
+        },
+        DescriptorOutcome::Blocked { limit, reset_after } => DescriptorStatus {
+            code: code(outcome.over()),
+            current_limit: Some(current_limit(limit)),
+            duration_until_reset: Some(whole_seconds(*reset_after)),
+            ..DescriptorStatus::default()
+        },
+        DescriptorOutcome::Checked {
+            limit,
+            decision,
+            remaining,
+            ..
+        } => DescriptorStatus {
+            code: code(outcome.over()),
+            current_limit: Some(current_limit(limit)),
+            limit_remaining: u32::try_from(*remaining).unwrap_or(u32::MAX),
+            duration_until_reset: Some(whole_seconds(decision.reset_after())),
+            ..DescriptorStatus::default()
+        },
     }
 }
 
@@ -172,10 +224,12 @@ fn response_headers(decisions: &[Decision]) -> Vec<HeaderValue> {
         .collect()
 }
 
-fn proto_duration(d: std::time::Duration) -> ProtoDuration {
+/// `d` rounded up to whole seconds, as the Envoy service reports how long until a reset.
+fn whole_seconds(d: std::time::Duration) -> ProtoDuration {
+    let seconds = d.as_secs() + u64::from(d.subsec_nanos() > 0);
     ProtoDuration {
-        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
-        nanos: d.subsec_nanos() as i32,
+        seconds: i64::try_from(seconds).unwrap_or(i64::MAX),
+        nanos: 0,
     }
 }
 
@@ -196,62 +250,34 @@ impl RateLimitService for Rls {
                 "rate limit descriptor list must not be empty",
             ));
         }
-        if request.descriptors.len() > MAX_DESCRIPTORS {
-            return Err(Status::invalid_argument(format!(
-                "{} descriptors exceed the maximum of {MAX_DESCRIPTORS}",
-                request.descriptors.len()
-            )));
-        }
         let default_cost = u64::from(request.hits_addend.max(1));
-        let descriptors: Vec<(Descriptor, u64)> = request
+        let descriptors: Vec<(Descriptor, u64, Option<LimitOverride>)> = request
             .descriptors
             .iter()
             .map(|d| {
                 let entries = descriptor(d.entries.iter().map(|e| (&*e.key, &*e.value)));
                 let cost = d.hits_addend.as_ref().map_or(default_cost, |h| h.value);
-                (entries, cost)
+                let limit = d.limit.as_ref().and_then(|l| {
+                    Some(LimitOverride {
+                        requests_per_unit: u64::from(l.requests_per_unit),
+                        unit: unit_name(Unit::try_from(l.unit).ok()?)?,
+                    })
+                });
+                (entries, cost, limit)
             })
             .collect();
-        let outcomes = self
+        let answer = self
             .service
             .check_descriptors(&request.domain, &descriptors)
             .await
             .map_err(|CheckError::Invalid(message)| Status::invalid_argument(message))?;
-        let mut over = false;
-        let statuses = outcomes
-            .iter()
-            .map(|outcome| match outcome {
-                DescriptorOutcome::None | DescriptorOutcome::Unlimited => DescriptorStatus {
-                    code: Code::Ok as i32,
-                    limit_remaining: u32::MAX,
-                    ..DescriptorStatus::default()
-                },
-                DescriptorOutcome::Blocked(limit) => {
-                    over = true;
-                    DescriptorStatus {
-                        code: Code::OverLimit as i32,
-                        current_limit: Some(current_limit(limit, "")),
-                        ..DescriptorStatus::default()
-                    }
-                }
-                DescriptorOutcome::Checked(limit, decision) => {
-                    over |= !decision.allowed();
-                    let code = if decision.allowed() {
-                        Code::Ok
-                    } else {
-                        Code::OverLimit
-                    };
-                    DescriptorStatus {
-                        code: code as i32,
-                        current_limit: Some(current_limit(limit, decision.rule())),
-                        limit_remaining: u32::try_from(decision.remaining()).unwrap_or(u32::MAX),
-                        duration_until_reset: Some(proto_duration(decision.reset_after())),
-                        ..DescriptorStatus::default()
-                    }
-                }
-            })
-            .collect();
-        let overall = if over { Code::OverLimit } else { Code::Ok };
+        let outcomes = answer.outcomes;
+        let statuses = outcomes.iter().map(status).collect();
+        let overall = if answer.over {
+            Code::OverLimit
+        } else {
+            Code::Ok
+        };
         let response_headers_to_add = if self.response_headers {
             response_headers(&DescriptorOutcome::decisions(&outcomes))
         } else {

@@ -34,14 +34,14 @@ use hyper_util::service::TowerToHyperService;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
 use tokio::net::TcpListener;
-use tollgate::engine::{Descriptor, Request, descriptor};
+use tollgate::engine::{Descriptor, LimitOverride, Request, descriptor};
 use tollgate::{Decision, Source};
 
 use crate::admin;
 use crate::connections::{Registry, Tracked};
 use tollgate::layer::headers::{self, ceil_secs};
 
-use crate::service::{CheckError, DescriptorOutcome, Outcome, Service};
+use crate::service::{CheckError, DescriptorOutcome, EnvoyAnswer, Outcome, Service};
 
 /// What the HTTP handlers share.
 #[derive(Debug, Clone)]
@@ -466,15 +466,15 @@ async fn check(state: AppState, request: axum::extract::Request) -> Response {
             let Some(descriptors) = &body.descriptors else {
                 return bad_request(StatusCode::BAD_REQUEST, "`domain` needs `descriptors`");
             };
-            let list: Vec<(Descriptor, u64)> = descriptors
+            let list: Vec<(Descriptor, u64, Option<LimitOverride>)> = descriptors
                 .iter()
                 .map(|d| {
                     let entries = descriptor(d.entries.iter().map(|e| (&*e.key, &*e.value)));
-                    (entries, d.cost.unwrap_or(cost))
+                    (entries, d.cost.unwrap_or(cost), None)
                 })
                 .collect();
             match state.service.check_descriptors(domain, &list).await {
-                Ok(outcomes) => answer_descriptors(&outcomes),
+                Ok(answer) => answer_descriptors(&answer),
                 Err(CheckError::Invalid(message)) => bad_request(StatusCode::BAD_REQUEST, message),
             }
         }
@@ -500,7 +500,16 @@ fn answer_outcome(
 
 /// The answer to `decisions`, all-or-nothing: see [`answer_outcome`].
 fn answer(decisions: &[Decision], denied: StatusCode, json: bool) -> Response {
-    let allowed = decisions.iter().all(Decision::allowed);
+    answer_as(
+        decisions.iter().all(Decision::allowed),
+        decisions,
+        denied,
+        json,
+    )
+}
+
+/// The answer to `decisions` when the request is `allowed` or not.
+fn answer_as(allowed: bool, decisions: &[Decision], denied: StatusCode, json: bool) -> Response {
     let status = match (allowed, json) {
         (true, true) => StatusCode::OK,
         (true, false) => StatusCode::NO_CONTENT,
@@ -522,16 +531,16 @@ fn answer(decisions: &[Decision], denied: StatusCode, json: bool) -> Response {
     response
 }
 
-fn answer_descriptors(outcomes: &[DescriptorOutcome]) -> Response {
-    let decisions = DescriptorOutcome::decisions(outcomes);
-    let blocked = outcomes
-        .iter()
-        .any(|o| matches!(o, DescriptorOutcome::Blocked(_)));
-    let mut response = answer(&decisions, StatusCode::TOO_MANY_REQUESTS, true);
-    if blocked && response.status().is_success() {
-        *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-    }
-    response
+/// The answer to Envoy descriptors: denied when the Envoy service would answer over the
+/// limit (see [`DescriptorOutcome::overall_over`]).
+fn answer_descriptors(answer: &EnvoyAnswer) -> Response {
+    let decisions = DescriptorOutcome::decisions(&answer.outcomes);
+    answer_as(
+        !answer.over,
+        &decisions,
+        StatusCode::TOO_MANY_REQUESTS,
+        true,
+    )
 }
 
 #[derive(Deserialize)]

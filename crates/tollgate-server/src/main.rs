@@ -292,7 +292,7 @@ fn validate(files: &[PathBuf]) -> ExitCode {
         Ok(config) => {
             let routes = config.engine.routes().len();
             let domains = config.engine.domains().count();
-            let rules = config.engine.rules().count();
+            let rules = routes + config.engine.domains().map(|d| d.limits()).sum::<usize>();
             println!("ok: {rules} rules ({routes} routes, {domains} Envoy domains)");
             ExitCode::SUCCESS
         }
@@ -314,6 +314,12 @@ async fn serve(
     let handle = metrics::install()?;
     tokio::spawn(metrics::upkeep(handle.clone()));
     let service = Arc::new(Service::start(files.clone()).await?);
+    for name in config::envoy_settings_not_read() {
+        tracing::warn!(
+            "{name} is set: a setting of envoyproxy/ratelimit that tollgate does not read; it \
+             has no effect (README, \"Switching from envoyproxy/ratelimit\", says what does)"
+        );
+    }
     let server = service.loaded().config.server.clone();
     let http_addr = http.unwrap_or(server.http);
     let grpc_addr = grpc.or(server.grpc);

@@ -9,13 +9,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
-use tollgate::engine::{Descriptor, DescriptorHit, Engine, Headers, Items, NodeLimit, Request};
+use tollgate::engine::{
+    Descriptor, DescriptorHit, Domain, Engine, Headers, Items, LimitOverride, NodeLimit, Request,
+};
 use tollgate::{
     AnyStore, Decision, Decisions, Error, HybridConfig, HybridStore, Item, LeaseConfig, LeaseStore,
     Limiter, MemoryStore, MemoryStoreBuilder, RedisStore, RedisStoreBuilder, Store,
 };
 
-use crate::config::{self, Config, ConfigError, RedisMode, RuleSpec, StoreConfig};
+use crate::config::{self, Config, ConfigError, EnvoySettings, RedisMode, RuleSpec, StoreConfig};
 use crate::metrics::{self, RuleMetrics};
 use crate::shared::{Overlay, SharedRules};
 
@@ -78,27 +80,78 @@ impl Outcome {
     }
 }
 
-/// What each descriptor of an Envoy request got.
+/// The answer to an Envoy request: each descriptor's outcome, and the request's verdict.
+#[derive(Debug, Clone)]
+pub struct EnvoyAnswer {
+    /// Each descriptor's outcome, in order.
+    pub outcomes: Vec<DescriptorOutcome>,
+    /// Whether the request is over the limit (see [`DescriptorOutcome::overall_over`]).
+    pub over: bool,
+}
+
+/// What each descriptor of an Envoy request got, as the Envoy ratelimit service answers it.
 #[derive(Debug, Clone)]
 pub enum DescriptorOutcome {
-    /// No rule for it: OK.
+    /// No limit applies: OK.
     None,
-    /// An `unlimited` rule: OK.
+    /// An `unlimited` limit: OK.
     Unlimited,
-    /// A rule of 0 per unit: over the limit.
-    Blocked(NodeLimit),
-    /// A rule was checked.
-    Checked(NodeLimit, Decision),
+    /// A limit of 0 per unit: over it (OK in shadow mode), its window ending in
+    /// `reset_after`.
+    Blocked {
+        /// The limit.
+        limit: NodeLimit,
+        /// Until the limit's window ends.
+        reset_after: std::time::Duration,
+    },
+    /// A limit was checked.
+    Checked {
+        /// The limit, as configured or as the descriptor sent it.
+        limit: NodeLimit,
+        /// The store's decision.
+        decision: Decision,
+        /// Over the limit (in shadow mode, never).
+        over: bool,
+        /// Permits left in the window: 0 when over.
+        remaining: u64,
+    },
 }
 
 impl DescriptorOutcome {
+    /// Whether the descriptor is over its limit (never in shadow mode).
+    pub fn over(&self) -> bool {
+        match self {
+            Self::None | Self::Unlimited => false,
+            Self::Blocked { limit, .. } => !limit.shadow,
+            Self::Checked { over, .. } => *over,
+        }
+    }
+
+    /// The request's verdict from its descriptors' outcomes, as the Envoy service gives it:
+    /// over when a descriptor outside quota mode is over, or when there are descriptors in
+    /// quota mode and every one of them is over; never in the global shadow mode. With the
+    /// global quota mode every descriptor with a limit is in quota mode.
+    pub fn overall_over(outcomes: &[Self], settings: EnvoySettings) -> bool {
+        if settings.shadow_mode {
+            return false;
+        }
+        let quota = |o: &&Self| match o {
+            Self::Blocked { limit, .. } | Self::Checked { limit, .. } => {
+                limit.quota || settings.quota_mode
+            }
+            Self::None | Self::Unlimited => false,
+        };
+        let (quotas, others): (Vec<&Self>, Vec<&Self>) = outcomes.iter().partition(quota);
+        others.iter().any(|o| o.over()) || (!quotas.is_empty() && quotas.iter().all(|o| o.over()))
+    }
+
     /// The decisions of the checked descriptors of `outcomes`, in order: what the rate limit
     /// fields of an answer come from.
     pub fn decisions(outcomes: &[Self]) -> Vec<Decision> {
         outcomes
             .iter()
             .filter_map(|o| match o {
-                Self::Checked(_, decision) => Some(*decision),
+                Self::Checked { decision, .. } => Some(*decision),
                 _ => None,
             })
             .collect()
@@ -342,50 +395,103 @@ impl Service {
         Ok(Outcome { decisions })
     }
 
-    /// Checks Envoy descriptors of `domain`, each with its own cost, all-or-nothing: when any
-    /// is over its limit, none consumes.
+    /// Checks Envoy descriptors of `domain`, each with its cost and the limit it carries if
+    /// any, as the Envoy ratelimit service counts: every descriptor counts its hits, over its
+    /// limit or not, whatever the others' outcome. With `stop_when_over` (its
+    /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`), when one is over, only the descriptors
+    /// over their limit count.
     ///
     /// # Errors
     /// [`CheckError`] for a bad cost or key.
     pub async fn check_descriptors(
         &self,
         domain: &str,
-        descriptors: &[(Descriptor, u64)],
-    ) -> Result<Vec<DescriptorOutcome>, CheckError> {
+        descriptors: &[(Descriptor, u64, Option<LimitOverride>)],
+    ) -> Result<EnvoyAnswer, CheckError> {
         let loaded = self.loaded();
         let Some(found) = loaded.engine.domain(domain) else {
             tracing::debug!(domain, "no rules for this domain");
-            return Ok(vec![DescriptorOutcome::None; descriptors.len()]);
+            return Ok(EnvoyAnswer {
+                outcomes: vec![DescriptorOutcome::None; descriptors.len()],
+                over: false,
+            });
         };
-        let mut hits = found.hits(descriptors.iter().map(|(d, _)| d));
-        let blocked = hits.iter().any(|h| matches!(h, DescriptorHit::Blocked(_)));
-        let (mut items, mut names) = (Vec::new(), Vec::new());
-        for (hit, (_, cost)) in hits.iter_mut().zip(descriptors) {
+        let mut hits = found.hits(descriptors.iter().map(|(d, _, limit)| (d, *limit)));
+        let (mut items, mut names, mut costs) = (Vec::new(), Vec::new(), Vec::new());
+        for (hit, (_, cost, _)) in hits.iter_mut().zip(descriptors) {
             if let DescriptorHit::Limited { hit, metric, .. } = hit {
-                // Over a blocked descriptor nothing consumes: the others only look.
-                items.push(hit.item(if blocked { 0 } else { *cost }));
+                if hit.key.len() > tollgate::MAX_KEY_LEN {
+                    hit.key = digested(&hit.key);
+                }
+                items.push(hit.item(*cost));
                 names.push(metric.take());
+                costs.push(*cost);
             }
         }
-        let decisions = self
-            .check_items(&loaded, &items, Some(&names))
-            .await?
-            .decisions;
+        // Whether the checked descriptors' hits were counted.
+        let mut counted = true;
+        let decisions: Vec<Decision> = if loaded.config.server.envoy.stop_when_over {
+            let decisions = self
+                .check_items(&loaded, &items, Some(&names))
+                .await?
+                .decisions;
+            counted = decisions.iter().all(Decision::allowed);
+            decisions.iter().copied().collect()
+        } else {
+            // Each apart, so that each counts; sent together, so that Redis gets them in one
+            // write.
+            let checks = items.iter().zip(&names).map(|(item, name)| {
+                self.check_items(
+                    &loaded,
+                    std::slice::from_ref(item),
+                    Some(std::slice::from_ref(name)),
+                )
+            });
+            let mut decisions = Vec::with_capacity(items.len());
+            for outcome in futures_util::future::join_all(checks).await {
+                decisions.extend(outcome?.decisions.iter().copied());
+            }
+            decisions
+        };
         // The items borrow from `hits`, which is consumed next.
         drop(items);
-        let mut decisions = decisions.iter().copied();
-        Ok(hits
+        let mut decisions = decisions.into_iter().zip(costs);
+        let outcomes: Vec<DescriptorOutcome> = hits
             .into_iter()
             .map(|hit| match hit {
                 DescriptorHit::None => DescriptorOutcome::None,
-                DescriptorHit::Unlimited => DescriptorOutcome::Unlimited,
-                DescriptorHit::Blocked(limit) => DescriptorOutcome::Blocked(limit.clone()),
-                DescriptorHit::Limited { limit, .. } => match decisions.next() {
-                    Some(decision) => DescriptorOutcome::Checked(limit.clone(), decision),
+                DescriptorHit::Unlimited(_) => DescriptorOutcome::Unlimited,
+                DescriptorHit::Blocked(limit) => DescriptorOutcome::Blocked {
+                    limit: limit.clone(),
+                    reset_after: window_left(limit.unit.1),
+                },
+                DescriptorHit::Limited {
+                    limit, overridden, ..
+                } => match decisions.next() {
+                    Some((decision, cost)) => {
+                        let (over, remaining) = if overridden {
+                            Domain::over(&limit, &decision)
+                        } else if counted || !decision.allowed() {
+                            (!decision.allowed(), decision.remaining())
+                        } else {
+                            // Within its limit in a request over another: not counted.
+                            let left = decision.remaining().saturating_add(cost);
+                            (false, left.min(limit.requests_per_unit))
+                        };
+                        let shadow = limit.shadow;
+                        DescriptorOutcome::Checked {
+                            limit: limit.into_owned(),
+                            decision,
+                            over: over && !shadow,
+                            remaining: if over { 0 } else { remaining },
+                        }
+                    }
                     None => DescriptorOutcome::None,
                 },
             })
-            .collect())
+            .collect();
+        let over = DescriptorOutcome::overall_over(&outcomes, loaded.config.server.envoy);
+        Ok(EnvoyAnswer { outcomes, over })
     }
 
     /// Whether the service can decide: rules are loaded and the shared store, if any, answers.
@@ -612,4 +718,25 @@ pub fn check(config: &Config) -> Result<(), ConfigError> {
             .map_err(|e| config.places.rule(rule.name()).error(e.to_string()))?;
     }
     Ok(())
+}
+
+/// The counter key of a descriptor whose entries are longer than a key may be: `#sha256:`
+/// and their SHA-256 digest. Keys built from entries start with a digit (the length of the
+/// first part), so no descriptor's own key can be one of these.
+fn digested(key: &[u8]) -> Vec<u8> {
+    use sha2::Digest;
+    let mut digested = b"#sha256:".to_vec();
+    digested.extend_from_slice(&sha2::Sha256::digest(key));
+    digested
+}
+
+/// What is left of the current window of `unit` (windows aligned to the epoch, as the
+/// fixed windows count), by the system clock.
+fn window_left(unit: std::time::Duration) -> std::time::Duration {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let unit_micros = unit.as_micros().max(1);
+    let into = now.as_micros() % unit_micros;
+    std::time::Duration::from_micros(u64::try_from(unit_micros - into).unwrap_or(u64::MAX))
 }

@@ -138,7 +138,7 @@ fn envoy_errors_are_the_ones_that_service_gives() {
         ),
         (
             "domain: d\ndescriptors:\n  - key: k\n    extra: 1\n",
-            "unknown field `extra`",
+            "config error, unknown key 'extra'",
         ),
     ];
     for (text, says) in cases {
@@ -200,14 +200,14 @@ fn validate_refuses_what_serve_refuses() {
                 "store: {{ kind: redis, url: \"redis://127.0.0.1:1\", mode: hybrid }}\n{}",
                 rule("gcra")
             ),
-            "3:5: rule `api`: algorithm: the hybrid store holds only fixed_window and sliding_window",
+            "3:5: rule `api`: algorithm: the hybrid store holds only fixed_window, sliding_window and hit_counter",
         ),
         (
             format!(
                 "store: {{ kind: redis, url: \"redis://127.0.0.1:1\", mode: lease }}\n{}",
                 rule("sliding_log")
             ),
-            "3:5: rule `api`: algorithm: the lease store holds only fixed_window",
+            "3:5: rule `api`: algorithm: the lease store holds only fixed_window and hit_counter",
         ),
         (
             format!(

@@ -391,7 +391,7 @@ impl Rule {
 
     /// Decides `attempt` for one key whose state words are `state`, consuming from every tier
     /// or from none: when there are several tiers, all are asked first without writing. A
-    /// denial writes nothing but what [`Decide::first_seen`] records.
+    /// denial writes nothing but what [`Decide::denied`] records.
     #[inline]
     pub(crate) fn evaluate<A: Decide>(
         &self,
@@ -406,7 +406,7 @@ impl Rule {
         if let [tier] = tiers {
             let verdict = algorithm.decide(tier, state, &attempt);
             if !verdict.allowed && attempt.writes() {
-                algorithm.first_seen(tier, state, attempt.now);
+                algorithm.denied(tier, state, &attempt);
             }
             return Decision::of(self, 0, verdict);
         }
@@ -423,16 +423,15 @@ impl Rule {
             return decide(&attempt);
         }
         if attempt.writes() {
-            self.first_seen(algorithm, state, attempt.now);
+            self.denied(algorithm, state, &attempt);
         }
         probe
     }
 
-    /// Records in every tier that a key was first seen at `now`, consuming nothing (see
-    /// [`Decide::first_seen`]).
-    pub(crate) fn first_seen<A: Decide>(&self, algorithm: &A, state: &mut [u64], now: u64) {
+    /// Records in every tier what a denial of `attempt` records (see [`Decide::denied`]).
+    pub(crate) fn denied<A: Decide>(&self, algorithm: &A, state: &mut [u64], attempt: &Attempt) {
         for (i, tier) in self.tiers().iter().enumerate() {
-            algorithm.first_seen(tier, &mut state[self.tier_words(i)], now);
+            algorithm.denied(tier, &mut state[self.tier_words(i)], attempt);
         }
     }
 

@@ -44,6 +44,7 @@ fn rules() -> Vec<Rule> {
         Algorithm::SubWindows(SubWindows { count: 6 }),
         Algorithm::SlidingLog,
         Algorithm::IntervalBucket,
+        Algorithm::HitCounter,
     ];
     for algorithm in plain {
         rules.push(rule(algorithm.clone(), vec![Tier::new(5, ms(600))]));

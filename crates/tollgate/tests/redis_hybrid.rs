@@ -448,7 +448,7 @@ async fn rules_whose_state_does_not_add_up_are_refused() {
     let err = Limiter::builder(rule).store(store).build().unwrap_err();
     assert_eq!(
         err.to_string(),
-        "rule `bucket`: algorithm: the hybrid store holds only fixed_window and sliding_window \
+        "rule `bucket`: algorithm: the hybrid store holds only fixed_window, sliding_window and hit_counter \
          (counts that add up across instances); token_bucket is held by the strict Redis store \
          and the memory store"
     );

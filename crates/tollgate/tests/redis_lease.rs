@@ -208,7 +208,7 @@ async fn rules_without_a_budget_per_window_are_refused() {
         .unwrap_err();
     assert_eq!(
         err.to_string(),
-        "rule `log`: algorithm: the lease store holds only fixed_window (a budget of permits \
+        "rule `log`: algorithm: the lease store holds only fixed_window and hit_counter (a budget of permits \
          per window, leased ahead); sliding_log is held by the strict Redis store and the \
          memory store"
     );

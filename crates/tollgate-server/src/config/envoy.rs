@@ -24,25 +24,37 @@ use super::ConfigError;
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct File {
-    domain: String,
     #[serde(default)]
-    descriptors: Vec<Spanned<Descriptor>>,
+    domain: Option<String>,
+    #[serde(default)]
+    descriptors: Option<Vec<Spanned<Descriptor>>>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Descriptor {
-    key: String,
+    #[serde(default)]
+    key: Option<String>,
     value: Option<String>,
     rate_limit: Option<RateLimit>,
     #[serde(default)]
-    descriptors: Vec<Spanned<Descriptor>>,
+    descriptors: Option<Vec<Spanned<Descriptor>>>,
     #[serde(default)]
     shadow_mode: bool,
     #[serde(default)]
+    quota_mode: bool,
+    #[serde(default)]
     detailed_metric: bool,
+    /// Names statistics by the value a request sent: statistics' names only, which the
+    /// Prometheus labels carry anyway.
+    #[serde(default, rename = "value_to_metric")]
+    _value_to_metric: bool,
     #[serde(default)]
     share_threshold: bool,
+    /// Returned to Envoy as dynamic metadata only when the Envoy service is asked to
+    /// (`RESPONSE_DYNAMIC_METADATA`, off by default); any map.
+    #[serde(default, rename = "metadata")]
+    _metadata: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 #[derive(Deserialize)]
@@ -61,23 +73,36 @@ struct RateLimit {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Replaces {
-    name: String,
+    #[serde(default)]
+    name: Option<String>,
 }
 
 /// Parses one Envoy file into its domain.
 pub(super) fn parse(file: &Path, text: &str) -> Result<Domain, ConfigError> {
-    let parsed: File = serde_saphyr::from_str(text).map_err(|e| ConfigError::yaml(file, &e))?;
-    if parsed.domain.is_empty() {
+    let parsed: File = serde_saphyr::from_str(text).map_err(|e| yaml(file, &e))?;
+    let domain = parsed.domain.unwrap_or_default();
+    if domain.is_empty() {
         return Err(ConfigError::new(
             file,
             None,
             "config file cannot have empty domain",
         ));
     }
-    let nodes = nodes(file, parsed.descriptors)?;
-    DomainBuilder::new(parsed.domain)
+    let nodes = nodes(file, parsed.descriptors.unwrap_or_default())?;
+    DomainBuilder::new(domain)
         .build(nodes)
         .map_err(|e| ConfigError::new(file, None, e))
+}
+
+/// A YAML error in Envoy's words where it has them: an unknown field is an unknown key.
+fn yaml(file: &Path, err: &serde_saphyr::Error) -> ConfigError {
+    let mut error = ConfigError::yaml(file, err);
+    if let Some(rest) = error.message.strip_prefix("unknown field `")
+        && let Some((field, expected)) = rest.split_once('`')
+    {
+        error.message = format!("config error, unknown key '{field}'{expected}");
+    }
+    error
 }
 
 fn nodes(file: &Path, descriptors: Vec<Spanned<Descriptor>>) -> Result<Vec<Node>, ConfigError> {
@@ -88,9 +113,15 @@ fn nodes(file: &Path, descriptors: Vec<Spanned<Descriptor>>) -> Result<Vec<Node>
                 .filter(|(line, _)| *line > 0);
             let d = spanned.value;
             let err = |message: String| ConfigError::new(file, at, message);
-            if d.key.is_empty() {
+            let key = d.key.unwrap_or_default();
+            if key.is_empty() {
                 return Err(err("descriptor has empty key".into()));
             }
+            let value = d.value.filter(|v| !v.is_empty());
+            let composite = match &value {
+                Some(v) => format!("{key}_{v}"),
+                None => key.clone(),
+            };
             let limit = match d.rate_limit {
                 None => None,
                 Some(r) => {
@@ -107,26 +138,51 @@ fn nodes(file: &Path, descriptors: Vec<Spanned<Descriptor>>) -> Result<Vec<Node>
                         },
                         (None, false) => return Err(err("invalid rate limit unit ''".into())),
                     };
-                    if r.replaces.iter().any(|x| x.name.is_empty()) {
+                    if r.requests_per_unit > u64::from(u32::MAX) {
+                        return Err(err(format!(
+                            "requests_per_unit {} is above 4294967295: Envoy's limits are 32-bit",
+                            r.requests_per_unit
+                        )));
+                    }
+                    let replaces: Vec<String> = r
+                        .replaces
+                        .into_iter()
+                        .map(|x| x.name.unwrap_or_default())
+                        .collect();
+                    if replaces.iter().any(String::is_empty) {
                         return Err(err("should not have an empty replaces entry".into()));
+                    }
+                    let name = r.name.filter(|n| !n.is_empty());
+                    if name.as_ref().is_some_and(|n| replaces.contains(n)) {
+                        return Err(err(
+                            "replaces should not contain name of same descriptor".into()
+                        ));
                     }
                     Some(NodeLimit {
                         requests_per_unit: r.requests_per_unit,
                         unit,
                         unlimited: r.unlimited,
-                        name: r.name,
-                        replaces: r.replaces.into_iter().map(|x| x.name).collect(),
+                        name,
+                        replaces,
+                        shadow: d.shadow_mode,
+                        quota: d.quota_mode,
                     })
                 }
             };
+            if d.share_threshold && !composite.contains('*') {
+                return Err(err(format!(
+                    "share_threshold can only be used with wildcard values (containing '*'), \
+                     but found key '{composite}'"
+                )));
+            }
+            let children = nodes(file, d.descriptors.unwrap_or_default())?;
             Ok(Node {
-                key: d.key,
-                value: d.value.filter(|v| !v.is_empty()),
+                key,
+                value,
                 limit,
-                shadow: d.shadow_mode,
                 detailed_metric: d.detailed_metric,
                 share_threshold: d.share_threshold,
-                children: nodes(file, d.descriptors)?,
+                children,
             })
         })
         .collect()

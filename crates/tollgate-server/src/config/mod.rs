@@ -37,6 +37,114 @@ pub struct ServerConfig {
     pub grpc_response_headers: bool,
     /// Bounds on the connections of both listeners.
     pub connections: Limits,
+    /// How Envoy domains are answered: the Envoy ratelimit service's settings, read from
+    /// the environment under its names.
+    pub envoy: EnvoySettings,
+}
+
+/// The Envoy ratelimit service's settings that change how its domains are answered, read
+/// from the environment under its names (see [`EnvoySettings::from_env`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EnvoySettings {
+    /// When a descriptor of a request is over its limit, the others' hits are not counted
+    /// (by default every descriptor counts its hits): `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`.
+    pub stop_when_over: bool,
+    /// Every request is answered OK, its descriptors' statuses as they are: `SHADOW_MODE`.
+    pub shadow_mode: bool,
+    /// Every descriptor is in quota mode: `QUOTA_MODE`.
+    pub quota_mode: bool,
+}
+
+/// The settings the Envoy ratelimit service reads from its environment that tollgate does not
+/// (yet) read; [`EnvoySettings::from_env`] reads the others.
+const ENVOY_SETTINGS_NOT_READ: &[&str] = &[
+    "HOST",
+    "PORT",
+    "DEBUG_HOST",
+    "DEBUG_PORT",
+    "GRPC_UDS",
+    "GRPC_HOST",
+    "GRPC_PORT",
+    "GRPC_MAX_CONNECTION_AGE",
+    "GRPC_MAX_CONNECTION_AGE_GRACE",
+    "GRPC_SERVER_USE_TLS",
+    "GRPC_SERVER_TLS_CERT",
+    "GRPC_SERVER_TLS_KEY",
+    "GRPC_CLIENT_TLS_CACERT",
+    "GRPC_CLIENT_TLS_SAN",
+    "LOG_LEVEL",
+    "LOG_FORMAT",
+    "CONFIG_TYPE",
+    "FORCE_START_WITHOUT_INITIAL_CONFIG",
+    "USE_DOG_STATSD",
+    "USE_STATSD",
+    "STATSD_HOST",
+    "STATSD_PORT",
+    "EXTRA_TAGS",
+    "STATS_FLUSH_INTERVAL",
+    "DISABLE_STATS",
+    "USE_PROMETHEUS",
+    "PROMETHEUS_ADDR",
+    "PROMETHEUS_PATH",
+    "PROMETHEUS_MAPPER_YAML",
+    "RUNTIME_ROOT",
+    "RUNTIME_SUBDIRECTORY",
+    "RUNTIME_APPDIRECTORY",
+    "RUNTIME_IGNOREDOTFILES",
+    "RUNTIME_WATCH_ROOT",
+    "EXPIRATION_JITTER_MAX_SECONDS",
+    "LOCAL_CACHE_SIZE_IN_BYTES",
+    "NEAR_LIMIT_RATIO",
+    "CACHE_KEY_PREFIX",
+    "BACKEND_TYPE",
+    "LIMIT_RESPONSE_HEADERS_ENABLED",
+    "LIMIT_LIMIT_HEADER",
+    "LIMIT_REMAINING_HEADER",
+    "LIMIT_RESET_HEADER",
+    "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+    "REDIS_SOCKET_TYPE",
+    "REDIS_TYPE",
+    "REDIS_URL",
+    "REDIS_POOL_SIZE",
+    "REDIS_AUTH",
+    "REDIS_TLS",
+    "REDIS_TLS_CLIENT_CERT",
+    "REDIS_TLS_CLIENT_KEY",
+    "REDIS_TLS_CACERT",
+    "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+    "REDIS_PIPELINE_WINDOW",
+    "REDIS_PIPELINE_LIMIT",
+    "REDIS_PERSECOND",
+    "REDIS_PERSECOND_URL",
+    "REDIS_TIMEOUT",
+    "MEMCACHE_HOST_PORT",
+    "RESPONSE_DYNAMIC_METADATA",
+    "MERGE_DOMAIN_CONFIG",
+    "TRACING_ENABLED",
+];
+
+/// The Envoy ratelimit service's settings that are set in the environment and that tollgate
+/// does not read, so that `serve` can say so at start rather than ignore them silently.
+pub fn envoy_settings_not_read() -> Vec<&'static str> {
+    ENVOY_SETTINGS_NOT_READ
+        .iter()
+        .copied()
+        .filter(|name| std::env::var_os(name).is_some_and(|v| !v.is_empty()))
+        .collect()
+}
+
+impl EnvoySettings {
+    /// The settings the environment gives.
+    ///
+    /// # Errors
+    /// A setting that is not a boolean, naming it.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Ok(Self {
+            stop_when_over: env_flag("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")?,
+            shadow_mode: env_flag("SHADOW_MODE")?,
+            quota_mode: env_flag("QUOTA_MODE")?,
+        })
+    }
 }
 
 impl Default for ServerConfig {
@@ -48,6 +156,7 @@ impl Default for ServerConfig {
             drain: Duration::from_secs(10),
             grpc_response_headers: false,
             connections: Limits::default(),
+            envoy: EnvoySettings::default(),
         }
     }
 }
@@ -317,8 +426,10 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Config, ConfigError> {
     }
     let engine =
         Engine::new(routes, domains).map_err(|e| ConfigError::new(&texts[0].0, None, e))?;
+    let mut server = server.unwrap_or_default();
+    server.envoy = EnvoySettings::from_env()?;
     Ok(Config {
-        server: server.unwrap_or_default(),
+        server,
         store: store.unwrap_or_default(),
         specs,
         engine,
@@ -326,12 +437,50 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Config, ConfigError> {
     })
 }
 
-/// Parses one file: Envoy's format when it has a top-level `domain`, else native.
+/// A setting of the environment that is true or false, as Go reads one (`1`, `t`, `true`,
+/// `0`, `f`, `false`, in any of their usual cases); unset or empty is false.
+///
+/// # Errors
+/// Any other value, naming the setting.
+pub fn env_flag(name: &str) -> Result<bool, ConfigError> {
+    let value = std::env::var(name).unwrap_or_default();
+    match value.as_str() {
+        "" | "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
+        other => Err(ConfigError::new(
+            Path::new("environment"),
+            None,
+            format!("{name}={other}: expected true or false"),
+        )),
+    }
+}
+
+/// Parses one file: Envoy's format when it has a top-level `domain` or `descriptors`, else
+/// native. A file with nothing in it is refused.
 fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
-    let is_envoy = text
-        .lines()
-        .any(|l| l.starts_with("domain:") || l.starts_with("\"domain\":"));
-    if is_envoy {
+    let top = |key: &str| {
+        text.lines().any(|l| {
+            l.strip_prefix(key)
+                .or_else(|| {
+                    l.strip_prefix('"')
+                        .and_then(|l| l.strip_prefix(key)?.strip_prefix('"'))
+                })
+                .is_some_and(|rest| rest.trim_start().starts_with(':'))
+        })
+    };
+    let empty = text.lines().all(|l| {
+        let l = l.trim();
+        l.is_empty() || l.starts_with('#') || l == "---" || l == "..."
+    });
+    if empty {
+        return Err(ConfigError::new(
+            file,
+            None,
+            "the file is empty: config file cannot have empty domain (an Envoy file needs \
+             `domain` and `descriptors`, a native file `rules`)",
+        ));
+    }
+    if top("domain") || top("descriptors") {
         let domain = envoy::parse(file, text)?;
         Ok(Parsed {
             domain: Some(domain),

@@ -105,7 +105,7 @@ pub struct RuleSpec {
     pub key: Vec<String>,
     /// `fixed_window`, `sliding_window`, `sub_windows(10)`, `sliding_log`, `token_bucket`,
     /// `token_bucket(initial=5)`, `interval_bucket`, `leaky_bucket`, `leaky_bucket(shaper)`,
-    /// `gcra`, `warm_up(10s)`, `warm_up(10s, 3)`.
+    /// `gcra`, `warm_up(10s)`, `warm_up(10s, 3)`, `hit_counter`.
     #[serde(default = "fixed_window")]
     pub algorithm: String,
     /// Every tier must admit.
@@ -327,6 +327,7 @@ pub fn parse_algorithm(text: &str) -> Result<Algorithm, String> {
         "sliding_log" => none(Algorithm::SlidingLog),
         "interval_bucket" => none(Algorithm::IntervalBucket),
         "gcra" => none(Algorithm::Gcra),
+        "hit_counter" => none(Algorithm::HitCounter),
         "sub_windows" => match args[..] {
             [count] => count
                 .parse()
@@ -372,7 +373,8 @@ pub fn parse_algorithm(text: &str) -> Result<Algorithm, String> {
         }
         _ => Err(format!(
             "unknown algorithm `{name}`: expected fixed_window, sliding_window, sub_windows(N), \
-             sliding_log, token_bucket, interval_bucket, leaky_bucket, gcra or warm_up(PERIOD)"
+             sliding_log, token_bucket, interval_bucket, leaky_bucket, gcra, warm_up(PERIOD) \
+             or hit_counter"
         )),
     }
 }
@@ -410,6 +412,7 @@ pub(super) fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
                 grpc_response_headers: s
                     .grpc_response_headers
                     .unwrap_or(defaults.grpc_response_headers),
+                envoy: defaults.envoy,
                 connections: Limits {
                     max_connections: s
                         .max_connections

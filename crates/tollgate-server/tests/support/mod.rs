@@ -16,6 +16,8 @@ pub struct Server {
     pub grpc: String,
     pub dir: tempfile::TempDir,
     log: mpsc::Receiver<String>,
+    /// Every log line read so far.
+    seen: std::sync::Mutex<Vec<String>>,
 }
 
 impl Drop for Server {
@@ -92,6 +94,7 @@ impl Server {
             grpc: String::new(),
             dir,
             log,
+            seen: std::sync::Mutex::default(),
         };
         // The gRPC listener binds and logs first.
         let within = Duration::from_secs(20);
@@ -112,11 +115,21 @@ impl Server {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.log.recv_timeout(left) {
-                Ok(line) if line.contains(text) => return line,
-                Ok(_) => {}
+                Ok(line) => {
+                    self.seen.lock().unwrap().push(line.clone());
+                    if line.contains(text) {
+                        return line;
+                    }
+                }
                 Err(_) => panic!("no log line with `{text}` within {within:?}"),
             }
         }
+    }
+
+    /// The first line read so far (while starting, or waiting for another) containing `text`.
+    pub fn logged(&self, text: &str) -> Option<String> {
+        let seen = self.seen.lock().unwrap();
+        seen.iter().find(|line| line.contains(text)).cloned()
     }
 
     pub fn pid(&self) -> u32 {
@@ -148,8 +161,15 @@ pub fn signal(pid: u32, name: &str) {
 
 /// Runs `tollgate` with `args`; returns (exit code, stdout, stderr).
 pub fn run(args: &[&str]) -> (i32, String, String) {
+    run_with_env(&[], args)
+}
+
+/// Runs `tollgate` with `args` and the settings `env` added to the environment; returns
+/// (exit code, stdout, stderr).
+pub fn run_with_env(env: &[(&str, &str)], args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
         .args(args)
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     (

@@ -11,6 +11,7 @@
 
 mod fixed_window;
 mod gcra;
+mod hit_counter;
 mod interval_bucket;
 mod leaky_bucket;
 mod rate;
@@ -31,6 +32,7 @@ use crate::decision::Verdict;
 use crate::rule::Tier;
 pub(crate) use fixed_window::FixedWindow;
 use gcra::Gcra;
+use hit_counter::HitCounter;
 use interval_bucket::IntervalBucket;
 use sliding_log::SlidingLog;
 pub(crate) use sliding_window::SlidingWindow;
@@ -64,6 +66,10 @@ pub enum Algorithm {
     /// The permitted rate ramps from a cold rate up to `limit` per `period` over a warm-up
     /// period, as Guava's `SmoothWarmingUp` does.
     WarmUp(WarmUp),
+    /// A fixed window that counts every hit, admitted or not, as the Envoy rate limit service
+    /// does: over the limit once the window's hits exceed it, and a cost above the limit is
+    /// over rather than an error. What Envoy domains use.
+    HitCounter,
 }
 
 impl Algorithm {
@@ -81,6 +87,7 @@ impl Algorithm {
             Self::LeakyBucket(a) => visit.visit(a),
             Self::Gcra => visit.visit(&Gcra),
             Self::WarmUp(a) => visit.visit(a),
+            Self::HitCounter => visit.visit(&HitCounter),
         }
     }
 
@@ -120,8 +127,8 @@ impl Decide for Algorithm {
     fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
         self.imp().decide(tier, state, attempt)
     }
-    fn first_seen(&self, tier: &Tier, state: &mut [u64], now: u64) {
-        self.imp().first_seen(tier, state, now)
+    fn denied(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) {
+        self.imp().denied(tier, state, attempt)
     }
     fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {
         self.imp().expires_at(tier, state)
@@ -208,10 +215,12 @@ pub(crate) trait Decide {
         false
     }
 
-    /// Called when a check that would write was denied: an algorithm whose fresh state
-    /// depends on when the key appeared (a token bucket that starts partly empty) records that
-    /// moment, so the key starts refilling. Consumes nothing.
-    fn first_seen(&self, _tier: &Tier, _state: &mut [u64], _now: u64) {}
+    /// Called when `attempt`, a check that would write, was denied (by this tier or by
+    /// another tier or item of its batch): what a denial records. An algorithm whose fresh
+    /// state depends on when the key appeared (a token bucket that starts partly empty)
+    /// records that moment, so the key starts refilling; the hit counter counts the hits when
+    /// this tier itself is over. Nothing else consumes.
+    fn denied(&self, _tier: &Tier, _state: &mut [u64], _attempt: &Attempt) {}
 
     /// The time (µs since the epoch) from which `state` is equivalent to all zeros and may be
     /// dropped; the TTL a store gives it.

@@ -23,6 +23,7 @@ fn algorithm() -> impl Strategy<Value = Algorithm> {
         Just(Algorithm::LeakyBucket(LeakyBucket::Meter)),
         Just(Algorithm::LeakyBucket(LeakyBucket::Shaper)),
         Just(Algorithm::Gcra),
+        Just(Algorithm::HitCounter),
         (2u64..=4).prop_map(
             |periods| Algorithm::WarmUp(WarmUp::new(Duration::from_micros(periods * PERIODS[3])))
         ),
@@ -105,26 +106,33 @@ proptest! {
                     prop_assert_eq!(&state[both.tier_words(i)], &s[..]);
                 }
             } else {
-                // Nothing consumed: only a first sighting may be recorded, in every tier.
+                // Nothing consumed: only what a denial records, in every tier.
                 let mut expected = before;
                 for (i, (rule, s)) in singles.iter().zip(alone.iter_mut()).enumerate() {
                     let tier = &rule.tiers()[0];
-                    both.algorithm().first_seen(tier, &mut expected[both.tier_words(i)], now);
-                    rule.algorithm().first_seen(tier, s, now);
+                    let denied = attempt(now, cost, true);
+                    both.algorithm().denied(tier, &mut expected[both.tier_words(i)], &denied);
+                    rule.algorithm().denied(tier, s, &denied);
                 }
                 prop_assert_eq!(&expected, &state);
             }
         }
     }
 
-    /// Waiting exactly `retry_after` after a denial is enough when nothing else arrives.
+    /// Waiting exactly `retry_after` after a denial is enough when nothing else arrives (for
+    /// a cost that can ever be admitted: a hit counter checks costs above its limit, and
+    /// denies them whenever they come).
     #[test]
     fn retry_after_is_never_early((rule, _, _) in rules(), arrivals in arrivals()) {
         let mut state = vec![0; rule.words()];
         let mut now = START;
+        let admissible = match rule.algorithm() {
+            Algorithm::HitCounter => rule.tiers().iter().map(Tier::limit).min().unwrap(),
+            _ => rule.capacity(),
+        };
         for (gap, cost) in arrivals {
             now += gap;
-            let cost = cost.min(rule.capacity());
+            let cost = cost.min(admissible);
             let decision = rule.evaluate(rule.algorithm(), &mut state, attempt(now, cost, true));
             if let Some(wait) = decision.retry_after() {
                 let later = now + u64::try_from(wait.as_micros()).unwrap();

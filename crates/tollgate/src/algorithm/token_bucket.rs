@@ -72,10 +72,10 @@ impl Decide for TokenBucket {
         self.initial_tokens.is_some()
     }
 
-    fn first_seen(&self, tier: &Tier, state: &mut [u64], now: u64) {
+    fn denied(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) {
         if let (Some(initial), 0) = (self.initial_tokens, state[1]) {
             state[0] = tier.rate().units(initial);
-            state[1] = now;
+            state[1] = attempt.now;
         }
     }
 

@@ -1,20 +1,27 @@
 //! Envoy rate limit descriptors, as the Envoy ratelimit service configures and matches them.
 //!
 //! A domain holds a tree of nodes; each node matches one entry (`key`, and `value` exactly,
-//! as a `prefix*`, or any value when it has none) and may carry a limit. A descriptor (a list
-//! of entries) walks the tree entry by entry, at each level preferring an exact value, then
-//! the first matching prefix, then a node of the key alone; its limit is the limit of the node
-//! its last entry reaches, if every entry found one. Every limited node is one fixed-window
-//! [`Rule`], named `domain.key_value.key…` as the Envoy service names its statistics, and the
-//! counter key is the descriptor's entries (for a prefix node with `share_threshold`, the
-//! prefix instead of the value, so that every value it matches shares one counter).
+//! as a wildcard pattern where each `*` stands for any run of characters, or any value when
+//! it has none) and may carry a limit. A descriptor (a list of entries) walks the tree entry
+//! by entry, at each level preferring an exact value, then the first matching pattern in the
+//! order configured, then a node of the key alone; its limit is the limit of the node its
+//! last entry reaches, if every entry found one. Every limited node is one
+//! [`HitCounter`](crate::Algorithm::HitCounter) [`Rule`] (every hit counts, as in the Envoy
+//! service), named `domain.key_value.key…` as that service names its statistics, and the
+//! counter key is the descriptor's entries (for a pattern node with `share_threshold`, the
+//! pattern instead of the value, so that every value it matches shares one counter).
+//!
+//! A descriptor may carry its own limit (Envoy fills it from route configuration or dynamic
+//! metadata); it applies instead of the tree's, counted under one rule per unit of the domain
+//! whose keys include the limit, so that it never shares a count with a configured limit.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::time::Duration;
 
 use super::{Hit, push_part};
 use crate::algorithm::Algorithm;
-use crate::rule::{Rule, Tier};
+use crate::rule::{MAX_EXACT, Rule, Tier};
 
 /// One entry of a descriptor a proxy sends.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,22 +51,20 @@ pub fn descriptor<'a>(entries: impl IntoIterator<Item = (&'a str, &'a str)>) -> 
 pub struct Node {
     /// The key it matches.
     pub key: String,
-    /// The value it matches: exactly, as a prefix when it ends in `*`, any when `None`.
+    /// The value it matches: exactly, as a pattern when it holds a `*`, any when `None`.
     pub value: Option<String>,
     /// Its limit, if any.
     pub limit: Option<NodeLimit>,
-    /// Counted and reported, never denied.
-    pub shadow: bool,
     /// Whether metrics name each value this node matched (else the node).
     pub detailed_metric: bool,
-    /// For a prefix value: every value it matches shares one counter.
+    /// For a pattern value: every value it matches shares one counter.
     pub share_threshold: bool,
     /// Nodes for the next entry.
     pub children: Vec<Node>,
 }
 
 /// A node's limit.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct NodeLimit {
     /// Permits per unit; ignored when `unlimited`.
     pub requests_per_unit: u64,
@@ -72,6 +77,11 @@ pub struct NodeLimit {
     pub name: Option<String>,
     /// Names of limits that this one replaces when both apply to one request.
     pub replaces: Vec<String>,
+    /// Counted and reported, never denied.
+    pub shadow: bool,
+    /// Quota mode: a request is over the limit for its quota descriptors only when every one
+    /// of them is over.
+    pub quota: bool,
 }
 
 impl NodeLimit {
@@ -91,24 +101,41 @@ impl NodeLimit {
     }
 }
 
+/// The units of Envoy limits, in the order of the rules of a domain's per-request limits.
+const UNITS: [&str; 7] = ["second", "minute", "hour", "day", "week", "month", "year"];
+
+/// A limit a proxy sends with a descriptor, applying instead of the configured one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitOverride {
+    /// Permits per unit.
+    pub requests_per_unit: u64,
+    /// The unit, by its name (`second` .. `year`).
+    pub unit: &'static str,
+}
+
 /// What the engine found for one descriptor.
 #[derive(Debug, Clone, PartialEq)]
 pub enum DescriptorHit<'a> {
-    /// No node has a limit for it: not limited.
+    /// No node has a limit for it, or another limit of the request replaces its own: not
+    /// limited.
     None,
     /// Its node is `unlimited`.
-    Unlimited,
-    /// Its node allows 0 requests per unit: always over the limit, counted nowhere.
+    Unlimited(&'a NodeLimit),
+    /// Its node allows 0 requests per unit: always over the limit (unless in shadow mode),
+    /// counted nowhere.
     Blocked(&'a NodeLimit),
     /// Its node's rule and the counter key, with the limit as configured.
     Limited {
         /// The rule and counter key to check.
         hit: Hit,
-        /// The node's limit.
-        limit: &'a NodeLimit,
+        /// The limit, as configured or as sent with the descriptor.
+        limit: Cow<'a, NodeLimit>,
         /// The name to report in metrics when a node asks for detailed metrics (the values
-        /// included); otherwise the rule's name is.
+        /// included), or for a limit sent with the descriptor; otherwise the rule's name is.
         metric: Option<String>,
+        /// The limit came with the descriptor: its rule counts without a limit of its own
+        /// (see [`Domain::over`]).
+        overridden: bool,
     },
 }
 
@@ -118,6 +145,8 @@ pub struct Domain {
     name: String,
     top: Level,
     rules: Vec<Rule>,
+    /// The rules of per-request limits, one per unit of [`UNITS`].
+    overrides: Vec<&'static str>,
 }
 
 /// Builds a [`Domain`] from its configured nodes.
@@ -130,17 +159,52 @@ pub struct DomainBuilder {
 struct Level {
     /// Key, then value, to the node.
     exact: HashMap<String, HashMap<String, usize>>,
-    prefixes: Vec<(String, String, usize)>,
+    /// Key, the value's pattern, the node; in the order configured.
+    patterns: Vec<(String, Pattern, usize)>,
     any: HashMap<String, usize>,
     nodes: Vec<Built>,
+}
+
+/// A value with `*`s, each standing for any run of characters (none included).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Pattern {
+    /// The runs between the `*`s: at least two.
+    parts: Vec<String>,
+}
+
+impl Pattern {
+    fn new(text: &str) -> Option<Self> {
+        text.contains('*').then(|| Self {
+            parts: text.split('*').map(str::to_string).collect(),
+        })
+    }
+
+    fn matches(&self, value: &str) -> bool {
+        let (first, last) = (&self.parts[0], &self.parts[self.parts.len() - 1]);
+        let fixed: usize = self.parts.iter().map(String::len).sum();
+        if value.len() < fixed
+            || !value.starts_with(first.as_str())
+            || !value.ends_with(last.as_str())
+        {
+            return false;
+        }
+        let mut rest = &value[first.len()..value.len() - last.len()];
+        for part in &self.parts[1..self.parts.len() - 1] {
+            match rest.find(part.as_str()) {
+                Some(i) => rest = &rest[i + part.len()..],
+                None => return false,
+            }
+        }
+        true
+    }
 }
 
 #[derive(Debug, Clone)]
 struct Built {
     limit: Option<NodeLimit>,
-    /// The node's rule, when it has a limit that is not `unlimited`.
+    /// The node's rule, when it has a limit that is not `unlimited` nor 0.
     rule: Option<&'static str>,
-    /// The value's prefix, when the node matches a prefix and shares one counter.
+    /// The pattern, when the node matches one and its values share one counter.
     shared: Option<String>,
     detailed_metric: bool,
     children: Level,
@@ -163,10 +227,24 @@ impl DomainBuilder {
         }
         let mut rules = Vec::new();
         let top = build_level(&self.name, nodes, &mut rules)?;
+        let mut overrides = Vec::with_capacity(UNITS.len());
+        for unit in UNITS {
+            let length = NodeLimit::unit_length(unit).expect("a unit");
+            // Counts without a limit of its own: the request's limit decides.
+            let rule = Rule::new(
+                rule_name(&format!("{}.limit_override_{unit}", self.name)),
+                Algorithm::HitCounter,
+                [Tier::new(MAX_EXACT - 1, length)],
+            )
+            .map_err(|e| format!("{}: {e}", self.name))?;
+            overrides.push(rule.name());
+            rules.push(rule);
+        }
         Ok(Domain {
             name: self.name,
             top,
             rules,
+            overrides,
         })
     }
 }
@@ -184,23 +262,23 @@ fn build_level(path: &str, nodes: Vec<Node>, rules: &mut Vec<Rule>) -> Result<Le
         };
         let here = format!("{path}.{composite}");
         let index = level.nodes.len();
-        let fresh = match &node.value {
-            Some(v) if v.ends_with('*') => {
-                let prefix = v.trim_end_matches('*').to_string();
+        let pattern = node.value.as_deref().and_then(Pattern::new);
+        let fresh = match (&node.value, pattern) {
+            (Some(_), Some(pattern)) => {
                 let seen = level
-                    .prefixes
+                    .patterns
                     .iter()
-                    .any(|(k, p, _)| *k == node.key && *p == prefix);
-                level.prefixes.push((node.key.clone(), prefix, index));
+                    .any(|(k, p, _)| *k == node.key && *p == pattern);
+                level.patterns.push((node.key.clone(), pattern, index));
                 !seen
             }
-            Some(v) => level
+            (Some(v), None) => level
                 .exact
                 .entry(node.key.clone())
                 .or_default()
                 .insert(v.clone(), index)
                 .is_none(),
-            None => level.any.insert(node.key.clone(), index).is_none(),
+            (None, _) => level.any.insert(node.key.clone(), index).is_none(),
         };
         if !fresh {
             return Err(format!("duplicate descriptor composite key '{here}'"));
@@ -209,11 +287,11 @@ fn build_level(path: &str, nodes: Vec<Node>, rules: &mut Vec<Rule>) -> Result<Le
             Some(limit) if !limit.unlimited && limit.requests_per_unit > 0 => {
                 let rule = Rule::new(
                     rule_name(&here),
-                    Algorithm::FixedWindow,
+                    Algorithm::HitCounter,
                     [Tier::new(limit.requests_per_unit, limit.unit.1)],
                 )
                 .map_err(|e| format!("{here}: {e}"))?
-                .shadow(node.shadow);
+                .shadow(limit.shadow);
                 let name = rule.name();
                 rules.push(rule);
                 Some(name)
@@ -221,9 +299,7 @@ fn build_level(path: &str, nodes: Vec<Node>, rules: &mut Vec<Rule>) -> Result<Le
             _ => None,
         };
         let shared = match &node.value {
-            Some(v) if node.share_threshold && v.ends_with('*') => {
-                Some(v.trim_end_matches('*').to_string())
-            }
+            Some(v) if node.share_threshold && v.contains('*') => Some(v.clone()),
             _ => None,
         };
         let children = build_level(&here, node.children, rules)?;
@@ -272,9 +348,9 @@ impl Level {
             .get(entry.key.as_str())
             .and_then(|values| values.get(entry.value.as_str()))
             .or_else(|| {
-                self.prefixes
+                self.patterns
                     .iter()
-                    .find(|(k, p, _)| *k == entry.key && entry.value.starts_with(p.as_str()))
+                    .find(|(k, p, _)| *k == entry.key && p.matches(&entry.value))
                     .map(|(_, _, i)| i)
             })
             .or_else(|| self.any.get(&entry.key))?;
@@ -288,38 +364,100 @@ impl Domain {
         &self.name
     }
 
-    /// The rules of its limited nodes.
+    /// The rules of its limited nodes, and of the limits descriptors may carry.
     pub fn rules(&self) -> impl Iterator<Item = &Rule> {
         self.rules.iter()
     }
 
-    /// What each of `descriptors` hits, in order, with limits that another applying limit
-    /// `replaces` taken out (answered as not limited).
+    /// How many of its nodes have a limit that is checked (neither `unlimited` nor 0).
+    pub fn limits(&self) -> usize {
+        self.rules.len() - self.overrides.len()
+    }
+
+    /// What each of `descriptors` hits, in order, each with the limit it carries if any;
+    /// limits that another limit of the request `replaces` are taken out (answered as not
+    /// limited), an `unlimited` one's replacing included.
     pub fn hits<'d>(
         &self,
-        descriptors: impl IntoIterator<Item = &'d Descriptor>,
+        descriptors: impl IntoIterator<Item = (&'d Descriptor, Option<LimitOverride>)>,
     ) -> Vec<DescriptorHit<'_>> {
-        let mut hits: Vec<DescriptorHit<'_>> =
-            descriptors.into_iter().map(|d| self.hit(d)).collect();
-        let replaced: Vec<&str> = hits
-            .iter()
-            .filter_map(|h| match h {
-                DescriptorHit::Limited { limit, .. } => Some(limit.replaces.iter()),
-                _ => None,
+        let mut hits: Vec<DescriptorHit<'_>> = descriptors
+            .into_iter()
+            .map(|(d, limit)| match limit {
+                Some(limit) => self.overridden(d, limit),
+                None => self.hit(d),
             })
-            .flatten()
-            .map(String::as_str)
+            .collect();
+        let replaced: Vec<String> = hits
+            .iter()
+            .flat_map(|hit| match hit {
+                DescriptorHit::None => &[][..],
+                DescriptorHit::Unlimited(limit) | DescriptorHit::Blocked(limit) => &limit.replaces,
+                DescriptorHit::Limited { limit, .. } => &limit.replaces,
+            })
+            .cloned()
             .collect();
         if !replaced.is_empty() {
             for hit in &mut hits {
-                if let DescriptorHit::Limited { limit, .. } = hit
-                    && limit.name.as_deref().is_some_and(|n| replaced.contains(&n))
-                {
+                let named = match hit {
+                    DescriptorHit::Blocked(limit) => limit.name.as_deref(),
+                    DescriptorHit::Limited { limit, .. } => limit.name.as_deref(),
+                    DescriptorHit::None | DescriptorHit::Unlimited(_) => None,
+                };
+                if named.is_some_and(|n| replaced.iter().any(|r| r == n)) {
                     *hit = DescriptorHit::None;
                 }
             }
         }
         hits
+    }
+
+    /// Whether a check of a descriptor's own limit is over it, and the permits it leaves:
+    /// such a rule counts with no limit of its own, so its count is what the decision's
+    /// limit less its remaining is.
+    pub fn over(limit: &NodeLimit, decision: &crate::Decision) -> (bool, u64) {
+        let count = decision.limit().saturating_sub(decision.remaining());
+        match limit.requests_per_unit.checked_sub(count) {
+            Some(left) => (false, left),
+            None => (true, 0),
+        }
+    }
+
+    fn overridden(&self, descriptor: &Descriptor, limit: LimitOverride) -> DescriptorHit<'_> {
+        let Some(unit) = UNITS.iter().position(|u| *u == limit.unit) else {
+            return DescriptorHit::None;
+        };
+        let mut key = Vec::new();
+        for entry in descriptor {
+            push_part(&mut key, entry.key.as_bytes());
+            push_part(&mut key, entry.value.as_bytes());
+        }
+        push_part(&mut key, limit.requests_per_unit.to_string().as_bytes());
+        let mut metric = self.name.clone();
+        for entry in descriptor {
+            metric.push('.');
+            metric.push_str(&entry.key);
+            if !entry.value.is_empty() {
+                metric.push('_');
+                metric.push_str(&entry.value);
+            }
+        }
+        DescriptorHit::Limited {
+            hit: Hit {
+                rule: self.overrides[unit],
+                key,
+            },
+            limit: Cow::Owned(NodeLimit {
+                requests_per_unit: limit.requests_per_unit,
+                unit: (
+                    limit.unit.to_string(),
+                    NodeLimit::unit_length(limit.unit).expect("a unit"),
+                ),
+                ..NodeLimit::default()
+            }),
+            metric: Some(metric),
+            overridden: true,
+        }
     }
 
     fn hit(&self, descriptor: &Descriptor) -> DescriptorHit<'_> {
@@ -335,12 +473,13 @@ impl Domain {
             detailed |= node.detailed_metric;
             if i + 1 == descriptor.len() {
                 return match (&node.limit, node.rule) {
-                    (Some(limit), _) if limit.unlimited => DescriptorHit::Unlimited,
+                    (Some(limit), _) if limit.unlimited => DescriptorHit::Unlimited(limit),
                     (Some(limit), None) => DescriptorHit::Blocked(limit),
                     (Some(limit), Some(rule)) => DescriptorHit::Limited {
                         hit: Hit { rule, key },
-                        limit,
+                        limit: Cow::Borrowed(limit),
                         metric: detailed.then(|| self.metric(descriptor)),
+                        overridden: false,
                     },
                     _ => DescriptorHit::None,
                 };
@@ -351,7 +490,7 @@ impl Domain {
     }
 
     /// The detailed metric name of a descriptor that reached a limit: the domain and each
-    /// entry's key and value (a shared prefix's instead of the value), as Envoy names them.
+    /// entry's key and value (a shared pattern's instead of the value), as Envoy names them.
     fn metric(&self, descriptor: &Descriptor) -> String {
         let mut metric = self.name.clone();
         let mut level = &self.top;
@@ -377,9 +516,7 @@ mod tests {
         Some(NodeLimit {
             requests_per_unit: n,
             unit: (unit.into(), NodeLimit::unit_length(unit).unwrap()),
-            unlimited: false,
-            name: None,
-            replaces: Vec::new(),
+            ..NodeLimit::default()
         })
     }
 
@@ -397,6 +534,10 @@ mod tests {
         descriptor(entries.iter().copied())
     }
 
+    fn hits<'a>(domain: &'a Domain, descriptors: &[Descriptor]) -> Vec<DescriptorHit<'a>> {
+        domain.hits(descriptors.iter().map(|d| (d, None)))
+    }
+
     fn rule_of(hit: &DescriptorHit<'_>) -> Option<&'static str> {
         match hit {
             DescriptorHit::Limited { hit, .. } => Some(hit.rule),
@@ -405,7 +546,7 @@ mod tests {
     }
 
     #[test]
-    fn exact_then_prefix_then_any_and_only_the_last_entry_limits() {
+    fn exact_then_pattern_then_any_and_only_the_last_entry_limits() {
         let domain = DomainBuilder::new("edge")
             .build(vec![
                 node("to_cluster", Some("a"), limit(10, "second"), vec![]),
@@ -419,16 +560,19 @@ mod tests {
                 ),
             ])
             .unwrap();
-        let hits = domain.hits(&[
-            d(&[("to_cluster", "a")]),
-            d(&[("to_cluster", "abc")]),
-            d(&[("to_cluster", "zzz")]),
-            d(&[("remote_address", "1.2.3.4")]),
-            d(&[("remote_address", "1.2.3.4"), ("path", "/x")]),
-            d(&[("remote_address", "1.2.3.4"), ("path", "/y")]),
-            d(&[("nothing", "x")]),
-        ]);
-        let rules: Vec<_> = hits.iter().map(rule_of).collect();
+        let found = hits(
+            &domain,
+            &[
+                d(&[("to_cluster", "a")]),
+                d(&[("to_cluster", "abc")]),
+                d(&[("to_cluster", "zzz")]),
+                d(&[("remote_address", "1.2.3.4")]),
+                d(&[("remote_address", "1.2.3.4"), ("path", "/x")]),
+                d(&[("remote_address", "1.2.3.4"), ("path", "/y")]),
+                d(&[("nothing", "x")]),
+            ],
+        );
+        let rules: Vec<_> = found.iter().map(rule_of).collect();
         assert_eq!(
             rules,
             [
@@ -441,21 +585,72 @@ mod tests {
                 None
             ]
         );
-        assert_eq!(domain.rules().count(), 4);
+        // Four limited nodes, and the seven units of per-request limits.
+        assert_eq!(domain.rules().count(), 4 + 7);
+        assert!(
+            domain
+                .rules()
+                .all(|r| *r.algorithm() == Algorithm::HitCounter)
+        );
     }
 
     #[test]
-    fn values_count_apart_unless_the_prefix_shares_one_counter() {
+    fn stars_anywhere_match_any_run_of_characters() {
+        let domain = DomainBuilder::new("d")
+            .build(vec![
+                node("mid", Some("bar*b"), limit(1, "minute"), vec![]),
+                node("multi", Some("foo*bar*baz"), limit(1, "minute"), vec![]),
+                node("path", Some("/api*v1"), limit(1, "minute"), vec![]),
+                node("any", Some("*"), limit(1, "minute"), vec![]),
+            ])
+            .unwrap();
+        let matched =
+            |key: &str, value: &str| rule_of(&hits(&domain, &[d(&[(key, value)])])[0]).is_some();
+        for (key, value) in [
+            ("mid", "barb"),
+            ("mid", "bar-anything-b"),
+            ("multi", "foobarbaz"),
+            ("multi", "foo1bar2baz"),
+            ("multi", "foo-bar-bar-baz"),
+            ("path", "/api/v1"),
+            ("path", "/api/users/v1"),
+            ("any", ""),
+            ("any", "x"),
+        ] {
+            assert!(matched(key, value), "{key}={value}");
+        }
+        for (key, value) in [
+            ("mid", "bar"),
+            ("mid", "barbx"),
+            ("multi", "foobaz"),
+            ("multi", "foobazbar"),
+            ("multi", "fobarbaz"),
+            ("path", "/api/v2"),
+            ("path", "/apiv"),
+        ] {
+            assert!(!matched(key, value), "{key}={value}");
+        }
+    }
+
+    #[test]
+    fn values_count_apart_unless_the_pattern_shares_one_counter() {
         let mut shared = node("user", Some("bot*"), limit(1, "second"), vec![]);
         shared.share_threshold = true;
+        let mut middle = node("path", Some("/api*v1"), limit(1, "second"), vec![]);
+        middle.share_threshold = true;
         let domain = DomainBuilder::new("d")
-            .build(vec![shared, node("ip", None, limit(1, "second"), vec![])])
+            .build(vec![
+                shared,
+                middle,
+                node("ip", None, limit(1, "second"), vec![]),
+            ])
             .unwrap();
-        let key = |e: &[(&str, &str)]| match &domain.hits(&[d(e)])[0] {
+        let key = |e: &[(&str, &str)]| match &hits(&domain, &[d(e)])[0] {
             DescriptorHit::Limited { hit, .. } => hit.key.clone(),
             other => panic!("{other:?}"),
         };
         assert_eq!(key(&[("user", "bot1")]), key(&[("user", "bot2")]));
+        assert_eq!(key(&[("path", "/api/a/v1")]), key(&[("path", "/api/b/v1")]));
         assert_ne!(key(&[("ip", "1")]), key(&[("ip", "2")]));
     }
 
@@ -463,11 +658,14 @@ mod tests {
     fn unlimited_replaces_and_shadow() {
         let mut unlimited = limit(1, "second").unwrap();
         unlimited.unlimited = true;
+        unlimited.replaces = vec!["zero".into()];
         let mut general = limit(10, "minute").unwrap();
         general.name = Some("general".into());
         let mut special = limit(100, "minute").unwrap();
         special.replaces = vec!["general".into()];
-        let mut quiet = node("q", None, limit(1, "hour"), vec![]);
+        let mut zero = limit(0, "minute").unwrap();
+        zero.name = Some("zero".into());
+        let mut quiet = limit(1, "hour").unwrap();
         quiet.shadow = true;
         let domain = DomainBuilder::new("d")
             .build(vec![
@@ -475,21 +673,71 @@ mod tests {
                 node("vip", None, Some(unlimited), vec![]),
                 node("all", None, Some(general), vec![]),
                 node("special", None, Some(special), vec![]),
-                quiet,
+                node("zero", None, Some(zero), vec![]),
+                node("q", None, Some(quiet), vec![]),
             ])
             .unwrap();
-        assert_eq!(
-            domain.hits(&[d(&[("vip", "x")])])[0],
-            DescriptorHit::Unlimited
-        );
-        let both = domain.hits(&[d(&[("all", "x")]), d(&[("special", "y")])]);
+        assert!(matches!(
+            hits(&domain, &[d(&[("vip", "x")])])[0],
+            DescriptorHit::Unlimited(_)
+        ));
+        assert!(matches!(
+            hits(&domain, &[d(&[("blocked", "x")])])[0],
+            DescriptorHit::Blocked(_)
+        ));
+        let both = hits(&domain, &[d(&[("all", "x")]), d(&[("special", "y")])]);
         assert_eq!(both[0], DescriptorHit::None);
         assert_eq!(rule_of(&both[1]), Some("d.special"));
         assert_eq!(
-            rule_of(&domain.hits(&[d(&[("all", "x")])])[0]),
+            rule_of(&hits(&domain, &[d(&[("all", "x")])])[0]),
             Some("d.all")
         );
+        // A limit of 0 is replaced like any other, and an unlimited limit replaces too.
+        let zero = hits(&domain, &[d(&[("zero", "x")]), d(&[("vip", "y")])]);
+        assert_eq!(zero[0], DescriptorHit::None);
         assert!(domain.rules().any(|r| r.name() == "d.q" && r.is_shadow()));
+    }
+
+    #[test]
+    fn a_limit_sent_with_the_descriptor_applies_and_counts_apart() {
+        let domain = DomainBuilder::new("d")
+            .build(vec![node("k", Some("v"), limit(5, "minute"), vec![])])
+            .unwrap();
+        let configured = d(&[("k", "v")]);
+        let unknown = d(&[("other", "x")]);
+        let sent = |n| LimitOverride {
+            requests_per_unit: n,
+            unit: "hour",
+        };
+        let found = domain.hits([
+            (&configured, None),
+            (&configured, Some(sent(7))),
+            (&unknown, Some(sent(7))),
+            (&configured, Some(sent(8))),
+        ]);
+        let DescriptorHit::Limited { hit: own, .. } = &found[0] else {
+            panic!("{found:?}")
+        };
+        let keys: Vec<_> = found[1..]
+            .iter()
+            .map(|h| match h {
+                DescriptorHit::Limited {
+                    hit,
+                    limit,
+                    overridden: true,
+                    metric,
+                } => {
+                    assert_eq!(hit.rule, "d.limit_override_hour");
+                    assert_eq!(limit.unit.0, "hour");
+                    assert!(metric.as_deref().unwrap().starts_with("d."));
+                    hit.key.clone()
+                }
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_ne!(own.key, keys[0]);
+        assert_ne!(keys[0], keys[1]);
+        assert_ne!(keys[0], keys[2]);
     }
 
     #[test]
@@ -497,7 +745,7 @@ mod tests {
         let mut n = node("ip", None, limit(1, "second"), vec![]);
         n.detailed_metric = true;
         let domain = DomainBuilder::new("d").build(vec![n]).unwrap();
-        match &domain.hits(&[d(&[("ip", "1.2.3.4")])])[0] {
+        match &hits(&domain, &[d(&[("ip", "1.2.3.4")])])[0] {
             DescriptorHit::Limited { metric, .. } => {
                 assert_eq!(metric.as_deref(), Some("d.ip_1.2.3.4"));
             }
@@ -513,6 +761,12 @@ mod tests {
         ];
         let err = DomainBuilder::new("d").build(twice).unwrap_err();
         assert_eq!(err, "duplicate descriptor composite key 'd.k_v'");
+        let patterns = vec![
+            node("k", Some("a*b"), None, vec![]),
+            node("k", Some("a*b"), None, vec![]),
+        ];
+        let err = DomainBuilder::new("d").build(patterns).unwrap_err();
+        assert_eq!(err, "duplicate descriptor composite key 'd.k_a*b'");
         let empty = vec![node("", None, None, vec![])];
         assert!(
             DomainBuilder::new("d")

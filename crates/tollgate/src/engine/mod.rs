@@ -17,7 +17,8 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 
 pub use descriptors::{
-    Descriptor, DescriptorHit, Domain, DomainBuilder, Entry, Node, NodeLimit, descriptor,
+    Descriptor, DescriptorHit, Domain, DomainBuilder, Entry, LimitOverride, Node, NodeLimit,
+    descriptor,
 };
 pub use pattern::PathPattern;
 

@@ -873,10 +873,10 @@ fn roll(item: &Planned<'_, HybridPlan>, w: &mut [u64], now: u64) {
 }
 
 /// Whether `rule` counts a sliding window (else a fixed one); an error for an algorithm the
-/// hybrid store cannot hold.
+/// hybrid store cannot hold. A hit counter counts as a fixed window: admitted hits only.
 fn sliding(rule: &Rule) -> Result<bool, Error> {
     match rule.algorithm() {
-        Algorithm::FixedWindow => Ok(false),
+        Algorithm::FixedWindow | Algorithm::HitCounter => Ok(false),
         Algorithm::SlidingWindow => Ok(true),
         _ => Err(super::unsupported(
             rule,

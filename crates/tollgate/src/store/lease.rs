@@ -572,12 +572,16 @@ fn tier_mut(w: &mut [u64], tier: usize) -> &mut [u64] {
 
 impl LeaseStore {
     /// Whether a lease store can hold `rule` (as planning it would say), without one: a
-    /// fixed window, with a local share on failure that fits in memory.
+    /// fixed window (or a hit counter, which counts as one: admitted hits only), with a
+    /// local share on failure that fits in memory.
     ///
     /// # Errors
     /// [`Error::Rule`] saying which algorithms the lease store holds.
     pub fn holds(rule: &Rule) -> Result<(), Error> {
-        if *rule.algorithm() != Algorithm::FixedWindow {
+        if !matches!(
+            rule.algorithm(),
+            Algorithm::FixedWindow | Algorithm::HitCounter
+        ) {
             return Err(super::unsupported(
                 rule,
                 "lease",

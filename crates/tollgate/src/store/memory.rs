@@ -337,10 +337,11 @@ impl MemoryStore {
             .unzip();
         let admitted = decisions.iter().all(Decision::allowed);
         if !admitted {
+            // What a denial records, in every item (as the Redis batch does).
             for ((item, &hash), decision) in items.iter().zip(&hashes).zip(&decisions) {
-                if item.cost > 0 && !decision.shadowed() {
+                if item.cost > 0 {
                     locked.with(item, hash, now, |rule, state| {
-                        rule.first_seen(rule.algorithm(), state, now);
+                        rule.denied(rule.algorithm(), state, &attempt(item.cost, true));
                         *decision
                     });
                 }

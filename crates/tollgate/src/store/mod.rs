@@ -42,11 +42,11 @@ use crate::rule::Rule;
 
 /// The algorithms the hybrid store holds: counts that add up across instances.
 #[cfg(feature = "redis")]
-const HYBRID_ALGORITHMS: &[&str] = &["fixed_window", "sliding_window"];
+const HYBRID_ALGORITHMS: &[&str] = &["fixed_window", "sliding_window", "hit_counter"];
 
 /// The algorithms the lease store holds: a budget of permits per window, leased ahead.
 #[cfg(feature = "redis")]
-const LEASE_ALGORITHMS: &[&str] = &["fixed_window"];
+const LEASE_ALGORITHMS: &[&str] = &["fixed_window", "hit_counter"];
 
 /// The error of a shared store (`hybrid` or `lease`) that cannot hold `rule`'s algorithm:
 /// what the store holds, why, and which stores hold the rule's algorithm.
@@ -68,7 +68,11 @@ fn unsupported(rule: &Rule, store: &str, why: &str) -> Error {
         reason: format!(
             "the {store} store holds only {} ({why}); {name} is held by {} and the memory \
              store",
-            holds.join(" and "),
+            match holds {
+                [.., last] if holds.len() > 1 =>
+                    format!("{} and {last}", holds[..holds.len() - 1].join(", ")),
+                _ => holds.join(""),
+            },
             elsewhere.join(", "),
         ),
     })

@@ -47,7 +47,7 @@ impl Driver {
     fn entry(self, keys: &str, args: &str) -> String {
         match self {
             Self::Words => {
-                format!("words({keys}, {args}, decide, first_seen, expires_at, forgets)")
+                format!("words({keys}, {args}, decide, denied, expires_at, forgets)")
             }
             Self::Log => format!("log({keys}, {args}, decide)"),
         }
@@ -56,7 +56,7 @@ impl Driver {
 
 /// Every algorithm's name (as in its function's name), its code and its driver, in the order
 /// of [`index`].
-const ALGORITHMS: [(&str, &str, Driver); 9] = [
+const ALGORITHMS: [(&str, &str, Driver); 10] = [
     (
         "fixed_window",
         include_str!("lua/fixed_window.lua"),
@@ -94,13 +94,18 @@ const ALGORITHMS: [(&str, &str, Driver); 9] = [
     ),
     ("gcra", include_str!("lua/gcra.lua"), Driver::Words),
     ("warm_up", include_str!("lua/warm_up.lua"), Driver::Words),
+    (
+        "hit_counter",
+        include_str!("lua/hit_counter.lua"),
+        Driver::Words,
+    ),
 ];
 
 /// The Lua call that registers the algorithm defined just before it for batches.
 fn registration(driver: Driver) -> &'static str {
     match driver {
         Driver::Words => {
-            "{decide = decide, first_seen = first_seen, expires_at = expires_at, \
+            "{decide = decide, denied = denied, expires_at = expires_at, \
              forgets = forgets}"
         }
         Driver::Log => "{decide = decide, log = true}",
@@ -231,6 +236,7 @@ pub(crate) fn index(algorithm: &Algorithm) -> usize {
         Algorithm::LeakyBucket(_) => 7,
         Algorithm::Gcra => 8,
         Algorithm::WarmUp(_) => 9,
+        Algorithm::HitCounter => 10,
     }
 }
 

@@ -1,6 +1,6 @@
 -- A batch: items of any rules and algorithms, decided all-or-nothing in one call. Every item
 -- is asked first without writing; only if all admit (items of rules in shadow mode aside) does
--- each write its cost. A denied batch writes only what a denial records (first_seen).
+-- each write its cost. A denied batch writes only what a denial records (denied).
 --
 -- keys     the items' keys, in order: one per item, or one per tier for the sliding log
 -- args[1]  the check, as for one item (its cost is unused)
@@ -65,7 +65,7 @@ local function batch(keys, args)
           if admitted then
             ask(tiers, w, a, f.decide, item.verdicts, true)
           else
-            for t = 1, #tiers do f.first_seen(tiers[t], w, a.now) end
+            for t = 1, #tiers do f.denied(tiers[t], w, a) end
           end
           write(keys[item.first], item.stored, tiers, w, a, latest(tiers, w, f.expires_at), kept)
         end

@@ -14,7 +14,7 @@ local function decide(t, w, a)
   return deny(limit, max(limit - count, 0), reset_after, reset_after)
 end
 
-local function first_seen(t, w, at) end
+local function denied(t, w, a) end
 
 local function expires_at(t, w)
   return w[t.offset + 1] + t.period

@@ -17,7 +17,7 @@ local function decide(t, w, a)
   return allowed, limit, remaining, reset_after, retry_after, 0
 end
 
-local function first_seen(t, w, at) end
+local function denied(t, w, a) end
 
 local function expires_at(t, w)
   local o = t.offset

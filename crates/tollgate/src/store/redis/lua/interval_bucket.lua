@@ -17,7 +17,7 @@ local function decide(t, w, a)
   return allow(limit, limit - after, reset_after)
 end
 
-local function first_seen(t, w, at) end
+local function denied(t, w, a) end
 
 local function expires_at(t, w)
   local start = w[t.offset + 2]

@@ -18,7 +18,7 @@ local function decide(t, w, a)
   return allowed, limit, remaining, reset_after, retry_after, delay
 end
 
-local function first_seen(t, w, at) end
+local function denied(t, w, a) end
 
 local function expires_at(t, w)
   return w[t.offset + 2] + micros(t, w[t.offset + 1])

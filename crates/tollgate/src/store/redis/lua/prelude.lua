@@ -75,7 +75,7 @@ local function bucket(t, burst, level, cost)
 end
 
 -- Each algorithm's functions by its index (script.rs), for batches of several algorithms:
--- decide, and for word states first_seen and expires_at; `log` for the sliding log.
+-- decide, and for word states denied and expires_at; `log` for the sliding log.
 local algorithms = {}
 
 -- Parsed tiers by their packed arguments: a rule's never change. Bounded: cleared when full.

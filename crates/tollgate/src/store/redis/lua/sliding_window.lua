@@ -57,7 +57,7 @@ local function decide(t, w, a)
     max(reset_at(win, period) - now, 0), earliest(win, period, a.cost, limit) - now)
 end
 
-local function first_seen(t, w, at) end
+local function denied(t, w, a) end
 
 local function expires_at(t, w)
   return reset_at(windows(t, w, w[t.offset + 1]), t.period)

@@ -38,7 +38,7 @@ local function decide(t, w, a)
   return allow(limit, limit - used - cost, reset_after)
 end
 
-local function first_seen(t, w, at) end
+local function denied(t, w, a) end
 
 local function expires_at(t, w)
   return (w[t.offset + 1] + t.p1) * (t.period / t.p1)

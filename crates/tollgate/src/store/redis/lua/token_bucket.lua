@@ -32,7 +32,7 @@ local function decide(t, w, a)
   return allowed, limit, remaining, reset_after, retry_after, 0
 end
 
-local function first_seen(t, w, at)
+local function denied(t, w, a)
   local o = t.offset
-  if t.p1 >= 0 and w[o + 2] == 0 then w[o + 1], w[o + 2] = units(t, t.p1), at end
+  if t.p1 >= 0 and w[o + 2] == 0 then w[o + 1], w[o + 2] = units(t, t.p1), a.now end
 end

@@ -34,7 +34,7 @@ local function decide(t, w, a)
   return 1, limit, remaining, next_after - now, 0, delay
 end
 
-local function first_seen(t, w, at) end
+local function denied(t, w, a) end
 
 local function expires_at(t, w)
   local o = t.offset

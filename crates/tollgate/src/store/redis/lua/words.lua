@@ -57,7 +57,7 @@ local function forgotten(tiers, w, a, expires_at, forgets)
   return forgets and forgets(tiers) and latest(tiers, w, expires_at) <= a.now
 end
 
-local function words(keys, args, decide, first_seen, expires_at, forgets)
+local function words(keys, args, decide, denied, expires_at, forgets)
   local a, tiers = attempt_of(args[1]), tiers_of(args[2])
   local key = keys[1]
   local stored = call('GET', key)
@@ -71,7 +71,7 @@ local function words(keys, args, decide, first_seen, expires_at, forgets)
     local t = tiers[1]
     local kept = stored and expires_at(t, w)
     local allowed, limit, remaining, reset_after, retry_after, delay = decide(t, w, a)
-    if allowed ~= 1 and wants_write then first_seen(t, w, a.now) end
+    if allowed ~= 1 and wants_write then denied(t, w, a) end
     write(key, stored, tiers, w, a, expires_at(t, w), kept)
     return pack(tiers.reply_format, allowed, limit, remaining, reset_after, retry_after, delay)
   end
@@ -80,7 +80,7 @@ local function words(keys, args, decide, first_seen, expires_at, forgets)
   local allowed = ask(tiers, w, a, decide, verdicts, not wants_write)
   if allowed and wants_write then allowed = ask(tiers, w, a, decide, verdicts, true) end
   if not allowed and wants_write then
-    for i = 1, #tiers do first_seen(tiers[i], w, a.now) end
+    for i = 1, #tiers do denied(tiers[i], w, a) end
   end
   write(key, stored, tiers, w, a, latest(tiers, w, expires_at), kept)
   return pack(tiers.reply_format, unpack(verdicts))

@@ -1,0 +1,581 @@
+//! The expectations of envoyproxy/ratelimit's own tests, as facts about tollgate: which
+//! configuration files load or fail and with which message (its `test/config/config_test.go`
+//! and the files beside it), and which request gets which status, limit, remaining and reset
+//! (its `test/integration/integration_test.go`, `test/redis/fixed_cache_impl_test.go` and
+//! `src/service/ratelimit.go`). The fixtures are tollgate's own, of the same shapes.
+
+mod support;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
+use support::{Server, run};
+use tonic::transport::Channel;
+
+const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
+
+/// `tollgate validate` of one file: (exit code, what it printed).
+fn validate(name: &str, text: &str) -> (i32, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    std::fs::write(&path, text).unwrap();
+    let (code, out, err) = run(&["validate", path.to_str().unwrap()]);
+    (code, format!("{out}{err}"))
+}
+
+/// Files that envoyproxy/ratelimit refuses, each with the message it gives (tollgate puts
+/// the file, line and column in front).
+#[test]
+fn files_it_refuses_are_refused_with_its_messages() {
+    let cases = [
+        // empty_domain.yaml
+        ("descriptors:\n", "config file cannot have empty domain"),
+        ("", "config file cannot have empty domain"),
+        (
+            "# nothing but a comment\n",
+            "config file cannot have empty domain",
+        ),
+        // empty_key.yaml
+        (
+            "domain: shop\ndescriptors:\n  - value: v\n",
+            "descriptor has empty key",
+        ),
+        // duplicate_key.yaml
+        (
+            "domain: shop\ndescriptors:\n  - key: cart\n    value: add\n  - key: cart\n    value: add\n",
+            "duplicate descriptor composite key 'shop.cart_add'",
+        ),
+        // bad_limit_unit.yaml
+        (
+            "domain: shop\ndescriptors:\n  - key: cart\n    rate_limit: { unit: fortnight, requests_per_unit: 3 }\n",
+            "invalid rate limit unit 'fortnight'",
+        ),
+        // replaces_self.yaml
+        (
+            "domain: shop\ndescriptors:\n  - key: cart\n    rate_limit:\n      name: me\n      replaces: [{ name: me }]\n      unit: second\n      requests_per_unit: 5\n",
+            "replaces should not contain name of same descriptor",
+        ),
+        // replaces_empty.yaml
+        (
+            "domain: shop\ndescriptors:\n  - key: cart\n    rate_limit:\n      name: me\n      replaces:\n        - name:\n      unit: second\n      requests_per_unit: 5\n",
+            "should not have an empty replaces entry",
+        ),
+        // misspelled_key.yaml, misspelled_key2.yaml
+        (
+            "domain: shop\ndescriptors:\n  - key: cart\n    ratelimit: { unit: day, requests_per_unit: 5 }\n",
+            "config error, unknown key 'ratelimit'",
+        ),
+        (
+            "domain: shop\ndescriptors:\n  - key: cart\n    rate_limit: { unit: day, requestsperunit: 5 }\n",
+            "config error, unknown key 'requestsperunit'",
+        ),
+        // unlimited_with_unit.yaml
+        (
+            "domain: shop\ndescriptors:\n  - key: cart\n    rate_limit: { unlimited: true, unit: day, requests_per_unit: 25 }\n",
+            "should not specify rate limit unit when unlimited",
+        ),
+        // share_threshold on a value without a wildcard
+        (
+            "domain: shop\ndescriptors:\n  - key: cart\n    value: add\n    share_threshold: true\n    rate_limit: { unit: second, requests_per_unit: 5 }\n",
+            "share_threshold can only be used with wildcard values (containing '*'), but found key 'cart_add'",
+        ),
+        // requests_per_unit is a uint32 there
+        (
+            "domain: shop\ndescriptors:\n  - key: cart\n    rate_limit: { unit: second, requests_per_unit: 4294967296 }\n",
+            "requests_per_unit 4294967296 is above 4294967295",
+        ),
+        // bad_yaml.yaml
+        ("'''\n", "envoy.yaml"),
+    ];
+    for (text, says) in cases {
+        let (code, out) = validate("envoy.yaml", text);
+        assert_eq!(code, 1, "{text:?} was accepted: {out}");
+        assert!(out.contains("envoy.yaml"), "{out}");
+        assert!(out.contains(says), "{text:?}: wanted {says:?} in {out}");
+    }
+}
+
+/// Files that it loads: every field it knows, an empty `descriptors`, wildcards anywhere.
+#[test]
+fn files_it_loads_are_loaded() {
+    let cases = [
+        // duplicate_domain.yaml alone: a domain with no descriptors.
+        "domain: shop\ndescriptors:\n",
+        "domain: shop\n",
+        // metadata.yaml
+        "domain: shop\ndescriptors:\n  - key: cart\n    rate_limit: { unit: second, requests_per_unit: 5 }\n    metadata:\n      owner: checkout\n      nested: { team: payments, ids: [1, 2] }\n",
+        // quota_mode, value_to_metric, detailed_metric, shadow_mode
+        "domain: shop\ndescriptors:\n  - key: cart\n    quota_mode: true\n    value_to_metric: true\n    detailed_metric: true\n    shadow_mode: true\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n",
+        // wildcard.yaml: trailing, middle and repeated stars, share_threshold on each
+        "domain: shop\ndescriptors:\n  - key: sku\n    value: tv*\n    rate_limit: { unit: minute, requests_per_unit: 20 }\n  - key: sku\n    value: tv*4k\n    share_threshold: true\n    rate_limit: { unit: minute, requests_per_unit: 20 }\n  - key: path\n    value: /api*v1*items\n    share_threshold: true\n    rate_limit: { unit: minute, requests_per_unit: 10 }\n",
+        // a limit of 0 that another replaces, an unlimited limit that replaces
+        "domain: shop\ndescriptors:\n  - key: cart\n    rate_limit: { name: zero, unit: minute, requests_per_unit: 0 }\n  - key: vip\n    rate_limit: { unlimited: true, replaces: [{ name: zero }] }\n",
+    ];
+    for text in cases {
+        let (code, out) = validate("envoy.yaml", text);
+        assert_eq!(code, 0, "{text:?} was refused: {out}");
+    }
+}
+
+const SHOP: &str = "\
+domain: shop
+descriptors:
+  - key: visitor
+    rate_limit: { unit: second, requests_per_unit: 50 }
+  - key: cart
+    rate_limit: { unit: minute, requests_per_unit: 20 }
+  - key: checkout
+    rate_limit: { unit: hour, requests_per_unit: 10 }
+  - key: named
+    rate_limit: { name: the-name, unit: hour, requests_per_unit: 10 }
+  - key: zero
+    rate_limit: { name: zero, unit: hour, requests_per_unit: 0 }
+  - key: vip
+    rate_limit: { unlimited: true, replaces: [{ name: zero }] }
+  - key: general
+    rate_limit: { name: general, unit: hour, requests_per_unit: 0 }
+  - key: special
+    rate_limit: { unit: hour, requests_per_unit: 100, replaces: [{ name: general }] }
+  - key: dark
+    shadow_mode: true
+    rate_limit: { unit: hour, requests_per_unit: 0 }
+  - key: dim
+    shadow_mode: true
+    rate_limit: { unit: hour, requests_per_unit: 2 }
+  - key: tokens
+    quota_mode: true
+    rate_limit: { unit: hour, requests_per_unit: 5 }
+  - key: credits
+    quota_mode: true
+    rate_limit: { unit: hour, requests_per_unit: 3 }
+  - key: sku
+    value: tv*4k
+    rate_limit: { unit: hour, requests_per_unit: 2 }
+  - key: path
+    value: /api*v1*items
+    share_threshold: true
+    rate_limit: { unit: hour, requests_per_unit: 3 }
+  - key: path
+    value: /static*
+    rate_limit: { unit: hour, requests_per_unit: 3 }
+";
+
+fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: (*k).into(),
+                value: (*v).into(),
+            })
+            .collect(),
+        ..RateLimitDescriptor::default()
+    }
+}
+
+/// A value no other test run has used, so that counters start from nothing.
+fn fresh(name: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{name}-{nanos}")
+}
+
+struct Rls(RateLimitServiceClient<Channel>);
+
+impl Rls {
+    async fn connect(server: &Server) -> Self {
+        Self(
+            RateLimitServiceClient::connect(server.grpc.clone())
+                .await
+                .unwrap(),
+        )
+    }
+
+    async fn ask(
+        &mut self,
+        domain: &str,
+        descriptors: Vec<RateLimitDescriptor>,
+        hits: u32,
+    ) -> RateLimitResponse {
+        self.0
+            .should_rate_limit(RateLimitRequest {
+                domain: domain.into(),
+                descriptors,
+                hits_addend: hits,
+            })
+            .await
+            .unwrap()
+            .into_inner()
+    }
+
+    async fn one(&mut self, d: RateLimitDescriptor, hits: u32) -> (i32, DescriptorStatus) {
+        let response = self.ask("shop", vec![d], hits).await;
+        (response.overall_code, response.statuses[0].clone())
+    }
+}
+
+/// (code, requests per unit, remaining) of a status.
+fn seen(status: &DescriptorStatus) -> (i32, u32, u32) {
+    let limit = status
+        .current_limit
+        .as_ref()
+        .map_or(0, |l| l.requests_per_unit);
+    (status.code, limit, status.limit_remaining)
+}
+
+/// Its integration test's sequence: one descriptor to its limit and past it, every hit
+/// counted; then two descriptors, the one over its limit not stopping the other's count.
+#[tokio::test]
+async fn every_hit_counts_and_each_descriptor_counts_its_own() {
+    let server = Server::start(&[("shop.yaml", SHOP)], &[]);
+    let mut rls = Rls::connect(&server).await;
+    let unknown = rls
+        .ask("nowhere", vec![descriptor(&[("visitor", "x")])], 1)
+        .await;
+    assert_eq!(unknown.overall_code, OK);
+    assert_eq!(unknown.statuses[0].current_limit, None);
+    assert_eq!(unknown.statuses[0].limit_remaining, 0);
+
+    let cart = fresh("cart");
+    for i in 0..25u32 {
+        let (overall, status) = rls.one(descriptor(&[("cart", &cart)]), 1).await;
+        let (code, remaining) = if i >= 20 {
+            (OVER, 0)
+        } else {
+            (OK, 20 - (i + 1))
+        };
+        assert_eq!(
+            (overall, seen(&status)),
+            (code, (code, 20, remaining)),
+            "hit {i}"
+        );
+        let reset = status.duration_until_reset.unwrap();
+        assert_eq!(reset.nanos, 0, "whole seconds");
+        assert!((1..=60).contains(&reset.seconds), "{reset:?}");
+    }
+
+    let (cart, checkout) = (fresh("cart"), fresh("checkout"));
+    for i in 0..15u32 {
+        let both = vec![
+            descriptor(&[("cart", &cart)]),
+            descriptor(&[("checkout", &checkout)]),
+        ];
+        let response = rls.ask("shop", both, 1).await;
+        let over = i >= 10;
+        assert_eq!(response.overall_code, if over { OVER } else { OK }, "{i}");
+        assert_eq!(seen(&response.statuses[0]), (OK, 20, 20 - (i + 1)), "{i}");
+        let checkout = if over {
+            (OVER, 10, 0)
+        } else {
+            (OK, 10, 10 - (i + 1))
+        };
+        assert_eq!(seen(&response.statuses[1]), checkout, "{i}");
+    }
+}
+
+/// With `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, the descriptors of a request that is over
+/// stop counting, as its integration test expects (remaining stays at 10).
+#[tokio::test]
+async fn the_switch_stops_counting_the_others_once_one_is_over() {
+    let server = Server::start_under(
+        &["env", "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true"],
+        &[("shop.yaml", SHOP)],
+        &[],
+    );
+    let mut rls = Rls::connect(&server).await;
+    let (cart, checkout) = (fresh("cart"), fresh("checkout"));
+    for i in 0..15u32 {
+        let both = vec![
+            descriptor(&[("cart", &cart)]),
+            descriptor(&[("checkout", &checkout)]),
+        ];
+        let response = rls.ask("shop", both, 1).await;
+        let cart_left = if i >= 10 { 10 } else { 20 - (i + 1) };
+        assert_eq!(seen(&response.statuses[0]), (OK, 20, cart_left), "{i}");
+        assert_eq!(response.overall_code, if i >= 10 { OVER } else { OK });
+    }
+    // A setting that is not a boolean stops the service at start, naming it.
+    let (code, _, err) = support::run_with_env(
+        &[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "sometimes")],
+        &["validate", server.file("shop.yaml").to_str().unwrap()],
+    );
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=sometimes"),
+        "{err}"
+    );
+}
+
+/// The wire details: the same descriptor twice counts twice (9, then 8); a cost above the
+/// limit is over, not an error, and counted; a look (hits 0) after going over is over (the
+/// token quota pattern); the limit's name is the configured one, or empty.
+#[tokio::test]
+async fn duplicates_large_costs_looks_and_names() {
+    let server = Server::start(&[("shop.yaml", SHOP)], &[]);
+    let mut rls = Rls::connect(&server).await;
+    let checkout = fresh("checkout");
+    let twice = vec![
+        descriptor(&[("checkout", &checkout)]),
+        descriptor(&[("checkout", &checkout)]),
+    ];
+    let response = rls.ask("shop", twice, 1).await;
+    let left: Vec<u32> = response
+        .statuses
+        .iter()
+        .map(|s| s.limit_remaining)
+        .collect();
+    assert_eq!(left, [9, 8]);
+    assert_eq!(
+        response.statuses[0].current_limit.as_ref().unwrap().name,
+        ""
+    );
+
+    let named = rls.one(descriptor(&[("named", &fresh("n"))]), 1).await.1;
+    let limit = named.current_limit.unwrap();
+    assert_eq!(
+        (limit.name.as_str(), limit.unit),
+        ("the-name", Unit::Hour as i32)
+    );
+
+    let big = fresh("checkout");
+    let (overall, status) = rls.one(descriptor(&[("checkout", &big)]), 11).await;
+    assert_eq!((overall, seen(&status)), (OVER, (OVER, 10, 0)));
+    // Counted: a look now is over, and so is a single hit.
+    let mut look = descriptor(&[("checkout", &big)]);
+    look.hits_addend = Some(UInt64Value { value: 0 });
+    assert_eq!(rls.one(look, 1).await.0, OVER);
+    assert_eq!(rls.one(descriptor(&[("checkout", &big)]), 1).await.0, OVER);
+
+    // The token quota pattern: look with 0, then add the real cost when the stream ends.
+    let quota = fresh("checkout");
+    let mut zero = descriptor(&[("checkout", &quota)]);
+    zero.hits_addend = Some(UInt64Value { value: 0 });
+    let mut cost = descriptor(&[("checkout", &quota)]);
+    cost.hits_addend = Some(UInt64Value { value: 7 });
+    let mut admitted = 0;
+    for _ in 0..4 {
+        if rls.one(zero.clone(), 1).await.0 == OK {
+            admitted += 1;
+            rls.one(cost.clone(), 1).await;
+        }
+    }
+    assert_eq!(admitted, 2, "7 + 7 went over 10: the third look is over");
+}
+
+/// `replaces`, `unlimited`, a limit of 0 and shadow mode, as its service applies them.
+#[tokio::test]
+async fn replaces_zero_unlimited_and_shadow() {
+    let server = Server::start(&[("shop.yaml", SHOP)], &[]);
+    let mut rls = Rls::connect(&server).await;
+    let (overall, zero) = rls.one(descriptor(&[("zero", "a")]), 1).await;
+    assert_eq!((overall, seen(&zero)), (OVER, (OVER, 0, 0)));
+    assert!(zero.duration_until_reset.is_some());
+    // An unlimited limit replaces a limit of 0 named in its `replaces`.
+    let both = vec![descriptor(&[("zero", "a")]), descriptor(&[("vip", "b")])];
+    let response = rls.ask("shop", both, 1).await;
+    assert_eq!(response.overall_code, OK);
+    assert_eq!(seen(&response.statuses[0]), (OK, 0, 0));
+    assert_eq!(seen(&response.statuses[1]), (OK, 0, u32::MAX));
+    // A limit replaces a limit of 0.
+    let both = vec![
+        descriptor(&[("general", "a")]),
+        descriptor(&[("special", &fresh("s"))]),
+    ];
+    let response = rls.ask("shop", both, 1).await;
+    assert_eq!(response.overall_code, OK);
+    assert_eq!(seen(&response.statuses[1]), (OK, 100, 99));
+    // Shadow mode never denies, whatever the limit, 0 included.
+    let (overall, dark) = rls.one(descriptor(&[("dark", "a")]), 5).await;
+    assert_eq!((overall, dark.code), (OK, OK));
+    let dim = fresh("dim");
+    for _ in 0..3 {
+        assert_eq!(rls.one(descriptor(&[("dim", &dim)]), 1).await.0, OK);
+    }
+    assert_eq!(rls.one(descriptor(&[("dim", &dim)]), 1).await.1.code, OK);
+}
+
+/// Quota mode: a request is over for its quota descriptors only when all of them are.
+#[tokio::test]
+async fn quota_descriptors_are_over_only_together() {
+    let server = Server::start(&[("shop.yaml", SHOP)], &[]);
+    let mut rls = Rls::connect(&server).await;
+    let (tokens, credits) = (fresh("t"), fresh("c"));
+    let both = || {
+        vec![
+            descriptor(&[("tokens", &tokens)]),
+            descriptor(&[("credits", &credits)]),
+        ]
+    };
+    let codes = |r: &RateLimitResponse| {
+        (
+            r.overall_code,
+            r.statuses.iter().map(|s| s.code).collect::<Vec<_>>(),
+        )
+    };
+    // 3 each: credits (3) is at its limit, tokens (5) is not.
+    assert_eq!(codes(&rls.ask("shop", both(), 3).await), (OK, vec![OK, OK]));
+    // Credits over, tokens not: OK overall.
+    assert_eq!(
+        codes(&rls.ask("shop", both(), 1).await),
+        (OK, vec![OK, OVER])
+    );
+    // Both over: over.
+    assert_eq!(
+        codes(&rls.ask("shop", both(), 2).await),
+        (OVER, vec![OVER, OVER])
+    );
+}
+
+/// Wildcards in the middle and repeated match; share_threshold puts every matching value on
+/// one counter; without it each value counts apart.
+#[tokio::test]
+async fn wildcards_anywhere() {
+    let server = Server::start(&[("shop.yaml", SHOP)], &[]);
+    let mut rls = Rls::connect(&server).await;
+    let sku = |v: &str| descriptor(&[("sku", v)]);
+    let (overall, status) = rls.one(sku(&format!("tv-{}-4k", fresh("x"))), 1).await;
+    assert_eq!((overall, seen(&status)), (OK, (OK, 2, 1)));
+    assert!(rls.one(sku("tv4k"), 1).await.1.current_limit.is_some());
+    assert_eq!(rls.one(sku("tv-8k"), 1).await.1.current_limit, None);
+
+    let shared = fresh("s");
+    let left: Vec<(i32, u32)> = {
+        let mut left = Vec::new();
+        for value in [
+            "/api/a/v1/items",
+            "/api/v1/items",
+            "/api/b/v1/c/items",
+            "/api/v1/items",
+        ] {
+            let path = descriptor(&[("path", &format!("{value}?{shared}"))]);
+            // The query makes the value end elsewhere: no match.
+            assert_eq!(rls.one(path, 1).await.1.current_limit, None);
+            let (_, status) = rls.one(descriptor(&[("path", value)]), 1).await;
+            left.push((status.code, status.limit_remaining));
+        }
+        left
+    };
+    // One counter for all four values (a fresh server: nothing counted before).
+    assert_eq!(left, [(OK, 2), (OK, 1), (OK, 0), (OVER, 0)]);
+    // Without share_threshold, values count apart.
+    let a = rls.one(descriptor(&[("path", "/static/a.css")]), 3).await.1;
+    let b = rls.one(descriptor(&[("path", "/static/b.css")]), 1).await.1;
+    assert_eq!((a.limit_remaining, b.limit_remaining), (0, 2));
+}
+
+/// A limit sent with the descriptor applies instead of the file's, to a descriptor the file
+/// limits or not, and counts apart from the file's limit.
+#[tokio::test]
+async fn a_limit_in_the_request_applies() {
+    let server = Server::start(&[("shop.yaml", SHOP)], &[]);
+    let mut rls = Rls::connect(&server).await;
+    let with = |entries: &[(&str, &str)], n: u32| {
+        let mut d = descriptor(entries);
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: n,
+            unit: Unit::Minute as i32,
+        });
+        d
+    };
+    let checkout = fresh("checkout");
+    let (overall, status) = rls.one(with(&[("checkout", &checkout)], 3), 1).await;
+    assert_eq!((overall, seen(&status)), (OK, (OK, 3, 2)));
+    assert_eq!(
+        status.current_limit.as_ref().unwrap().unit,
+        Unit::Minute as i32
+    );
+    // The file's limit (10 per hour) of the same descriptor has its own count.
+    let own = rls.one(descriptor(&[("checkout", &checkout)]), 1).await.1;
+    assert_eq!(seen(&own), (OK, 10, 9));
+    // A descriptor the file does not know gets the limit it carries.
+    let stranger = fresh("stranger");
+    for expected in [(OK, 1, 0), (OVER, 1, 0)] {
+        let (_, status) = rls.one(with(&[("unknown", &stranger)], 1), 1).await;
+        assert_eq!(seen(&status), expected);
+    }
+}
+
+/// What the Envoy service answers with a status is never an error here: a cost of 2^32 - 1
+/// on a limit of 50 is over the limit.
+#[tokio::test]
+async fn absurd_costs_are_over_the_limit() {
+    let server = Server::start(&[("shop.yaml", SHOP)], &[]);
+    let mut rls = Rls::connect(&server).await;
+    let (overall, status) = rls
+        .one(descriptor(&[("visitor", &fresh("v"))]), u32::MAX)
+        .await;
+    assert_eq!((overall, seen(&status)), (OVER, (OVER, 50, 0)));
+}
+
+/// The global `SHADOW_MODE` answers every request OK, its statuses as they are; the global
+/// `QUOTA_MODE` puts every descriptor in quota mode.
+#[tokio::test]
+async fn global_shadow_and_quota_modes() {
+    let shadow = Server::start_under(&["env", "SHADOW_MODE=true"], &[("shop.yaml", SHOP)], &[]);
+    let mut rls = Rls::connect(&shadow).await;
+    let (overall, zero) = rls.one(descriptor(&[("zero", "a")]), 1).await;
+    assert_eq!((overall, zero.code), (OK, OVER));
+
+    let quota = Server::start_under(&["env", "QUOTA_MODE=1"], &[("shop.yaml", SHOP)], &[]);
+    let mut rls = Rls::connect(&quota).await;
+    let checkout = fresh("checkout");
+    let both = vec![
+        descriptor(&[("zero", "a")]),
+        descriptor(&[("checkout", &checkout)]),
+    ];
+    let response = rls.ask("shop", both, 1).await;
+    assert_eq!(
+        response.overall_code, OK,
+        "not every quota descriptor is over"
+    );
+    let (overall, _) = rls.one(descriptor(&[("zero", "a")]), 1).await;
+    assert_eq!(overall, OVER);
+}
+
+/// Values as long as a real Envoy may send (a 20 KB header value): answered and counted
+/// like any other, not refused.
+#[tokio::test]
+async fn long_values_are_answered() {
+    let server = Server::start(&[("shop.yaml", SHOP)], &[]);
+    let mut rls = Rls::connect(&server).await;
+    let long = format!("{}{}", fresh("v"), "x".repeat(20_000));
+    let other = format!("{}{}", fresh("w"), "x".repeat(20_000));
+    let left = |s: DescriptorStatus| (s.code, s.limit_remaining);
+    assert_eq!(
+        left(rls.one(descriptor(&[("checkout", &long)]), 1).await.1),
+        (OK, 9)
+    );
+    assert_eq!(
+        left(rls.one(descriptor(&[("checkout", &long)]), 1).await.1),
+        (OK, 8)
+    );
+    assert_eq!(
+        left(rls.one(descriptor(&[("checkout", &other)]), 1).await.1),
+        (OK, 9)
+    );
+}
+
+/// A setting of the Envoy service that tollgate does not read is not ignored silently: `serve`
+/// says so at start, naming it.
+#[test]
+fn settings_it_does_not_read_are_named_at_start() {
+    let server = Server::start_under(
+        &["env", "USE_STATSD=true", "REDIS_URL=redis:6379"],
+        &[("shop.yaml", SHOP)],
+        &[],
+    );
+    for name in ["USE_STATSD", "REDIS_URL"] {
+        let line = server.logged(&format!("{name} is set")).expect("a warning");
+        assert!(line.contains("WARN"), "{line}");
+    }
+    assert_eq!(server.logged("SHADOW_MODE is set"), None);
+}

@@ -1,0 +1,118 @@
+//! Hit counter: a fixed window that counts every hit, admitted or not, as the Envoy rate limit
+//! service counts (`INCRBY`, then compare): a check is over the limit when the window's count,
+//! its own hits included, exceeds the limit, and its hits count all the same. So a caller
+//! that checks with a cost of 0 sees whether earlier hits went over, and a cost above the
+//! limit is not an error but over the limit (and counted).
+//!
+//! State words: `[window start (µs), hits counted in it]`, as the fixed window's.
+//!
+//! In a batch that is denied (all-or-nothing), an item counts its hits only when it is itself
+//! over the limit ([`Decide::denied`]): the others consume nothing, as with the Envoy
+//! service's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`.
+
+use super::{Attempt, Decide};
+use crate::decision::Verdict;
+use crate::rule::{MAX_EXACT, Tier};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HitCounter;
+
+/// The window of `now` and its count in `state`.
+#[inline]
+fn window(tier: &Tier, state: &[u64], now: u64) -> (u64, u64) {
+    let period = tier.period_micros();
+    let aligned = now - now % period;
+    // A count from a later window (written by a clock ahead of ours) keeps counting.
+    if state[0] >= aligned {
+        (state[0], state[1])
+    } else {
+        (aligned, 0)
+    }
+}
+
+impl Decide for HitCounter {
+    fn name(&self) -> &'static str {
+        "hit_counter"
+    }
+
+    fn words(&self, _tier: &Tier) -> usize {
+        2
+    }
+
+    /// Any cost is checked (and counted): one above the limit is over it.
+    fn capacity(&self, _tier: &Tier) -> u64 {
+        MAX_EXACT - 1
+    }
+
+    #[inline]
+    fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
+        let (limit, now) = (tier.limit(), attempt.now);
+        let (start, count) = window(tier, state, now);
+        let reset_after = start + tier.period_micros() - now;
+        let after = count.saturating_add(attempt.cost).min(MAX_EXACT - 1);
+        if after <= limit {
+            if attempt.writes() {
+                state[0] = start;
+                state[1] = after;
+            }
+            Verdict::allow(limit, limit - after, reset_after)
+        } else {
+            Verdict::deny(limit, 0, reset_after, reset_after)
+        }
+    }
+
+    fn denied(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) {
+        let (start, count) = window(tier, state, attempt.now);
+        let after = count.saturating_add(attempt.cost).min(MAX_EXACT - 1);
+        if after > tier.limit() {
+            state[0] = start;
+            state[1] = after;
+        }
+    }
+
+    fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {
+        state[0] + tier.period_micros()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::algorithm::Algorithm;
+    use crate::algorithm::testing::{Key, SECOND};
+    use crate::rule::Tier;
+
+    #[test]
+    fn hits_over_the_limit_count_too() {
+        let mut key = Key::new(Algorithm::HitCounter, [Tier::per_minute(10)]);
+        key.advance(SECOND);
+        assert_eq!(key.check(8).remaining(), 2);
+        // Over: counted all the same, so a look (cost 0) now sees the window over.
+        let over = key.check(5);
+        assert!(!over.allowed());
+        assert_eq!(over.remaining(), 0);
+        assert!(!key.check(0).allowed());
+        assert!(!key.check(1).allowed());
+        // The next window starts from nothing.
+        key.advance(60 * SECOND);
+        assert_eq!(key.check(1).remaining(), 9);
+    }
+
+    #[test]
+    fn a_cost_above_the_limit_is_over_not_an_error() {
+        let mut key = Key::new(Algorithm::HitCounter, [Tier::per_minute(3)]);
+        let over = key.check(4);
+        assert!(!over.allowed());
+        assert_eq!(over.remaining(), 0);
+        assert!(!key.check(0).allowed());
+    }
+
+    #[test]
+    fn a_look_at_the_limit_is_within_it() {
+        let mut key = Key::new(Algorithm::HitCounter, [Tier::per_minute(3)]);
+        assert!(key.check(3).allowed());
+        let look = key.check(0);
+        assert!(look.allowed());
+        assert_eq!(look.remaining(), 0);
+        assert!(!key.check(1).allowed());
+    }
+}
