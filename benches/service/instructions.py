@@ -5,7 +5,8 @@ this shared machine is doing, so it shows what a change to a request's path save
 
 Each server runs under `valgrind --tool=callgrind`; wrk (16 connections) warms it up, its
 counters are zeroed, wrk runs for a few seconds more, the counters are dumped and divided by
-the requests wrk completed. Kernel time (the larger part of a request on loopback) is not
+the requests wrk completed. gRPC the same way, with rls_load (16 connections, one call in
+flight on each) in place of wrk. Kernel time (the larger part of a request on loopback) is not
 counted. Usage (see `instructions`): instructions.py --throttlecrab PATH [--seconds 3]
 """
 import argparse
@@ -45,6 +46,31 @@ def count(argv, port, paths, seconds, workdir, env=None):
             total = int(re.search(r"^(?:summary|totals): (\d+)", open(dump).read(), re.M).group(1))
             results.append((name, total / requests))
         return results
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def count_grpc(argv, port, grpc, name, seconds, workdir, env=None):
+    """Instructions per `ShouldRateLimit` call of the server `argv`, whose gRPC listener is
+    `grpc` (and HTTP `port`, to know when it is up)."""
+    out = os.path.join(workdir, "callgrind")
+    server = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p"] + argv,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        bench.wait_port(port, timeout=120)
+        bench.wait_port(grpc, timeout=120)
+        load = [bench.RLS_LOAD, f"http://127.0.0.1:{grpc}", "16"]
+        subprocess.run(load + ["1", "10000", "0", "1"], capture_output=True, check=True)
+        subprocess.run(["callgrind_control", "-z", str(server.pid)], capture_output=True, check=True)
+        text = subprocess.run(load + [str(seconds), "10000", "0", "1"], capture_output=True, text=True,
+                              check=True).stdout
+        subprocess.run(["callgrind_control", "-d", str(server.pid)], capture_output=True, check=True)
+        calls = float(text.split()[0]) * seconds
+        time.sleep(0.5)
+        dump = max(glob.glob(f"{out}.{server.pid}.*"), key=os.path.getmtime)
+        total = int(re.search(r"^(?:summary|totals): (\d+)", open(dump).read(), re.M).group(1))
+        return [(name, total / calls)]
     finally:
         server.terminate()
         server.wait(30)
@@ -94,6 +120,22 @@ def main():
         port = bench.free_port()
         rows += count([args.throttlecrab, "--http", "--http-port", str(port), "--http-host", "127.0.0.1"], port,
                       [("peer: throttlecrab-server (HTTP)", "/throttle", bench.PEER_BODY)], args.seconds, workdir)
+        port, grpc = bench.free_port(), bench.free_port()
+        grpc_rows = count_grpc([bench.TRIVIAL, f"127.0.0.1:{port}", f"127.0.0.1:{grpc}"], port, grpc,
+                               "ceiling: tonic answering OK", args.seconds, workdir)
+        for name, store in [
+            ("tollgate, memory store", "{ kind: memory }"),
+            ("tollgate, Redis strict", f"{{ kind: redis, url: 'redis://127.0.0.1:{redis_port}', mode: strict, timeout: 1s }}"),
+        ]:
+            port, grpc = bench.free_port(), bench.free_port()
+            config = os.path.join(workdir, f"{port}.yaml")
+            with open(config, "w") as f:
+                f.write(bench.RULES.format(port=port, grpc=grpc, store=store))
+            envoy = os.path.join(workdir, f"{port}-envoy.yaml")
+            with open(envoy, "w") as f:
+                f.write(bench.ENVOY)
+            grpc_rows += count_grpc([bench.TOLLGATE, "serve", "--config", config, envoy], port, grpc, name,
+                                    args.seconds, workdir, env)
     finally:
         redis.terminate()
     ceiling, peer = rows[0][1], rows[-1][1]
@@ -102,6 +144,12 @@ def main():
     print("| --- | ---: | ---: | ---: |")
     for name, n in rows:
         print(f"| {name} | {n:,.0f} | {n / ceiling:.2f}x | {n / peer:.2f}x |")
+    print(f"\nUser-space instructions per ShouldRateLimit call (callgrind, rls_load at 16 connections, "
+          f"{args.seconds} s)\n")
+    print("| system | instructions | vs ceiling |")
+    print("| --- | ---: | ---: |")
+    for name, n in grpc_rows:
+        print(f"| {name} | {n:,.0f} | {n / grpc_rows[0][1]:.2f}x |")
 
 
 if __name__ == "__main__":
