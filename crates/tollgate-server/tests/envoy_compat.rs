@@ -2,7 +2,8 @@
 //! configuration files load or fail and with which message (its `test/config/config_test.go`
 //! and the files beside it), and which request gets which status, limit, remaining and reset
 //! (its `test/integration/integration_test.go`, `test/redis/fixed_cache_impl_test.go` and
-//! `src/service/ratelimit.go`). The fixtures are tollgate's own, of the same shapes.
+//! `src/service/ratelimit.go`), each over gRPC on the memory store and on strict Redis (a
+//! server of the test's own). The fixtures are tollgate's own, of the same shapes.
 
 mod support;
 
@@ -15,7 +16,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
-use support::{Server, run};
+use support::{Redis, Server, run};
 use tonic::transport::Channel;
 
 const OK: i32 = Code::Ok as i32;
@@ -167,6 +168,50 @@ descriptors:
     rate_limit: { unit: hour, requests_per_unit: 3 }
 ";
 
+/// Where the counters live: every expectation holds on each.
+#[derive(Debug, Clone, Copy)]
+enum Store {
+    Memory,
+    /// Strict Redis, a server of the test's own.
+    Redis,
+}
+
+const STORES: [Store; 2] = [Store::Memory, Store::Redis];
+
+/// `tollgate serve` of [`SHOP`] on `store`, with the settings `env` (`NAME=value`).
+struct Shop {
+    server: Server,
+    _redis: Option<Redis>,
+}
+
+impl Shop {
+    fn start(store: Store, env: &[&str]) -> Self {
+        let wrapper: Vec<&str> = if env.is_empty() {
+            Vec::new()
+        } else {
+            std::iter::once("env").chain(env.iter().copied()).collect()
+        };
+        match store {
+            Store::Memory => Self {
+                server: Server::start_under(&wrapper, &[("shop.yaml", SHOP)], &[]),
+                _redis: None,
+            },
+            Store::Redis => {
+                let redis = Redis::start();
+                let file = format!(
+                    "store: {{ kind: redis, url: '{}', mode: strict, timeout: 1s }}\n",
+                    redis.url()
+                );
+                let files = [("shop.yaml", SHOP), ("store.yaml", file.as_str())];
+                Self {
+                    server: Server::start_under(&wrapper, &files, &[]),
+                    _redis: Some(redis),
+                }
+            }
+        }
+    }
+}
+
 fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
     RateLimitDescriptor {
         entries: entries
@@ -236,7 +281,14 @@ fn seen(status: &DescriptorStatus) -> (i32, u32, u32) {
 /// counted; then two descriptors, the one over its limit not stopping the other's count.
 #[tokio::test]
 async fn every_hit_counts_and_each_descriptor_counts_its_own() {
-    let server = Server::start(&[("shop.yaml", SHOP)], &[]);
+    for store in STORES {
+        every_hit_counts_and_each_descriptor_counts_its_own_on(store).await;
+    }
+}
+
+async fn every_hit_counts_and_each_descriptor_counts_its_own_on(store: Store) {
+    let shop = Shop::start(store, &[]);
+    let server = &shop.server;
     let mut rls = Rls::connect(&server).await;
     let unknown = rls
         .ask("nowhere", vec![descriptor(&[("visitor", "x")])], 1)
@@ -286,12 +338,15 @@ async fn every_hit_counts_and_each_descriptor_counts_its_own() {
 /// stop counting, as its integration test expects (remaining stays at 10).
 #[tokio::test]
 async fn the_switch_stops_counting_the_others_once_one_is_over() {
-    let server = Server::start_under(
-        &["env", "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true"],
-        &[("shop.yaml", SHOP)],
-        &[],
-    );
-    let mut rls = Rls::connect(&server).await;
+    for store in STORES {
+        the_switch_on(store).await;
+    }
+}
+
+async fn the_switch_on(store: Store) {
+    let shop = Shop::start(store, &["STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true"]);
+    let server = &shop.server;
+    let mut rls = Rls::connect(server).await;
     let (cart, checkout) = (fresh("cart"), fresh("checkout"));
     for i in 0..15u32 {
         let both = vec![
@@ -320,7 +375,14 @@ async fn the_switch_stops_counting_the_others_once_one_is_over() {
 /// token quota pattern); the limit's name is the configured one, or empty.
 #[tokio::test]
 async fn duplicates_large_costs_looks_and_names() {
-    let server = Server::start(&[("shop.yaml", SHOP)], &[]);
+    for store in STORES {
+        duplicates_large_costs_looks_and_names_on(store).await;
+    }
+}
+
+async fn duplicates_large_costs_looks_and_names_on(store: Store) {
+    let shop = Shop::start(store, &[]);
+    let server = &shop.server;
     let mut rls = Rls::connect(&server).await;
     let checkout = fresh("checkout");
     let twice = vec![
@@ -374,7 +436,14 @@ async fn duplicates_large_costs_looks_and_names() {
 /// `replaces`, `unlimited`, a limit of 0 and shadow mode, as its service applies them.
 #[tokio::test]
 async fn replaces_zero_unlimited_and_shadow() {
-    let server = Server::start(&[("shop.yaml", SHOP)], &[]);
+    for store in STORES {
+        replaces_zero_unlimited_and_shadow_on(store).await;
+    }
+}
+
+async fn replaces_zero_unlimited_and_shadow_on(store: Store) {
+    let shop = Shop::start(store, &[]);
+    let server = &shop.server;
     let mut rls = Rls::connect(&server).await;
     let (overall, zero) = rls.one(descriptor(&[("zero", "a")]), 1).await;
     assert_eq!((overall, seen(&zero)), (OVER, (OVER, 0, 0)));
@@ -406,7 +475,14 @@ async fn replaces_zero_unlimited_and_shadow() {
 /// Quota mode: a request is over for its quota descriptors only when all of them are.
 #[tokio::test]
 async fn quota_descriptors_are_over_only_together() {
-    let server = Server::start(&[("shop.yaml", SHOP)], &[]);
+    for store in STORES {
+        quota_descriptors_are_over_only_together_on(store).await;
+    }
+}
+
+async fn quota_descriptors_are_over_only_together_on(store: Store) {
+    let shop = Shop::start(store, &[]);
+    let server = &shop.server;
     let mut rls = Rls::connect(&server).await;
     let (tokens, credits) = (fresh("t"), fresh("c"));
     let both = || {
@@ -439,7 +515,14 @@ async fn quota_descriptors_are_over_only_together() {
 /// one counter; without it each value counts apart.
 #[tokio::test]
 async fn wildcards_anywhere() {
-    let server = Server::start(&[("shop.yaml", SHOP)], &[]);
+    for store in STORES {
+        wildcards_anywhere_on(store).await;
+    }
+}
+
+async fn wildcards_anywhere_on(store: Store) {
+    let shop = Shop::start(store, &[]);
+    let server = &shop.server;
     let mut rls = Rls::connect(&server).await;
     let sku = |v: &str| descriptor(&[("sku", v)]);
     let (overall, status) = rls.one(sku(&format!("tv-{}-4k", fresh("x"))), 1).await;
@@ -476,7 +559,14 @@ async fn wildcards_anywhere() {
 /// limits or not, and counts apart from the file's limit.
 #[tokio::test]
 async fn a_limit_in_the_request_applies() {
-    let server = Server::start(&[("shop.yaml", SHOP)], &[]);
+    for store in STORES {
+        a_limit_in_the_request_applies_on(store).await;
+    }
+}
+
+async fn a_limit_in_the_request_applies_on(store: Store) {
+    let shop = Shop::start(store, &[]);
+    let server = &shop.server;
     let mut rls = Rls::connect(&server).await;
     let with = |entries: &[(&str, &str)], n: u32| {
         let mut d = descriptor(entries);
@@ -508,7 +598,14 @@ async fn a_limit_in_the_request_applies() {
 /// on a limit of 50 is over the limit.
 #[tokio::test]
 async fn absurd_costs_are_over_the_limit() {
-    let server = Server::start(&[("shop.yaml", SHOP)], &[]);
+    for store in STORES {
+        absurd_costs_are_over_the_limit_on(store).await;
+    }
+}
+
+async fn absurd_costs_are_over_the_limit_on(store: Store) {
+    let shop = Shop::start(store, &[]);
+    let server = &shop.server;
     let mut rls = Rls::connect(&server).await;
     let (overall, status) = rls
         .one(descriptor(&[("visitor", &fresh("v"))]), u32::MAX)
@@ -520,13 +617,19 @@ async fn absurd_costs_are_over_the_limit() {
 /// `QUOTA_MODE` puts every descriptor in quota mode.
 #[tokio::test]
 async fn global_shadow_and_quota_modes() {
-    let shadow = Server::start_under(&["env", "SHADOW_MODE=true"], &[("shop.yaml", SHOP)], &[]);
-    let mut rls = Rls::connect(&shadow).await;
+    for store in STORES {
+        global_modes_on(store).await;
+    }
+}
+
+async fn global_modes_on(store: Store) {
+    let shadow = Shop::start(store, &["SHADOW_MODE=true"]);
+    let mut rls = Rls::connect(&shadow.server).await;
     let (overall, zero) = rls.one(descriptor(&[("zero", "a")]), 1).await;
     assert_eq!((overall, zero.code), (OK, OVER));
 
-    let quota = Server::start_under(&["env", "QUOTA_MODE=1"], &[("shop.yaml", SHOP)], &[]);
-    let mut rls = Rls::connect(&quota).await;
+    let quota = Shop::start(store, &["QUOTA_MODE=1"]);
+    let mut rls = Rls::connect(&quota.server).await;
     let checkout = fresh("checkout");
     let both = vec![
         descriptor(&[("zero", "a")]),
@@ -545,7 +648,14 @@ async fn global_shadow_and_quota_modes() {
 /// like any other, not refused.
 #[tokio::test]
 async fn long_values_are_answered() {
-    let server = Server::start(&[("shop.yaml", SHOP)], &[]);
+    for store in STORES {
+        long_values_are_answered_on(store).await;
+    }
+}
+
+async fn long_values_are_answered_on(store: Store) {
+    let shop = Shop::start(store, &[]);
+    let server = &shop.server;
     let mut rls = Rls::connect(&server).await;
     let long = format!("{}{}", fresh("v"), "x".repeat(20_000));
     let other = format!("{}{}", fresh("w"), "x".repeat(20_000));
