@@ -289,7 +289,7 @@ async fn every_hit_counts_and_each_descriptor_counts_its_own() {
 async fn every_hit_counts_and_each_descriptor_counts_its_own_on(store: Store) {
     let shop = Shop::start(store, &[]);
     let server = &shop.server;
-    let mut rls = Rls::connect(&server).await;
+    let mut rls = Rls::connect(server).await;
     let unknown = rls
         .ask("nowhere", vec![descriptor(&[("visitor", "x")])], 1)
         .await;
@@ -383,7 +383,7 @@ async fn duplicates_large_costs_looks_and_names() {
 async fn duplicates_large_costs_looks_and_names_on(store: Store) {
     let shop = Shop::start(store, &[]);
     let server = &shop.server;
-    let mut rls = Rls::connect(&server).await;
+    let mut rls = Rls::connect(server).await;
     let checkout = fresh("checkout");
     let twice = vec![
         descriptor(&[("checkout", &checkout)]),
@@ -444,7 +444,7 @@ async fn replaces_zero_unlimited_and_shadow() {
 async fn replaces_zero_unlimited_and_shadow_on(store: Store) {
     let shop = Shop::start(store, &[]);
     let server = &shop.server;
-    let mut rls = Rls::connect(&server).await;
+    let mut rls = Rls::connect(server).await;
     let (overall, zero) = rls.one(descriptor(&[("zero", "a")]), 1).await;
     assert_eq!((overall, seen(&zero)), (OVER, (OVER, 0, 0)));
     assert!(zero.duration_until_reset.is_some());
@@ -483,7 +483,7 @@ async fn quota_descriptors_are_over_only_together() {
 async fn quota_descriptors_are_over_only_together_on(store: Store) {
     let shop = Shop::start(store, &[]);
     let server = &shop.server;
-    let mut rls = Rls::connect(&server).await;
+    let mut rls = Rls::connect(server).await;
     let (tokens, credits) = (fresh("t"), fresh("c"));
     let both = || {
         vec![
@@ -523,7 +523,7 @@ async fn wildcards_anywhere() {
 async fn wildcards_anywhere_on(store: Store) {
     let shop = Shop::start(store, &[]);
     let server = &shop.server;
-    let mut rls = Rls::connect(&server).await;
+    let mut rls = Rls::connect(server).await;
     let sku = |v: &str| descriptor(&[("sku", v)]);
     let (overall, status) = rls.one(sku(&format!("tv-{}-4k", fresh("x"))), 1).await;
     assert_eq!((overall, seen(&status)), (OK, (OK, 2, 1)));
@@ -567,7 +567,7 @@ async fn a_limit_in_the_request_applies() {
 async fn a_limit_in_the_request_applies_on(store: Store) {
     let shop = Shop::start(store, &[]);
     let server = &shop.server;
-    let mut rls = Rls::connect(&server).await;
+    let mut rls = Rls::connect(server).await;
     let with = |entries: &[(&str, &str)], n: u32| {
         let mut d = descriptor(entries);
         d.limit = Some(RateLimitOverride {
@@ -606,7 +606,7 @@ async fn absurd_costs_are_over_the_limit() {
 async fn absurd_costs_are_over_the_limit_on(store: Store) {
     let shop = Shop::start(store, &[]);
     let server = &shop.server;
-    let mut rls = Rls::connect(&server).await;
+    let mut rls = Rls::connect(server).await;
     let (overall, status) = rls
         .one(descriptor(&[("visitor", &fresh("v"))]), u32::MAX)
         .await;
@@ -656,7 +656,7 @@ async fn long_values_are_answered() {
 async fn long_values_are_answered_on(store: Store) {
     let shop = Shop::start(store, &[]);
     let server = &shop.server;
-    let mut rls = Rls::connect(&server).await;
+    let mut rls = Rls::connect(server).await;
     let long = format!("{}{}", fresh("v"), "x".repeat(20_000));
     let other = format!("{}{}", fresh("w"), "x".repeat(20_000));
     let left = |s: DescriptorStatus| (s.code, s.limit_remaining);
