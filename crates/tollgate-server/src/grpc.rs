@@ -129,6 +129,29 @@ where
     }
 }
 
+/// Keeps the gRPC health service (`grpc.health.v1.Health`) saying what the Envoy service's
+/// says: the server (`""`) and `ratelimit` are serving while the service is healthy (see
+/// [`Service::healthy`]); checked every 250 ms, for as long as the process runs.
+pub async fn report_health(service: Arc<Service>, reporter: tonic_health::server::HealthReporter) {
+    let mut serving = None;
+    let mut every = tokio::time::interval(std::time::Duration::from_millis(250));
+    loop {
+        every.tick().await;
+        let healthy = service.healthy();
+        if serving != Some(healthy) {
+            let status = if healthy {
+                tonic_health::ServingStatus::Serving
+            } else {
+                tonic_health::ServingStatus::NotServing
+            };
+            for name in ["", "ratelimit"] {
+                reporter.set_service_status(name, status).await;
+            }
+            serving = Some(healthy);
+        }
+    }
+}
+
 /// Answers `ShouldRateLimit` from the service's domains.
 #[derive(Debug)]
 pub struct Rls {
@@ -239,55 +262,117 @@ impl RateLimitService for Rls {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let request = request.into_inner();
-        if request.domain.is_empty() {
-            return Err(Status::invalid_argument(
-                "rate limit domain must not be empty",
-            ));
-        }
-        if request.descriptors.is_empty() {
-            return Err(Status::invalid_argument(
-                "rate limit descriptor list must not be empty",
-            ));
-        }
-        let default_cost = u64::from(request.hits_addend.max(1));
-        let descriptors: Vec<(Descriptor, u64, Option<LimitOverride>)> = request
-            .descriptors
-            .iter()
-            .map(|d| {
-                let entries = descriptor(d.entries.iter().map(|e| (&*e.key, &*e.value)));
-                let cost = d.hits_addend.as_ref().map_or(default_cost, |h| h.value);
-                let limit = d.limit.as_ref().and_then(|l| {
-                    Some(LimitOverride {
-                        requests_per_unit: u64::from(l.requests_per_unit),
-                        unit: unit_name(Unit::try_from(l.unit).ok()?)?,
-                    })
-                });
-                (entries, cost, limit)
-            })
-            .collect();
-        let answer = self
-            .service
-            .check_descriptors(&request.domain, &descriptors)
+        answer(&self.service, request.into_inner(), self.response_headers)
             .await
-            .map_err(|CheckError::Invalid(message)| Status::invalid_argument(message))?;
-        let outcomes = answer.outcomes;
-        let statuses = outcomes.iter().map(status).collect();
-        let overall = if answer.over {
-            Code::OverLimit
-        } else {
-            Code::Ok
-        };
-        let response_headers_to_add = if self.response_headers {
-            response_headers(&DescriptorOutcome::decisions(&outcomes))
-        } else {
-            Vec::new()
-        };
-        Ok(Response::new(RateLimitResponse {
-            overall_code: overall as i32,
-            statuses,
-            response_headers_to_add,
-            ..RateLimitResponse::default()
-        }))
+            .map(Response::new)
     }
+}
+
+/// Answers `request` as the Envoy ratelimit service does (`POST /json` answers the same);
+/// with `fields`, the answer also carries tollgate's rate limit fields for Envoy to add.
+///
+/// # Errors
+/// `INVALID_ARGUMENT` for a request without a domain or descriptors, or a bad key.
+pub async fn answer(
+    service: &Service,
+    request: RateLimitRequest,
+    fields: bool,
+) -> Result<RateLimitResponse, Status> {
+    if request.domain.is_empty() {
+        return Err(Status::invalid_argument(
+            "rate limit domain must not be empty",
+        ));
+    }
+    if request.descriptors.is_empty() {
+        return Err(Status::invalid_argument(
+            "rate limit descriptor list must not be empty",
+        ));
+    }
+    let default_cost = u64::from(request.hits_addend.max(1));
+    let descriptors: Vec<(Descriptor, u64, Option<LimitOverride>)> = request
+        .descriptors
+        .iter()
+        .map(|d| {
+            let entries = descriptor(d.entries.iter().map(|e| (&*e.key, &*e.value)));
+            let cost = d.hits_addend.as_ref().map_or(default_cost, |h| h.value);
+            let limit = d.limit.as_ref().and_then(|l| {
+                Some(LimitOverride {
+                    requests_per_unit: u64::from(l.requests_per_unit),
+                    unit: unit_name(Unit::try_from(l.unit).ok()?)?,
+                })
+            });
+            (entries, cost, limit)
+        })
+        .collect();
+    let answer = service
+        .check_descriptors(&request.domain, &descriptors)
+        .await
+        .map_err(|CheckError::Invalid(message)| Status::invalid_argument(message))?;
+    let statuses: Vec<DescriptorStatus> = answer.outcomes.iter().map(status).collect();
+    let overall = if answer.over {
+        Code::OverLimit
+    } else {
+        Code::Ok
+    };
+    let response_headers_to_add = match &answer.response_headers {
+        Some(names) => envoy_headers(names, &answer.outcomes, &statuses),
+        None if fields => response_headers(&DescriptorOutcome::decisions(&answer.outcomes)),
+        None => Vec::new(),
+    };
+    Ok(RateLimitResponse {
+        overall_code: overall as i32,
+        statuses,
+        response_headers_to_add,
+        ..RateLimitResponse::default()
+    })
+}
+
+/// The three headers the Envoy service asks Envoy to add with `LIMIT_RESPONSE_HEADERS_ENABLED`
+/// (named `names`): of the descriptor with a limit and the fewest permits left, or of the
+/// last one over its limit outside quota mode, its limit, what remains and the whole seconds
+/// until its window resets.
+fn envoy_headers(
+    names: &[String; 3],
+    outcomes: &[DescriptorOutcome],
+    statuses: &[DescriptorStatus],
+) -> Vec<HeaderValue> {
+    let mut chosen: Option<&DescriptorStatus> = None;
+    let mut least = u32::MAX;
+    for (outcome, status) in outcomes.iter().zip(statuses) {
+        if status.current_limit.is_some() && status.limit_remaining < least {
+            chosen = Some(status);
+            least = status.limit_remaining;
+        }
+        let quota = match outcome {
+            DescriptorOutcome::Blocked { limit, .. } | DescriptorOutcome::Checked { limit, .. } => {
+                limit.quota
+            }
+            DescriptorOutcome::None | DescriptorOutcome::Unlimited => false,
+        };
+        if status.code == Code::OverLimit as i32 && !quota {
+            chosen = Some(status);
+            least = 0;
+        }
+    }
+    let Some(status) = chosen else {
+        return Vec::new();
+    };
+    let limit = status
+        .current_limit
+        .as_ref()
+        .map_or(0, |l| l.requests_per_unit);
+    let reset = status
+        .duration_until_reset
+        .as_ref()
+        .map_or(0, |d| d.seconds);
+    let header = |name: &String, value: String| HeaderValue {
+        key: name.clone(),
+        value,
+        ..HeaderValue::default()
+    };
+    vec![
+        header(&names[0], limit.to_string()),
+        header(&names[1], status.limit_remaining.to_string()),
+        header(&names[2], reset.to_string()),
+    ]
 }

@@ -71,6 +71,8 @@ fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
+        .route("/healthcheck", get(healthcheck))
+        .route("/json", axum::routing::post(envoy_json))
         .route("/metrics", get(render_metrics))
         .merge(admin::router().layer(limit))
         .with_state(state)
@@ -600,6 +602,52 @@ async fn auth(state: AppState, peer: SocketAddr, request: axum::extract::Request
         .check_request(&request, query.cost.unwrap_or(1))
         .await;
     answer_outcome(outcome, denied, false)
+}
+
+/// The Envoy ratelimit service's health check: 200 `OK` while healthy (see
+/// [`Service::healthy`]), else 500.
+async fn healthcheck(State(state): State<AppState>) -> Response {
+    if state.service.healthy() {
+        (StatusCode::OK, "OK").into_response()
+    } else {
+        StatusCode::INTERNAL_SERVER_ERROR.into_response()
+    }
+}
+
+/// The Envoy ratelimit service's `POST /json`: a `RateLimitRequest` in protobuf's JSON
+/// mapping, answered as over gRPC, in JSON, with 429 when over the limit; 400 and the reason
+/// for a body that is not a request.
+async fn envoy_json(State(state): State<AppState>, request: axum::extract::Request) -> Response {
+    let bad = |reason: String| {
+        let text = format!("Bad Request: {reason}\n");
+        let plain = [(header::CONTENT_TYPE, "text/plain; charset=utf-8")];
+        (StatusCode::BAD_REQUEST, plain, text).into_response()
+    };
+    let body = match axum::body::to_bytes(request.into_body(), state.max_body_bytes).await {
+        Ok(body) => body,
+        Err(e) => return bad(format!("the body cannot be read: {e}")),
+    };
+    if body.is_empty() {
+        return bad("no body".into());
+    }
+    let request = match crate::envoy_json::request(&body) {
+        Ok(request) => request,
+        Err(reason) => return bad(reason),
+    };
+    match crate::grpc::answer(&state.service, request, false).await {
+        Ok(answer) => {
+            let over = envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code::OverLimit;
+            let status = if answer.overall_code == over as i32 {
+                StatusCode::TOO_MANY_REQUESTS
+            } else {
+                StatusCode::OK
+            };
+            let json = [(header::CONTENT_TYPE, "application/json")];
+            let body = crate::envoy_json::response(&answer).to_string();
+            (status, json, body).into_response()
+        }
+        Err(status) => bad(status.message().to_string()),
+    }
 }
 
 async fn ready(State(state): State<AppState>) -> Response {

@@ -362,9 +362,12 @@ async fn serve(
                 server.max_body_bytes,
             );
             let shutdown = stopped(stop_rx.clone());
+            let (reporter, health) = tonic_health::server::health_reporter();
+            tokio::spawn(grpc::report_health(service.clone(), reporter));
             Some(tokio::spawn(async move {
                 tonic::transport::Server::builder()
                     .layer(grpc::GuardsLayer)
+                    .add_service(health)
                     .add_service(svc)
                     .serve_with_incoming_shutdown(incoming, shutdown)
                     .await
@@ -378,8 +381,10 @@ async fn serve(
     tokio::spawn(hangups);
     tokio::spawn(service.clone().follow_shared());
     tracing::info!(addr = %listener.local_addr()?, "HTTP listening");
+    let stopping = service.clone();
     tokio::spawn(async move {
         terminated.await;
+        stopping.terminate();
         tracing::info!("shutting down: draining requests in flight");
         let _ = stop_tx.send(true);
     });

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -53,6 +53,8 @@ pub struct Service {
     edits: tokio::sync::Mutex<()>,
     /// How long the store takes to decide.
     latency: ::metrics::Histogram,
+    /// Set when the process was asked to stop: from then on it is not healthy.
+    terminating: AtomicBool,
 }
 
 /// Why an admin edit was refused.
@@ -87,6 +89,9 @@ pub struct EnvoyAnswer {
     pub outcomes: Vec<DescriptorOutcome>,
     /// Whether the request is over the limit (see [`DescriptorOutcome::overall_over`]).
     pub over: bool,
+    /// The names of the rate limit headers to ask Envoy to add, when the Envoy service's
+    /// `LIMIT_RESPONSE_HEADERS_ENABLED` asks for them.
+    pub response_headers: Option<[String; 3]>,
 }
 
 /// What each descriptor of an Envoy request got, as the Envoy ratelimit service answers it.
@@ -131,7 +136,7 @@ impl DescriptorOutcome {
     /// over when a descriptor outside quota mode is over, or when there are descriptors in
     /// quota mode and every one of them is over; never in the global shadow mode. With the
     /// global quota mode every descriptor with a limit is in quota mode.
-    pub fn overall_over(outcomes: &[Self], settings: EnvoySettings) -> bool {
+    pub fn overall_over(outcomes: &[Self], settings: &EnvoySettings) -> bool {
         if settings.shadow_mode {
             return false;
         }
@@ -203,6 +208,7 @@ impl Service {
             shared_version: AtomicU64::new(version),
             edits: tokio::sync::Mutex::new(()),
             latency: metrics::store_latency(store.kind()),
+            terminating: AtomicBool::new(false),
             store,
         })
     }
@@ -414,6 +420,7 @@ impl Service {
             return Ok(EnvoyAnswer {
                 outcomes: vec![DescriptorOutcome::None; descriptors.len()],
                 over: false,
+                response_headers: loaded.config.server.envoy.response_headers.clone(),
             });
         };
         let mut hits = found.hits(descriptors.iter().map(|(d, _, limit)| (d, *limit)));
@@ -490,8 +497,29 @@ impl Service {
                 },
             })
             .collect();
-        let over = DescriptorOutcome::overall_over(&outcomes, loaded.config.server.envoy);
-        Ok(EnvoyAnswer { outcomes, over })
+        let over = DescriptorOutcome::overall_over(&outcomes, &loaded.config.server.envoy);
+        Ok(EnvoyAnswer {
+            outcomes,
+            over,
+            response_headers: loaded.config.server.envoy.response_headers.clone(),
+        })
+    }
+
+    /// Marks the service as stopping: it is no longer healthy (see [`Service::healthy`]),
+    /// so that load balancers stop sending to it while it drains.
+    pub fn terminate(&self) {
+        self.terminating.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the service is healthy, as the Envoy ratelimit service's health check says it
+    /// (`/healthcheck`, and gRPC's `grpc.health.v1.Health`): not stopping, its shared store
+    /// answers, and, with `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`, an Envoy domain is
+    /// loaded.
+    pub fn healthy(&self) -> bool {
+        let loaded = self.loaded();
+        let configured = !loaded.config.server.envoy.healthy_with_config
+            || loaded.engine.domains().next().is_some();
+        !self.terminating.load(Ordering::Relaxed) && self.ready() && configured
     }
 
     /// Whether the service can decide: rules are loaded and the shared store, if any, answers.

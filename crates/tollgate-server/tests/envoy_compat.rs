@@ -689,3 +689,176 @@ fn settings_it_does_not_read_are_named_at_start() {
     }
     assert_eq!(server.logged("SHADOW_MODE is set"), None);
 }
+
+/// `GET /healthcheck` and `grpc.health.v1.Health` as its service has them: healthy while it
+/// serves; with `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`, not until a domain is loaded; not
+/// once its Redis stops answering.
+#[tokio::test]
+async fn health_checks() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let http = |server: &Server| format!("{}/healthcheck", server.http);
+    let grpc = |server: &Server| {
+        let url = server.grpc.clone();
+        async move {
+            let channel = tonic::transport::Endpoint::from_shared(url)
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            let mut client = HealthClient::new(channel);
+            let ask = |service: &str| HealthCheckRequest {
+                service: service.into(),
+            };
+            let ratelimit = client.check(ask("ratelimit")).await.unwrap().into_inner();
+            let whole = client.check(ask("")).await.unwrap().into_inner();
+            assert_eq!(ratelimit.status, whole.status);
+            ratelimit.status
+        }
+    };
+    let healthy = Server::start(&[("shop.yaml", SHOP)], &[]);
+    let answer = reqwest::get(http(&healthy)).await.unwrap();
+    assert_eq!(answer.status().as_u16(), 200);
+    assert_eq!(answer.text().await.unwrap(), "OK");
+    assert_eq!(grpc(&healthy).await, ServingStatus::Serving as i32);
+
+    let native = "rules:\n  - id: a\n    tiers: [{ limit: 1, period: 1s }]\n";
+    let unconfigured = Server::start_under(
+        &["env", "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED=true"],
+        &[("rules.yaml", native)],
+        &[],
+    );
+    let answer = reqwest::get(http(&unconfigured)).await.unwrap();
+    assert_eq!(answer.status().as_u16(), 500);
+    // The gRPC status follows within a quarter of a second.
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    assert_eq!(grpc(&unconfigured).await, ServingStatus::NotServing as i32);
+
+    let shop = Shop::start(Store::Redis, &[]);
+    let url = http(&shop.server);
+    assert_eq!(reqwest::get(&url).await.unwrap().status().as_u16(), 200);
+    let Shop { server, _redis } = shop;
+    drop(_redis);
+    // Checks fail until the breaker opens: from then on the service says it is unhealthy.
+    let mut rls = Rls::connect(&server).await;
+    for _ in 0..6 {
+        rls.one(descriptor(&[("checkout", "x")]), 1).await;
+    }
+    assert_eq!(reqwest::get(&url).await.unwrap().status().as_u16(), 500);
+}
+
+/// `POST /json`, as its handler's tests expect: no body or no JSON is 400; a request answers
+/// in protobuf's JSON mapping, with 429 when over the limit.
+#[tokio::test]
+async fn the_json_endpoint() {
+    let server = Server::start(&[("shop.yaml", SHOP)], &[]);
+    let client = reqwest::Client::new();
+    let post = |body: String| {
+        let request = client.post(format!("{}/json", server.http)).body(body);
+        async move {
+            let answer = request.send().await.unwrap();
+            let status = answer.status().as_u16();
+            let kind = support::header(answer.headers(), "content-type")
+                .unwrap_or_default()
+                .to_string();
+            (status, kind, answer.text().await.unwrap())
+        }
+    };
+    for bad in [
+        "",
+        "}",
+        r#"{"domain": "shop"}"#,
+        r#"{"domain": "shop", "extra": 1}"#,
+    ] {
+        let (status, kind, text) = post(bad.into()).await;
+        assert_eq!(
+            (status, kind.as_str()),
+            (400, "text/plain; charset=utf-8"),
+            "{bad}"
+        );
+        assert!(text.starts_with("Bad Request"), "{text}");
+    }
+    let checkout = fresh("checkout");
+    let body = format!(
+        r#"{{"domain": "shop", "descriptors": [{{"entries": [{{"key": "checkout", "value": "{checkout}"}}]}}], "hitsAddend": 9}}"#
+    );
+    let (status, kind, text) = post(body.clone()).await;
+    assert_eq!((status, kind.as_str()), (200, "application/json"));
+    let answer: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(answer["overallCode"], "OK");
+    let first = &answer["statuses"][0];
+    assert_eq!(first["code"], "OK");
+    assert_eq!(first["currentLimit"]["requestsPerUnit"], 10);
+    assert_eq!(first["currentLimit"]["unit"], "HOUR");
+    assert_eq!(first["limitRemaining"], 1);
+    assert!(first["durationUntilReset"].as_str().unwrap().ends_with('s'));
+    let (status, _, text) = post(body).await;
+    assert_eq!(status, 429);
+    let answer: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(answer["overallCode"], "OVER_LIMIT");
+    assert_eq!(answer["statuses"][0].get("limitRemaining"), None);
+    // The proto's own names, and a descriptor's own limit and hits.
+    let body = format!(
+        r#"{{"domain": "shop", "descriptors": [{{"entries": [{{"key": "x", "value": "{checkout}"}}], "limit": {{"requests_per_unit": 5, "unit": "MINUTE"}}, "hits_addend": "2"}}]}}"#
+    );
+    let (status, _, text) = post(body).await;
+    let answer: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        (status, &answer["statuses"][0]["limitRemaining"]),
+        (200, &serde_json::json!(3))
+    );
+}
+
+/// `LIMIT_RESPONSE_HEADERS_ENABLED`: each answer asks Envoy to add the limit, what remains and
+/// the seconds until the reset of the descriptor closest to its limit, under the names
+/// configured.
+#[tokio::test]
+async fn limit_response_headers() {
+    let fields = |r: &RateLimitResponse| -> Vec<(String, String)> {
+        r.response_headers_to_add
+            .iter()
+            .map(|h| (h.key.clone(), h.value.clone()))
+            .collect()
+    };
+    let plain = Shop::start(Store::Memory, &[]);
+    let mut rls = Rls::connect(&plain.server).await;
+    let answer = rls
+        .ask("shop", vec![descriptor(&[("checkout", "a")])], 1)
+        .await;
+    assert!(answer.response_headers_to_add.is_empty());
+
+    let on = Shop::start(Store::Memory, &["LIMIT_RESPONSE_HEADERS_ENABLED=true"]);
+    let mut rls = Rls::connect(&on.server).await;
+    let (cart, checkout) = (fresh("cart"), fresh("checkout"));
+    let both = vec![
+        descriptor(&[("cart", &cart)]),
+        descriptor(&[("checkout", &checkout)]),
+    ];
+    let answer = rls.ask("shop", both, 3).await;
+    let got = fields(&answer);
+    let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        ["RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"]
+    );
+    // The checkout limit (10 per hour, 7 left) is closer to its limit than the cart's (20, 17).
+    assert_eq!((got[0].1.as_str(), got[1].1.as_str()), ("10", "7"));
+    let reset: u64 = got[2].1.parse().unwrap();
+    assert!((1..=3600).contains(&reset), "{reset}");
+
+    let named = Shop::start(
+        Store::Memory,
+        &[
+            "LIMIT_RESPONSE_HEADERS_ENABLED=1",
+            "LIMIT_LIMIT_HEADER=X-Limit",
+            "LIMIT_REMAINING_HEADER=X-Left",
+            "LIMIT_RESET_HEADER=X-Reset",
+        ],
+    );
+    let mut rls = Rls::connect(&named.server).await;
+    let answer = rls
+        .ask("shop", vec![descriptor(&[("checkout", &fresh("c"))])], 1)
+        .await;
+    let names: Vec<String> = fields(&answer).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["X-Limit", "X-Left", "X-Reset"]);
+}

@@ -44,7 +44,7 @@ pub struct ServerConfig {
 
 /// The Envoy ratelimit service's settings that change how its domains are answered, read
 /// from the environment under its names (see [`EnvoySettings::from_env`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct EnvoySettings {
     /// When a descriptor of a request is over its limit, the others' hits are not counted
     /// (by default every descriptor counts its hits): `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`.
@@ -53,6 +53,14 @@ pub struct EnvoySettings {
     pub shadow_mode: bool,
     /// Every descriptor is in quota mode: `QUOTA_MODE`.
     pub quota_mode: bool,
+    /// Unhealthy until an Envoy domain is loaded: `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`.
+    pub healthy_with_config: bool,
+    /// With `LIMIT_RESPONSE_HEADERS_ENABLED`, the names of the three headers each answer asks
+    /// Envoy to add (the limit, what remains, the seconds until the reset, of the descriptor
+    /// closest to its limit): `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER` and
+    /// `LIMIT_RESET_HEADER`, `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset`
+    /// by default.
+    pub response_headers: Option<[String; 3]>,
 }
 
 /// The settings the Envoy ratelimit service reads from its environment that tollgate does not
@@ -97,11 +105,6 @@ const ENVOY_SETTINGS_NOT_READ: &[&str] = &[
     "NEAR_LIMIT_RATIO",
     "CACHE_KEY_PREFIX",
     "BACKEND_TYPE",
-    "LIMIT_RESPONSE_HEADERS_ENABLED",
-    "LIMIT_LIMIT_HEADER",
-    "LIMIT_REMAINING_HEADER",
-    "LIMIT_RESET_HEADER",
-    "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
     "REDIS_SOCKET_TYPE",
     "REDIS_TYPE",
     "REDIS_URL",
@@ -143,6 +146,16 @@ impl EnvoySettings {
             stop_when_over: env_flag("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")?,
             shadow_mode: env_flag("SHADOW_MODE")?,
             quota_mode: env_flag("QUOTA_MODE")?,
+            healthy_with_config: env_flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED")?,
+            response_headers: if env_flag("LIMIT_RESPONSE_HEADERS_ENABLED")? {
+                Some([
+                    env_header("LIMIT_LIMIT_HEADER", "RateLimit-Limit")?,
+                    env_header("LIMIT_REMAINING_HEADER", "RateLimit-Remaining")?,
+                    env_header("LIMIT_RESET_HEADER", "RateLimit-Reset")?,
+                ])
+            } else {
+                None
+            },
         })
     }
 }
@@ -451,6 +464,25 @@ pub fn env_flag(name: &str) -> Result<bool, ConfigError> {
             Path::new("environment"),
             None,
             format!("{name}={other}: expected true or false"),
+        )),
+    }
+}
+
+/// A header name from the environment setting `name`, `default` when unset or empty.
+///
+/// # Errors
+/// A value that is not a header name, naming the setting.
+fn env_header(name: &str, default: &str) -> Result<String, ConfigError> {
+    let value = std::env::var(name)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| default.to_string());
+    match axum::http::HeaderName::from_bytes(value.as_bytes()) {
+        Ok(_) => Ok(value),
+        Err(_) => Err(ConfigError::new(
+            Path::new("environment"),
+            None,
+            format!("{name}={value}: not a header name"),
         )),
     }
 }

@@ -412,7 +412,7 @@ pub(super) fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
                 grpc_response_headers: s
                     .grpc_response_headers
                     .unwrap_or(defaults.grpc_response_headers),
-                envoy: defaults.envoy,
+                envoy: defaults.envoy.clone(),
                 connections: Limits {
                     max_connections: s
                         .max_connections
