@@ -39,8 +39,10 @@ struct Cli {
 enum Command {
     /// Serves the rules of the files over HTTP and gRPC.
     Serve {
-        /// Rule files, native or Envoy's format (merged).
-        #[arg(long = "config", short = 'c', required = true, num_args = 1..)]
+        /// Rule files, native or Envoy's format (merged), or directories of them. Without
+        /// one, the directory where the Envoy ratelimit service reads its files:
+        /// `$RUNTIME_ROOT/$RUNTIME_SUBDIRECTORY/$RUNTIME_APPDIRECTORY`.
+        #[arg(long = "config", short = 'c', num_args = 1..)]
         config: Vec<PathBuf>,
         /// The HTTP address, instead of the file's `server.http`.
         #[arg(long)]
@@ -58,7 +60,7 @@ enum Command {
     },
     /// Checks rule files and prints the first error with its file, line and column.
     Validate {
-        /// Rule files, checked together as `serve` would merge them.
+        /// Rule files (or directories of them), checked together as `serve` would merge them.
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
@@ -310,6 +312,21 @@ async fn serve(
     admin_token: Option<String>,
     grpc_response_headers: bool,
 ) -> anyhow::Result<()> {
+    let files = if files.is_empty() {
+        let dir = config::runtime_directory();
+        if !dir.is_dir() {
+            anyhow::bail!(
+                "no rule files: give --config FILE (or a directory), or set RUNTIME_ROOT, \
+                 RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY to where the files are ({} \
+                 is not a directory)",
+                dir.display()
+            );
+        }
+        tracing::info!(dir = %dir.display(), "serving the rule files of the runtime directory");
+        vec![dir]
+    } else {
+        files
+    };
     // Installed first: the service registers its counters when it loads the rules.
     let handle = metrics::install()?;
     tokio::spawn(metrics::upkeep(handle.clone()));
@@ -450,14 +467,17 @@ fn watch(files: &[PathBuf], service: Arc<Service>) -> Option<notify::Recommended
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
     let names: Vec<_> = targets
         .iter()
+        .filter(|t| !t.is_dir())
         .filter_map(|t| t.file_name().map(|n| n.to_owned()))
         .collect();
+    // A directory's every file is a rule file, those added later included.
+    let whole: Vec<PathBuf> = targets.iter().filter(|t| t.is_dir()).cloned().collect();
     let handler = move |event: notify::Result<notify::Event>| {
         if let Ok(event) = event {
-            let ours = event
-                .paths
-                .iter()
-                .any(|p| p.file_name().is_some_and(|n| names.iter().any(|m| m == n)));
+            let ours = event.paths.iter().any(|p| {
+                p.file_name().is_some_and(|n| names.iter().any(|m| m == n))
+                    || whole.iter().any(|d| p.starts_with(d))
+            });
             if ours && !event.kind.is_access() {
                 let _ = tx.send(());
             }
@@ -470,14 +490,19 @@ fn watch(files: &[PathBuf], service: Arc<Service>) -> Option<notify::Recommended
             return None;
         }
     };
-    let mut dirs: Vec<PathBuf> = targets
+    let mut dirs: Vec<(PathBuf, RecursiveMode)> = targets
         .iter()
-        .filter_map(|t| t.parent().map(PathBuf::from))
+        .filter_map(|t| match t.is_dir() {
+            true => Some((t.clone(), RecursiveMode::Recursive)),
+            false => t
+                .parent()
+                .map(|p| (PathBuf::from(p), RecursiveMode::NonRecursive)),
+        })
         .collect();
-    dirs.sort();
-    dirs.dedup();
-    for dir in &dirs {
-        if let Err(e) = watcher.watch(dir, RecursiveMode::NonRecursive) {
+    dirs.sort_by(|a, b| a.0.cmp(&b.0));
+    dirs.dedup_by(|a, b| a.0 == b.0);
+    for (dir, mode) in &dirs {
+        if let Err(e) = watcher.watch(dir, *mode) {
             tracing::warn!(error = %e, dir = %dir.display(), "cannot watch; reload with SIGHUP");
         }
     }

@@ -679,11 +679,11 @@ async fn long_values_are_answered_on(store: Store) {
 #[test]
 fn settings_it_does_not_read_are_named_at_start() {
     let server = Server::start_under(
-        &["env", "USE_STATSD=true", "REDIS_URL=redis:6379"],
+        &["env", "USE_STATSD=true", "REDIS_POOL_SIZE=20"],
         &[("shop.yaml", SHOP)],
         &[],
     );
-    for name in ["USE_STATSD", "REDIS_URL"] {
+    for name in ["USE_STATSD", "REDIS_POOL_SIZE"] {
         let line = server.logged(&format!("{name} is set")).expect("a warning");
         assert!(line.contains("WARN"), "{line}");
     }
@@ -861,4 +861,108 @@ async fn limit_response_headers() {
         .await;
     let names: Vec<String> = fields(&answer).into_iter().map(|(n, _)| n).collect();
     assert_eq!(names, ["X-Limit", "X-Left", "X-Reset"]);
+}
+
+const OTHER: &str = "\
+domain: other
+descriptors:
+  - key: k
+    rate_limit: { unit: hour, requests_per_unit: 3 }
+";
+
+/// Without `--config`, the files of its runtime directory
+/// (`$RUNTIME_ROOT/$RUNTIME_SUBDIRECTORY/$RUNTIME_APPDIRECTORY`), every one, dotfiles left
+/// out, and files added later once they appear.
+#[tokio::test]
+async fn the_runtime_directory() {
+    let root = tempfile::tempdir().unwrap();
+    let config = root.path().join("ratelimit").join("config");
+    std::fs::create_dir_all(config.join("more")).unwrap();
+    std::fs::write(config.join("shop.yaml"), SHOP).unwrap();
+    std::fs::write(config.join(".editing.yaml.swp"), "not: [yaml").unwrap();
+    let root_setting = format!("RUNTIME_ROOT={}", root.path().display());
+    let server = Server::start_under(
+        &["env", &root_setting, "RUNTIME_SUBDIRECTORY=ratelimit"],
+        &[],
+        &[],
+    );
+    let mut rls = Rls::connect(&server).await;
+    let (_, status) = rls.one(descriptor(&[("checkout", &fresh("c"))]), 1).await;
+    assert_eq!(seen(&status), (OK, 10, 9));
+    let other = || vec![descriptor(&[("k", "v")])];
+    let answer = rls.ask("other", other(), 1).await;
+    assert_eq!(answer.statuses[0].limit_remaining, 0, "no such domain yet");
+    std::fs::write(config.join("more").join("other.yaml"), OTHER).unwrap();
+    server.wait_for_log("reloaded", std::time::Duration::from_secs(10));
+    let answer = rls.ask("other", other(), 1).await;
+    assert_eq!(answer.statuses[0].limit_remaining, 2);
+}
+
+/// Two files of one domain are refused, unless `MERGE_DOMAIN_CONFIG`: then they merge, and a
+/// key both define is the second file's error.
+#[test]
+fn merged_domains() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = dir.path().join("a.yaml");
+    let second = dir.path().join("b.yaml");
+    std::fs::write(&first, "domain: shop\ndescriptors:\n  - key: cart\n    rate_limit: { unit: hour, requests_per_unit: 1 }\n").unwrap();
+    std::fs::write(&second, "domain: shop\ndescriptors:\n  - key: checkout\n    rate_limit: { unit: hour, requests_per_unit: 1 }\n").unwrap();
+    let args = ["validate", dir.path().to_str().unwrap()];
+    let (code, _, err) = run(&args);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("b.yaml: duplicate domain 'shop' in config file"),
+        "{err}"
+    );
+    let merge = [("MERGE_DOMAIN_CONFIG", "true")];
+    let (code, out, err) = support::run_with_env(&merge, &args);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("2 rules (0 routes, 1 Envoy domains)"), "{out}");
+    std::fs::write(&second, "domain: shop\ndescriptors:\n  - key: cart\n    rate_limit: { unit: hour, requests_per_unit: 2 }\n").unwrap();
+    let (code, _, err) = support::run_with_env(&merge, &args);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("b.yaml: duplicate descriptor composite key 'shop.cart'"),
+        "{err}"
+    );
+}
+
+/// Its listeners' and Redis's settings, where no file sets `server` or `store`: `PORT`,
+/// `GRPC_PORT`; `REDIS_SOCKET_TYPE`, `REDIS_URL`; a backend tollgate has not is refused.
+#[tokio::test]
+async fn its_ports_and_redis_from_the_environment() {
+    let (http, grpc) = (support::free_port(), support::free_port());
+    let (port, grpc_port) = (format!("PORT={http}"), format!("GRPC_PORT={grpc}"));
+    let redis = Redis::start();
+    let redis_url = format!("REDIS_URL=127.0.0.1:{}", redis.port);
+    let server = Server::start_as_given(
+        &[
+            "env",
+            &port,
+            &grpc_port,
+            "HOST=127.0.0.1",
+            "GRPC_HOST=127.0.0.1",
+            "REDIS_SOCKET_TYPE=tcp",
+            &redis_url,
+        ],
+        &[("shop.yaml", SHOP)],
+        &[],
+    );
+    assert_eq!(server.http, format!("http://127.0.0.1:{http}"));
+    assert_eq!(server.grpc, format!("http://127.0.0.1:{grpc}"));
+    let mut rls = Rls::connect(&server).await;
+    let (_, status) = rls.one(descriptor(&[("checkout", "in-redis")]), 1).await;
+    assert_eq!(seen(&status), (OK, 10, 9));
+    let keys = redis.cli(&["--scan", "--pattern", "*in-redis*"]);
+    assert!(!keys.trim().is_empty(), "the count is in Redis");
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("shop.yaml");
+    std::fs::write(&file, SHOP).unwrap();
+    let (code, _, err) = support::run_with_env(
+        &[("BACKEND_TYPE", "memcache")],
+        &["validate", file.to_str().unwrap()],
+    );
+    assert_eq!(code, 1);
+    assert!(err.contains("BACKEND_TYPE: `memcache`"), "{err}");
 }

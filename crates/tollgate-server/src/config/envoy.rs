@@ -77,8 +77,8 @@ struct Replaces {
     name: Option<String>,
 }
 
-/// Parses one Envoy file into its domain.
-pub(super) fn parse(file: &Path, text: &str) -> Result<Domain, ConfigError> {
+/// Parses one Envoy file into its domain's name and nodes.
+pub(super) fn parse(file: &Path, text: &str) -> Result<(String, Vec<Node>), ConfigError> {
     let parsed: File = serde_saphyr::from_str(text).map_err(|e| yaml(file, &e))?;
     let domain = parsed.domain.unwrap_or_default();
     if domain.is_empty() {
@@ -89,7 +89,12 @@ pub(super) fn parse(file: &Path, text: &str) -> Result<Domain, ConfigError> {
         ));
     }
     let nodes = nodes(file, parsed.descriptors.unwrap_or_default())?;
-    DomainBuilder::new(domain)
+    Ok((domain, nodes))
+}
+
+/// The domain `name` of `nodes`; errors are `file`'s.
+pub(super) fn build(file: &Path, name: &str, nodes: Vec<Node>) -> Result<Domain, ConfigError> {
+    DomainBuilder::new(name)
         .build(nodes)
         .map_err(|e| ConfigError::new(file, None, e))
 }

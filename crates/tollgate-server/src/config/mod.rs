@@ -14,7 +14,7 @@ use std::time::Duration;
 use tollgate::WhenFull;
 
 use crate::connections::Limits;
-use tollgate::engine::{Domain, Engine, Route};
+use tollgate::engine::{Domain, Engine, Node, Route};
 
 pub use duration::parse_duration;
 pub use native::{RuleSpec, parse_algorithm, parse_rule_spec};
@@ -66,13 +66,9 @@ pub struct EnvoySettings {
 /// The settings the Envoy ratelimit service reads from its environment that tollgate does not
 /// (yet) read; [`EnvoySettings::from_env`] reads the others.
 const ENVOY_SETTINGS_NOT_READ: &[&str] = &[
-    "HOST",
-    "PORT",
     "DEBUG_HOST",
     "DEBUG_PORT",
     "GRPC_UDS",
-    "GRPC_HOST",
-    "GRPC_PORT",
     "GRPC_MAX_CONNECTION_AGE",
     "GRPC_MAX_CONNECTION_AGE_GRACE",
     "GRPC_SERVER_USE_TLS",
@@ -95,22 +91,12 @@ const ENVOY_SETTINGS_NOT_READ: &[&str] = &[
     "PROMETHEUS_ADDR",
     "PROMETHEUS_PATH",
     "PROMETHEUS_MAPPER_YAML",
-    "RUNTIME_ROOT",
-    "RUNTIME_SUBDIRECTORY",
-    "RUNTIME_APPDIRECTORY",
-    "RUNTIME_IGNOREDOTFILES",
     "RUNTIME_WATCH_ROOT",
     "EXPIRATION_JITTER_MAX_SECONDS",
     "LOCAL_CACHE_SIZE_IN_BYTES",
     "NEAR_LIMIT_RATIO",
     "CACHE_KEY_PREFIX",
-    "BACKEND_TYPE",
-    "REDIS_SOCKET_TYPE",
-    "REDIS_TYPE",
-    "REDIS_URL",
     "REDIS_POOL_SIZE",
-    "REDIS_AUTH",
-    "REDIS_TLS",
     "REDIS_TLS_CLIENT_CERT",
     "REDIS_TLS_CLIENT_KEY",
     "REDIS_TLS_CACERT",
@@ -122,7 +108,6 @@ const ENVOY_SETTINGS_NOT_READ: &[&str] = &[
     "REDIS_TIMEOUT",
     "MEMCACHE_HOST_PORT",
     "RESPONSE_DYNAMIC_METADATA",
-    "MERGE_DOMAIN_CONFIG",
     "TRACING_ENABLED",
 ];
 
@@ -362,17 +347,73 @@ struct Parsed {
     server: Option<(ServerConfig, Option<(u64, u64)>)>,
     store: Option<(StoreConfig, Option<(u64, u64)>)>,
     specs: Vec<(RuleSpec, Option<(u64, u64)>)>,
-    domain: Option<Domain>,
+    domain: Option<(String, Vec<Node>)>,
 }
 
-/// Loads and merges `files` (each native or Envoy).
+/// Where the Envoy ratelimit service reads its files, from the environment as it does:
+/// `RUNTIME_ROOT` (`/srv/runtime_data/current`), `RUNTIME_SUBDIRECTORY` and
+/// `RUNTIME_APPDIRECTORY` (`config`), one below the other.
+pub fn runtime_directory() -> PathBuf {
+    let setting = |name: &str, default: &str| {
+        std::env::var(name)
+            .ok()
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| default.to_string())
+    };
+    let mut dir = PathBuf::from(setting("RUNTIME_ROOT", "/srv/runtime_data/current"));
+    dir.push(setting("RUNTIME_SUBDIRECTORY", ""));
+    dir.push(setting("RUNTIME_APPDIRECTORY", "config"));
+    dir
+}
+
+/// The rule files `paths` name: a file itself, a directory every file below it (in name
+/// order; files and directories whose names start with `.` left out, as editors' and
+/// Kubernetes' own are).
+///
+/// # Errors
+/// A path that cannot be read.
+pub fn files_of(paths: &[PathBuf]) -> Result<Vec<PathBuf>, ConfigError> {
+    fn walk(dir: &Path, files: &mut Vec<PathBuf>) -> Result<(), ConfigError> {
+        let entries = std::fs::read_dir(dir)
+            .map_err(|e| ConfigError::new(dir, None, format!("cannot read: {e}")))?;
+        let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        paths.sort();
+        for path in paths {
+            let hidden = path
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with('.'));
+            if hidden {
+                continue;
+            }
+            if path.is_dir() {
+                walk(&path, files)?;
+            } else {
+                files.push(path);
+            }
+        }
+        Ok(())
+    }
+    let mut files = Vec::new();
+    for path in paths {
+        if path.is_dir() {
+            walk(path, &mut files)?;
+        } else {
+            files.push(path.clone());
+        }
+    }
+    Ok(files)
+}
+
+/// Loads and merges the files `paths` name (see [`files_of`]; each native or Envoy). With
+/// `MERGE_DOMAIN_CONFIG` (the Envoy service's setting), files of one domain merge.
 ///
 /// # Errors
 /// The first file that cannot be read or is invalid, with the place and the reason; also two
 /// files that both set `server` or `store`, two rules of one id, two domains of one name.
-pub fn load(files: &[PathBuf]) -> Result<Config, ConfigError> {
+pub fn load(paths: &[PathBuf]) -> Result<Config, ConfigError> {
+    let files = files_of(paths)?;
     let mut texts = Vec::with_capacity(files.len());
-    for file in files {
+    for file in &files {
         let text = std::fs::read_to_string(file)
             .map_err(|e| ConfigError::new(file, None, format!("cannot read: {e}")))?;
         texts.push((file.clone(), text));
@@ -391,7 +432,9 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Config, ConfigError> {
     let (mut server, mut store) = (None, None);
     let mut specs: Vec<RuleSpec> = Vec::new();
     let mut routes: Vec<Route> = Vec::new();
-    let mut domains: Vec<Domain> = Vec::new();
+    // Each domain's name, its nodes so far and the domain they make.
+    let mut domains: Vec<(String, Vec<Node>, Domain)> = Vec::new();
+    let merge = env_flag("MERGE_DOMAIN_CONFIG")?;
     let mut places = Places {
         first: Some(texts[0].0.clone()),
         ..Places::default()
@@ -426,24 +469,50 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Config, ConfigError> {
             places.rules.insert(spec.id.clone(), place(file, at));
             specs.push(spec);
         }
-        if let Some(domain) = parsed.domain {
-            if domains.iter().any(|d| d.name() == domain.name()) {
-                return Err(ConfigError::new(
-                    file,
-                    None,
-                    format!("duplicate domain '{}' in config file", domain.name()),
-                ));
+        if let Some((name, nodes)) = parsed.domain {
+            match domains.iter_mut().find(|(n, _, _)| *n == name) {
+                Some((_, merged, domain)) if merge => {
+                    // Built again with this file's nodes, so that a key this file repeats
+                    // is this file's error.
+                    merged.extend(nodes);
+                    *domain = envoy::build(file, &name, merged.clone())?;
+                }
+                Some(_) => {
+                    return Err(ConfigError::new(
+                        file,
+                        None,
+                        format!("duplicate domain '{name}' in config file"),
+                    ));
+                }
+                None => {
+                    let domain = envoy::build(file, &name, nodes.clone())?;
+                    domains.push((name, nodes, domain));
+                }
             }
-            domains.push(domain);
         }
     }
+    let domains = domains.into_iter().map(|(_, _, domain)| domain).collect();
     let engine =
         Engine::new(routes, domains).map_err(|e| ConfigError::new(&texts[0].0, None, e))?;
-    let mut server = server.unwrap_or_default();
+    // The environment's settings of the Envoy service where no file sets these sections.
+    let mut server = match server {
+        Some(server) => server,
+        None => server_from_env()?,
+    };
     server.envoy = EnvoySettings::from_env()?;
+    let store = match store {
+        Some(store) => store,
+        None => store_from_env()?.unwrap_or_default(),
+    };
+    if let (StoreConfig::Redis { .. }, None) = (&store, &places.store) {
+        places.store = Some(Place {
+            file: PathBuf::from("environment"),
+            at: None,
+        });
+    }
     Ok(Config {
         server,
-        store: store.unwrap_or_default(),
+        store,
         specs,
         engine,
         places,
@@ -466,6 +535,116 @@ pub fn env_flag(name: &str) -> Result<bool, ConfigError> {
             format!("{name}={other}: expected true or false"),
         )),
     }
+}
+
+/// A setting of the environment, `None` when unset or empty.
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// An error in the environment setting `name`.
+fn env_error(name: &str, message: impl fmt::Display) -> ConfigError {
+    ConfigError::new(Path::new("environment"), None, format!("{name}: {message}"))
+}
+
+/// The listeners' addresses from the Envoy service's settings: `PORT` (and `HOST`, read only
+/// with `PORT`: shells often set it to the machine's name) for HTTP, `GRPC_PORT` or
+/// `GRPC_HOST` for gRPC, with its defaults (`0.0.0.0`, 8080 and 8081) for the others; else
+/// tollgate's defaults (loopback). A host may be a name, resolved now.
+///
+/// # Errors
+/// A setting that is not a host or a port, naming it.
+fn server_from_env() -> Result<ServerConfig, ConfigError> {
+    let mut server = ServerConfig::default();
+    let address = |host_setting: &str, port_setting: &str, default: u16| {
+        let host = env(host_setting).unwrap_or_else(|| "0.0.0.0".into());
+        let port: u16 = match env(port_setting) {
+            Some(p) => p
+                .parse()
+                .map_err(|_| env_error(port_setting, format!("`{p}` is not a port")))?,
+            None => default,
+        };
+        use std::net::ToSocketAddrs;
+        (host.as_str(), port)
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut found| found.next())
+            .ok_or_else(|| env_error(host_setting, format!("`{host}` is not an address")))
+    };
+    if env("PORT").is_some() {
+        server.http = address("HOST", "PORT", 8080)?;
+    }
+    if env("GRPC_HOST").is_some() || env("GRPC_PORT").is_some() {
+        server.grpc = Some(address("GRPC_HOST", "GRPC_PORT", 8081)?);
+    }
+    Ok(server)
+}
+
+/// A strict Redis store from the Envoy service's settings, when `REDIS_URL` is set:
+/// `REDIS_SOCKET_TYPE` (`tcp` or `unix`), `REDIS_TYPE` (`SINGLE`, or `CLUSTER` with the nodes
+/// separated by commas), `REDIS_AUTH` (`password` or `user:password`) and `REDIS_TLS`.
+/// `BACKEND_TYPE` other than `redis` is refused: memcache is not a store of tollgate's.
+///
+/// # Errors
+/// A setting tollgate cannot honour, naming it.
+fn store_from_env() -> Result<Option<StoreConfig>, ConfigError> {
+    if let Some(backend) = env("BACKEND_TYPE")
+        && !backend.eq_ignore_ascii_case("redis")
+    {
+        return Err(env_error(
+            "BACKEND_TYPE",
+            format!("`{backend}` is not a store of tollgate's (redis is)"),
+        ));
+    }
+    let Some(url) = env("REDIS_URL") else {
+        return Ok(None);
+    };
+    let tls = env_flag("REDIS_TLS")?;
+    let auth = match env("REDIS_AUTH") {
+        Some(auth) if auth.contains(':') => format!("{auth}@"),
+        Some(password) => format!(":{password}@"),
+        None => String::new(),
+    };
+    let unix = match env("REDIS_SOCKET_TYPE").as_deref() {
+        None | Some("unix") => true,
+        Some("tcp") => false,
+        Some(other) => {
+            return Err(env_error(
+                "REDIS_SOCKET_TYPE",
+                format!("`{other}`: expected tcp or unix"),
+            ));
+        }
+    };
+    let scheme = if tls { "rediss" } else { "redis" };
+    let at = |node: &str| format!("{scheme}://{auth}{}", node.trim());
+    let (url, cluster) = match env("REDIS_TYPE")
+        .unwrap_or_else(|| "SINGLE".into())
+        .to_ascii_uppercase()
+        .as_str()
+    {
+        "SINGLE" if unix => (Some(format!("redis+unix://{url}")), Vec::new()),
+        "SINGLE" => (Some(at(&url)), Vec::new()),
+        "CLUSTER" if !unix => (None, url.split(',').map(at).collect()),
+        other => {
+            return Err(env_error(
+                "REDIS_TYPE",
+                format!(
+                    "`{other}` with REDIS_SOCKET_TYPE {}: tollgate connects to a single server \
+                     (tcp or unix) or a cluster (tcp)",
+                    if unix { "unix" } else { "tcp" }
+                ),
+            ));
+        }
+    };
+    Ok(Some(StoreConfig::Redis {
+        url,
+        cluster,
+        mode: RedisMode::Strict,
+        timeout: Duration::from_millis(20),
+        instances: 1,
+        sync_interval: Duration::from_secs(1),
+        max_unclaimed: None,
+    }))
 }
 
 /// A header name from the environment setting `name`, `default` when unset or empty.

@@ -54,6 +54,16 @@ impl Server {
     /// As [`start`](Self::start), run by `wrapper` (a command and its arguments, such as
     /// `prlimit --nofile=256:256`), if any.
     pub fn start_under(wrapper: &[&str], files: &[(&str, &str)], args: &[&str]) -> Self {
+        // Port 0: the server binds free ports itself and logs them, so no other process can
+        // take a port between its choice and its bind.
+        let mut all = vec!["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"];
+        all.extend_from_slice(args);
+        Self::start_as_given(wrapper, files, &all)
+    }
+
+    /// As [`start_under`](Self::start_under), listening where the files and the environment
+    /// say (no `--http` or `--grpc` of its own).
+    pub fn start_as_given(wrapper: &[&str], files: &[(&str, &str)], args: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let binary = env!("CARGO_BIN_EXE_tollgate");
         let mut command = match wrapper {
@@ -70,10 +80,7 @@ impl Server {
             std::fs::write(&path, text).unwrap();
             command.arg("--config").arg(path);
         }
-        // Port 0: the server binds free ports itself and logs them, so no other process can
-        // take a port between its choice and its bind.
         command
-            .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
             .args(args)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
@@ -232,6 +239,16 @@ impl Redis {
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// What `redis-cli` prints for `args` against this server.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli is installed");
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 }
 
