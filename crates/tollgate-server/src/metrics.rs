@@ -23,7 +23,14 @@
 //!   it found no room for, decided by their rule's failure policy;
 //! - `tollgate_redis_calls_saved`: decisions taken without a Redis call (hybrid, lease);
 //! - `tollgate_connections_open`, `tollgate_connections_evicted_total`: connections of both
-//!   listeners open now, and closed so far to make room for new ones at the cap.
+//!   listeners open now, and closed so far to make room for new ones at the cap;
+//! - for Envoy domains, the Envoy ratelimit service's statistics as its Prometheus mapping
+//!   names them, so that its dashboards and alerts keep working:
+//!   `ratelimit_service_rate_limit_{total_hits,over_limit,near_limit,within_limit,shadow_mode}`
+//!   with the labels `domain`, `key1` and, for descriptors of two entries or more, `key2`
+//!   (hits, not requests: a request of `hits_addend` 5 counts 5). Per-value names (detailed
+//!   metrics, limits sent with a descriptor) take at most 1,000 label sets, then
+//!   `key1="_other"`.
 
 use std::collections::HashSet;
 use std::sync::{LazyLock, RwLock};
@@ -108,6 +115,128 @@ impl RuleMetrics {
     }
 }
 
+/// The counters of one Envoy limit's statistics (see the module documentation).
+#[derive(Debug, Clone)]
+pub struct EnvoyStats {
+    total_hits: Counter,
+    over_limit: Counter,
+    near_limit: Counter,
+    within_limit: Counter,
+    shadow_mode: Counter,
+}
+
+/// What one descriptor's check did, for its statistics.
+#[derive(Debug, Clone, Copy)]
+pub struct Hits {
+    /// Hits the descriptor asked for.
+    pub hits: u64,
+    /// Its limit (permits per unit).
+    pub limit: u64,
+    /// Its window's count after these hits, when known (within the limit); `None` when over.
+    pub after: Option<u64>,
+    /// Over the limit, and in shadow mode.
+    pub shadow: bool,
+    /// The near-limit ratio (`NEAR_LIMIT_RATIO`, 0.8 by default).
+    pub near_ratio: f32,
+}
+
+impl EnvoyStats {
+    /// Registers the statistics named `name` (`domain.key1.key2...`, as the Envoy service
+    /// names them); the recorder must be installed first.
+    pub fn new(name: &str) -> Self {
+        let sanitized = sanitize(name);
+        let mut parts = sanitized.split('.');
+        let domain = parts.next().unwrap_or_default().to_string();
+        let key1 = parts.next().unwrap_or_default().to_string();
+        let key2 = parts.next().map(str::to_string);
+        let counter = |what: &str| {
+            let name = format!("ratelimit_service_rate_limit_{what}");
+            match &key2 {
+                Some(key2) => {
+                    counter!(name, "domain" => domain.clone(), "key1" => key1.clone(), "key2" => key2.clone())
+                }
+                None => counter!(name, "domain" => domain.clone(), "key1" => key1.clone()),
+            }
+        };
+        Self {
+            total_hits: counter("total_hits"),
+            over_limit: counter("over_limit"),
+            near_limit: counter("near_limit"),
+            within_limit: counter("within_limit"),
+            shadow_mode: counter("shadow_mode"),
+        }
+    }
+
+    /// The statistics named `name`, not registered ahead (detailed metrics, limits sent with a
+    /// descriptor), within [`MAX_DETAILED_LABELS`] names (then `domain._other`; the decision's
+    /// own series counts the fold).
+    pub fn of(name: &str) -> Self {
+        let label = label_within_bound(name);
+        if label == "_other" {
+            let domain = name.split('.').next().unwrap_or_default();
+            return Self::new(&format!("{domain}._other"));
+        }
+        Self::new(name)
+    }
+
+    /// Records one descriptor's check as the Envoy service counts it: every hit in
+    /// `total_hits`; hits within the limit in `within_limit`, those past the near-limit
+    /// threshold also in `near_limit`; hits over the limit in `over_limit` (a request over the
+    /// limit counts all its hits there), and in `shadow_mode` too when the limit is in
+    /// shadow mode.
+    pub fn record(&self, h: Hits) {
+        self.total_hits.increment(h.hits);
+        match h.after {
+            Some(after) => {
+                self.within_limit.increment(h.hits);
+                let near = (h.limit as f32 * h.near_ratio).floor() as u64;
+                let before = after.saturating_sub(h.hits);
+                if after > near {
+                    self.near_limit.increment(after - near.max(before));
+                }
+            }
+            None => {
+                self.over_limit.increment(h.hits);
+                if h.shadow {
+                    self.shadow_mode.increment(h.hits);
+                }
+            }
+        }
+    }
+}
+
+/// A statistics name as the Envoy service sanitizes it for statsd: `:` and `|` become `_`,
+/// and the dots of an IPv4 address too.
+fn sanitize(name: &str) -> String {
+    let name = name.replace([':', '|'], "_");
+    // The dots of dotted quads: a run of four numeric parts joined by `_`.
+    let parts: Vec<&str> = name.split('.').collect();
+    let mut out: Vec<String> = Vec::with_capacity(parts.len());
+    let mut i = 0;
+    while i < parts.len() {
+        let quad = i + 4 <= parts.len() && (0..4).all(|j| is_octet(parts[i + j], j == 0));
+        if quad {
+            out.push(parts[i..i + 4].join("_"));
+            i += 4;
+        } else {
+            out.push(parts[i].to_string());
+            i += 1;
+        }
+    }
+    out.join(".")
+}
+
+/// Whether `part` ends (the first of a quad) or is (the others) an octet of an address: the
+/// first may carry a key in front (`remote_address_10`).
+fn is_octet(part: &str, first: bool) -> bool {
+    let digits = if first {
+        part.rsplit('_').next().unwrap_or(part)
+    } else {
+        part
+    };
+    !digits.is_empty() && digits.len() <= 3 && digits.bytes().all(|b| b.is_ascii_digit())
+}
+
 /// The most distinct `rule` labels that decisions recorded under names not registered ahead
 /// (Envoy's detailed metrics, one per descriptor value) may create; beyond, decisions are
 /// recorded under `rule="_other"` and counted in `tollgate_metric_series_folded_total`, so that
@@ -117,8 +246,18 @@ pub const MAX_DETAILED_LABELS: usize = 1_000;
 /// The label values given out so far for names not registered ahead.
 static DETAILED: LazyLock<RwLock<HashSet<String>>> = LazyLock::new(RwLock::default);
 
-/// The `rule` label for `name`: itself while fewer than [`MAX_DETAILED_LABELS`] are given out.
+/// The `rule` label for `name`: itself while fewer than [`MAX_DETAILED_LABELS`] are given out;
+/// a name folded into `_other` is counted.
 fn detailed_label(name: &str) -> String {
+    let label = label_within_bound(name);
+    if label == "_other" {
+        counter!("tollgate_metric_series_folded_total").increment(1);
+    }
+    label
+}
+
+/// The label for `name`, as [`detailed_label`], without counting a fold.
+fn label_within_bound(name: &str) -> String {
     let known = |set: &HashSet<String>| set.contains(name);
     if known(&DETAILED.read().unwrap_or_else(|e| e.into_inner())) {
         return name.to_string();
@@ -128,7 +267,6 @@ fn detailed_label(name: &str) -> String {
         labels.insert(name.to_string());
         return name.to_string();
     }
-    counter!("tollgate_metric_series_folded_total").increment(1);
     "_other".to_string()
 }
 

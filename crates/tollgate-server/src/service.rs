@@ -18,7 +18,7 @@ use tollgate::{
 };
 
 use crate::config::{self, Config, ConfigError, EnvoySettings, RedisMode, RuleSpec, StoreConfig};
-use crate::metrics::{self, RuleMetrics};
+use crate::metrics::{self, EnvoyStats, Hits, RuleMetrics};
 use crate::shared::{Overlay, SharedRules};
 
 /// Rules as loaded: the engine that matches requests and the limiter that holds the rules.
@@ -34,6 +34,8 @@ pub struct Loaded {
     pub config: Config,
     /// Each rule's counters, by rule name (looked up on every decision: a fast hash).
     metrics: HashMap<&'static str, RuleMetrics, foldhash::fast::RandomState>,
+    /// The Envoy service's statistics of each configured limit, by name.
+    envoy_stats: HashMap<String, EnvoyStats, foldhash::fast::RandomState>,
 }
 
 /// The service: see the module documentation. Cheap to share behind an `Arc`.
@@ -424,7 +426,7 @@ impl Service {
             });
         };
         let mut hits = found.hits(descriptors.iter().map(|(d, _, limit)| (d, *limit)));
-        let (mut items, mut names, mut costs) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut items, mut names) = (Vec::new(), Vec::new());
         for (hit, (_, cost, _)) in hits.iter_mut().zip(descriptors) {
             if let DescriptorHit::Limited { hit, metric, .. } = hit {
                 if hit.key.len() > tollgate::MAX_KEY_LEN {
@@ -432,7 +434,6 @@ impl Service {
                 }
                 items.push(hit.item(*cost));
                 names.push(metric.take());
-                costs.push(*cost);
             }
         }
         // Whether the checked descriptors' hits were counted.
@@ -446,7 +447,8 @@ impl Service {
             decisions.iter().copied().collect()
         } else {
             // Each apart, so that each counts; sent together, so that Redis gets them in one
-            // write.
+            // write, unless a descriptor comes twice: then in order, so that the first
+            // counts first (9, then 8), as Envoy's service pipelines them.
             let checks = items.iter().zip(&names).map(|(item, name)| {
                 self.check_items(
                     &loaded,
@@ -454,38 +456,84 @@ impl Service {
                     Some(std::slice::from_ref(name)),
                 )
             });
+            let twice = items.iter().enumerate().any(|(i, a)| {
+                items[..i]
+                    .iter()
+                    .any(|b| a.rule == b.rule && a.key == b.key)
+            });
             let mut decisions = Vec::with_capacity(items.len());
-            for outcome in futures_util::future::join_all(checks).await {
-                decisions.extend(outcome?.decisions.iter().copied());
+            if twice {
+                for check in checks {
+                    decisions.extend(check.await?.decisions.iter().copied());
+                }
+            } else {
+                for outcome in futures_util::future::join_all(checks).await {
+                    decisions.extend(outcome?.decisions.iter().copied());
+                }
             }
             decisions
         };
         // The items borrow from `hits`, which is consumed next.
         drop(items);
-        let mut decisions = decisions.into_iter().zip(costs);
+        let mut decisions = decisions.into_iter();
+        let near_ratio = loaded.config.server.envoy.near_ratio;
+        let record = |name: &str, hits: Hits| match loaded.envoy_stats.get(name) {
+            Some(stats) => stats.record(hits),
+            None => EnvoyStats::of(name).record(hits),
+        };
         let outcomes: Vec<DescriptorOutcome> = hits
             .into_iter()
-            .map(|hit| match hit {
+            .zip(descriptors)
+            .map(|(hit, (_, cost, _))| match hit {
                 DescriptorHit::None => DescriptorOutcome::None,
                 DescriptorHit::Unlimited(_) => DescriptorOutcome::Unlimited,
-                DescriptorHit::Blocked(limit) => DescriptorOutcome::Blocked {
-                    limit: limit.clone(),
-                    reset_after: window_left(limit.unit.1),
-                },
+                DescriptorHit::Blocked { limit, stats } => {
+                    let (hits, shadow) = (*cost, limit.shadow);
+                    record(
+                        stats,
+                        Hits {
+                            hits,
+                            limit: 0,
+                            after: None,
+                            shadow,
+                            near_ratio,
+                        },
+                    );
+                    DescriptorOutcome::Blocked {
+                        limit: limit.clone(),
+                        reset_after: window_left(limit.unit.1),
+                    }
+                }
                 DescriptorHit::Limited {
-                    limit, overridden, ..
+                    limit,
+                    overridden,
+                    stats,
+                    ..
                 } => match decisions.next() {
-                    Some((decision, cost)) => {
+                    Some(decision) => {
                         let (over, remaining) = if overridden {
                             Domain::over(&limit, &decision)
                         } else if counted || !decision.allowed() {
-                            (!decision.allowed(), decision.remaining())
+                            (
+                                !decision.allowed() || decision.shadowed(),
+                                decision.remaining(),
+                            )
                         } else {
                             // Within its limit in a request over another: not counted.
-                            let left = decision.remaining().saturating_add(cost);
+                            let left = decision.remaining().saturating_add(*cost);
                             (false, left.min(limit.requests_per_unit))
                         };
                         let shadow = limit.shadow;
+                        let per_unit = limit.requests_per_unit;
+                        let after = (!over).then(|| per_unit.saturating_sub(remaining));
+                        let hits = Hits {
+                            hits: *cost,
+                            limit: per_unit,
+                            after,
+                            shadow,
+                            near_ratio,
+                        };
+                        record(&stats, hits);
                         DescriptorOutcome::Checked {
                             limit: limit.into_owned(),
                             decision,
@@ -597,12 +645,19 @@ fn build(config: Config, store: &AnyStore) -> Result<Loaded, Error> {
         .rules()
         .map(|r| (r.name(), RuleMetrics::new(r.name())))
         .collect();
+    let envoy_stats = config
+        .engine
+        .domains()
+        .flat_map(|d| d.stats_names())
+        .map(|name| (name.to_string(), EnvoyStats::new(name)))
+        .collect();
     Ok(Loaded {
         engine: config.engine.clone(),
         limiter,
         specs: config.specs.clone(),
         config,
         metrics,
+        envoy_stats,
     })
 }
 

@@ -166,6 +166,13 @@ descriptors:
   - key: path
     value: /static*
     rate_limit: { unit: hour, requests_per_unit: 3 }
+  - key: tenant
+    descriptors:
+      - key: path
+        rate_limit: { unit: hour, requests_per_unit: 5 }
+  - key: ip
+    detailed_metric: true
+    rate_limit: { unit: hour, requests_per_unit: 5 }
 ";
 
 /// Where the counters live: every expectation holds on each.
@@ -965,4 +972,64 @@ async fn its_ports_and_redis_from_the_environment() {
     );
     assert_eq!(code, 1);
     assert!(err.contains("BACKEND_TYPE: `memcache`"), "{err}");
+}
+
+/// The value of the series `name` with every label of `labels` in a Prometheus text
+/// exposition, 0 when absent.
+fn series(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .filter(|l| {
+            let (inside, _) = l.split_once('}').unwrap();
+            let count = inside.matches('=').count();
+            count == labels.len()
+                && labels
+                    .iter()
+                    .all(|(k, v)| inside.contains(&format!("{k}=\"{v}\"")))
+        })
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
+/// Its statistics under the names its Prometheus mapping gives them: hits (not requests)
+/// within, near and over the limit, and in shadow mode, by domain and the first two keys.
+#[tokio::test]
+async fn its_statistics_for_its_dashboards() {
+    let server = Server::start(&[("shop.yaml", SHOP)], &[]);
+    let mut rls = Rls::connect(&server).await;
+    for _ in 0..25 {
+        rls.one(descriptor(&[("cart", "one")]), 1).await;
+    }
+    rls.one(descriptor(&[("tenant", "t"), ("path", "/p")]), 2)
+        .await;
+    rls.one(descriptor(&[("dim", "x")]), 3).await;
+    rls.one(descriptor(&[("ip", "10.0.0.1")]), 1).await;
+    let text = reqwest::get(format!("{}/metrics", server.http))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let stat = |what: &str, labels: &[(&str, &str)]| {
+        series(
+            &text,
+            &format!("ratelimit_service_rate_limit_{what}"),
+            labels,
+        )
+    };
+    let cart = [("domain", "shop"), ("key1", "cart")];
+    // 20 per minute: 20 within (the last 4 past 80% of it), 5 over.
+    assert_eq!(stat("total_hits", &cart), 25.0, "{text}");
+    assert_eq!(stat("within_limit", &cart), 20.0);
+    assert_eq!(stat("near_limit", &cart), 4.0);
+    assert_eq!(stat("over_limit", &cart), 5.0);
+    let nested = [("domain", "shop"), ("key1", "tenant"), ("key2", "path")];
+    assert_eq!(stat("total_hits", &nested), 2.0);
+    // Shadow mode: 3 hits over a limit of 2, counted over and in shadow mode.
+    let dim = [("domain", "shop"), ("key1", "dim")];
+    assert_eq!(stat("within_limit", &dim), 0.0);
+    assert_eq!(stat("shadow_mode", &dim), 3.0);
+    // Detailed metrics name the value, an address's dots as underscores.
+    let ip = [("domain", "shop"), ("key1", "ip_10_0_0_1")];
+    assert_eq!(stat("total_hits", &ip), 1.0);
 }

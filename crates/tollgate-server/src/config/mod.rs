@@ -20,7 +20,7 @@ pub use duration::parse_duration;
 pub use native::{RuleSpec, parse_algorithm, parse_rule_spec};
 
 /// Where the service listens and what it accepts.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ServerConfig {
     /// HTTP (check, auth, admin, metrics, health); loopback unless configured.
     pub http: SocketAddr,
@@ -44,7 +44,7 @@ pub struct ServerConfig {
 
 /// The Envoy ratelimit service's settings that change how its domains are answered, read
 /// from the environment under its names (see [`EnvoySettings::from_env`]).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct EnvoySettings {
     /// When a descriptor of a request is over its limit, the others' hits are not counted
     /// (by default every descriptor counts its hits): `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`.
@@ -61,6 +61,22 @@ pub struct EnvoySettings {
     /// `LIMIT_RESET_HEADER`, `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset`
     /// by default.
     pub response_headers: Option<[String; 3]>,
+    /// The share of a limit past which admitted hits count as near it in the statistics:
+    /// `NEAR_LIMIT_RATIO`, 0.8 by default.
+    pub near_ratio: f32,
+}
+
+impl Default for EnvoySettings {
+    fn default() -> Self {
+        Self {
+            stop_when_over: false,
+            shadow_mode: false,
+            quota_mode: false,
+            healthy_with_config: false,
+            response_headers: None,
+            near_ratio: 0.8,
+        }
+    }
 }
 
 /// The settings the Envoy ratelimit service reads from its environment that tollgate does not
@@ -94,7 +110,6 @@ const ENVOY_SETTINGS_NOT_READ: &[&str] = &[
     "RUNTIME_WATCH_ROOT",
     "EXPIRATION_JITTER_MAX_SECONDS",
     "LOCAL_CACHE_SIZE_IN_BYTES",
-    "NEAR_LIMIT_RATIO",
     "CACHE_KEY_PREFIX",
     "REDIS_POOL_SIZE",
     "REDIS_TLS_CLIENT_CERT",
@@ -140,6 +155,16 @@ impl EnvoySettings {
                 ])
             } else {
                 None
+            },
+            near_ratio: match env("NEAR_LIMIT_RATIO") {
+                None => 0.8,
+                Some(ratio) => ratio
+                    .parse::<f32>()
+                    .ok()
+                    .filter(|r| (0.0..=1.0).contains(r))
+                    .ok_or_else(|| {
+                        env_error("NEAR_LIMIT_RATIO", format!("`{ratio}`: expected 0 to 1"))
+                    })?,
             },
         })
     }

@@ -123,7 +123,12 @@ pub enum DescriptorHit<'a> {
     Unlimited(&'a NodeLimit),
     /// Its node allows 0 requests per unit: always over the limit (unless in shadow mode),
     /// counted nowhere.
-    Blocked(&'a NodeLimit),
+    Blocked {
+        /// The node's limit.
+        limit: &'a NodeLimit,
+        /// The name of its statistics (see `Limited`'s).
+        stats: &'a str,
+    },
     /// Its node's rule and the counter key, with the limit as configured.
     Limited {
         /// The rule and counter key to check.
@@ -136,6 +141,11 @@ pub enum DescriptorHit<'a> {
         /// The limit came with the descriptor: its rule counts without a limit of its own
         /// (see [`Domain::over`]).
         overridden: bool,
+        /// The name the Envoy service gives its statistics: the domain and the node's
+        /// composite keys (`shop.cart_add.user`), each entry's value in place of a key alone
+        /// where the node asks for detailed metrics, or the descriptor's entries for a limit
+        /// sent with it.
+        stats: Cow<'a, str>,
     },
 }
 
@@ -201,6 +211,8 @@ impl Pattern {
 
 #[derive(Debug, Clone)]
 struct Built {
+    /// The name of its statistics: the domain and the composite keys down to it.
+    stats: String,
     limit: Option<NodeLimit>,
     /// The node's rule, when it has a limit that is not `unlimited` nor 0.
     rule: Option<&'static str>,
@@ -304,6 +316,7 @@ fn build_level(path: &str, nodes: Vec<Node>, rules: &mut Vec<Rule>) -> Result<Le
         };
         let children = build_level(&here, node.children, rules)?;
         level.nodes.push(Built {
+            stats: here,
             limit: node.limit,
             rule,
             shared,
@@ -369,6 +382,22 @@ impl Domain {
         self.rules.iter()
     }
 
+    /// The statistics names of its nodes with a limit that is not `unlimited` (see
+    /// [`DescriptorHit::Limited`]'s `stats`), in the order configured.
+    pub fn stats_names(&self) -> Vec<&str> {
+        fn walk<'a>(level: &'a Level, names: &mut Vec<&'a str>) {
+            for node in &level.nodes {
+                if node.limit.as_ref().is_some_and(|l| !l.unlimited) {
+                    names.push(&node.stats);
+                }
+                walk(&node.children, names);
+            }
+        }
+        let mut names = Vec::new();
+        walk(&self.top, &mut names);
+        names
+    }
+
     /// How many of its nodes have a limit that is checked (neither `unlimited` nor 0).
     pub fn limits(&self) -> usize {
         self.rules.len() - self.overrides.len()
@@ -392,7 +421,9 @@ impl Domain {
             .iter()
             .flat_map(|hit| match hit {
                 DescriptorHit::None => &[][..],
-                DescriptorHit::Unlimited(limit) | DescriptorHit::Blocked(limit) => &limit.replaces,
+                DescriptorHit::Unlimited(limit) | DescriptorHit::Blocked { limit, .. } => {
+                    &limit.replaces
+                }
                 DescriptorHit::Limited { limit, .. } => &limit.replaces,
             })
             .cloned()
@@ -400,7 +431,7 @@ impl Domain {
         if !replaced.is_empty() {
             for hit in &mut hits {
                 let named = match hit {
-                    DescriptorHit::Blocked(limit) => limit.name.as_deref(),
+                    DescriptorHit::Blocked { limit, .. } => limit.name.as_deref(),
                     DescriptorHit::Limited { limit, .. } => limit.name.as_deref(),
                     DescriptorHit::None | DescriptorHit::Unlimited(_) => None,
                 };
@@ -455,6 +486,7 @@ impl Domain {
                 ),
                 ..NodeLimit::default()
             }),
+            stats: Cow::Owned(metric.clone()),
             metric: Some(metric),
             overridden: true,
         }
@@ -474,13 +506,23 @@ impl Domain {
             if i + 1 == descriptor.len() {
                 return match (&node.limit, node.rule) {
                     (Some(limit), _) if limit.unlimited => DescriptorHit::Unlimited(limit),
-                    (Some(limit), None) => DescriptorHit::Blocked(limit),
-                    (Some(limit), Some(rule)) => DescriptorHit::Limited {
-                        hit: Hit { rule, key },
-                        limit: Cow::Borrowed(limit),
-                        metric: detailed.then(|| self.metric(descriptor)),
-                        overridden: false,
+                    (Some(limit), None) => DescriptorHit::Blocked {
+                        limit,
+                        stats: &node.stats,
                     },
+                    (Some(limit), Some(rule)) => {
+                        let metric = detailed.then(|| self.metric(descriptor));
+                        DescriptorHit::Limited {
+                            hit: Hit { rule, key },
+                            limit: Cow::Borrowed(limit),
+                            stats: match &metric {
+                                Some(metric) => Cow::Owned(metric.clone()),
+                                None => Cow::Borrowed(&node.stats),
+                            },
+                            metric,
+                            overridden: false,
+                        }
+                    }
                     _ => DescriptorHit::None,
                 };
             }
@@ -683,7 +725,10 @@ mod tests {
         ));
         assert!(matches!(
             hits(&domain, &[d(&[("blocked", "x")])])[0],
-            DescriptorHit::Blocked(_)
+            DescriptorHit::Blocked {
+                stats: "d.blocked",
+                ..
+            }
         ));
         let both = hits(&domain, &[d(&[("all", "x")]), d(&[("special", "y")])]);
         assert_eq!(both[0], DescriptorHit::None);
@@ -726,6 +771,7 @@ mod tests {
                     limit,
                     overridden: true,
                     metric,
+                    ..
                 } => {
                     assert_eq!(hit.rule, "d.limit_override_hour");
                     assert_eq!(limit.unit.0, "hour");
