@@ -79,9 +79,14 @@ where
     }
 
     fn call(&mut self, request: axum::http::Request<B>) -> Self::Future {
-        let in_flight = request
-            .extensions()
+        let extensions = request.extensions();
+        let in_flight = extensions
             .get::<ConnectInfo>()
+            .or_else(|| {
+                extensions
+                    .get::<tonic::transport::server::TlsConnectInfo<ConnectInfo>>()
+                    .map(|tls| tls.get_ref())
+            })
             .map(|c| c.tracked.begin());
         Guarded {
             answer: self.0.call(request),
@@ -127,6 +132,23 @@ where
         }
         std::task::Poll::Ready(answer)
     }
+}
+
+/// The TLS settings of the gRPC listener from `tls`'s files.
+///
+/// # Errors
+/// A file that cannot be read, named.
+pub fn tls(tls: &crate::config::GrpcTls) -> anyhow::Result<tonic::transport::ServerTlsConfig> {
+    use anyhow::Context as _;
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))
+    };
+    let identity = tonic::transport::Identity::from_pem(read(&tls.cert)?, read(&tls.key)?);
+    let mut config = tonic::transport::ServerTlsConfig::new().identity(identity);
+    if let Some(ca) = &tls.client_ca {
+        config = config.client_ca_root(tonic::transport::Certificate::from_pem(read(ca)?));
+    }
+    Ok(config)
 }
 
 /// Keeps the gRPC health service (`grpc.health.v1.Health`) saying what the Envoy service's

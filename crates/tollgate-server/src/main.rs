@@ -381,8 +381,18 @@ async fn serve(
             let shutdown = stopped(stop_rx.clone());
             let (reporter, health) = tonic_health::server::health_reporter();
             tokio::spawn(grpc::report_health(service.clone(), reporter));
+            let mut builder = tonic::transport::Server::builder();
+            if let Some(tls) = &server.grpc_tls {
+                builder = builder.tls_config(grpc::tls(tls)?)?;
+                let mutual = if tls.client_ca.is_some() {
+                    "mutual TLS"
+                } else {
+                    "TLS"
+                };
+                tracing::info!("gRPC over {mutual}");
+            }
             Some(tokio::spawn(async move {
-                tonic::transport::Server::builder()
+                builder
                     .layer(grpc::GuardsLayer)
                     .add_service(health)
                     .add_service(svc)

@@ -244,6 +244,23 @@ fn fresh(name: &str) -> String {
 struct Rls(RateLimitServiceClient<Channel>);
 
 impl Rls {
+    /// A plain-text call to `server`: an error when it is not answered.
+    async fn try_connect(server: &Server) -> Result<(), String> {
+        let mut client = RateLimitServiceClient::connect(server.grpc.clone())
+            .await
+            .map_err(|e| e.to_string())?;
+        let request = RateLimitRequest {
+            domain: "shop".into(),
+            descriptors: vec![descriptor(&[("checkout", "plain")])],
+            hits_addend: 1,
+        };
+        client
+            .should_rate_limit(request)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
     async fn connect(server: &Server) -> Self {
         Self(
             RateLimitServiceClient::connect(server.grpc.clone())
@@ -1032,4 +1049,128 @@ async fn its_statistics_for_its_dashboards() {
     // Detailed metrics name the value, an address's dots as underscores.
     let ip = [("domain", "shop"), ("key1", "ip_10_0_0_1")];
     assert_eq!(stat("total_hits", &ip), 1.0);
+}
+
+/// PEM files of a throwaway CA, a server certificate it signed (for `localhost` and
+/// 127.0.0.1) and a client certificate it signed, written to `dir`: (ca, cert, key,
+/// client cert, client key).
+fn certificates(dir: &std::path::Path) -> [std::path::PathBuf; 5] {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let leaf = |names: Vec<String>| {
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(names)
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        (cert.pem(), key.serialize_pem())
+    };
+    let (server_cert, server_key) = leaf(vec!["localhost".into(), "127.0.0.1".into()]);
+    let (client_cert, client_key) = leaf(vec!["envoy".into()]);
+    let files = [
+        ("ca.pem", ca.pem()),
+        ("server.pem", server_cert),
+        ("server.key", server_key),
+        ("client.pem", client_cert),
+        ("client.key", client_key),
+    ];
+    files.map(|(name, text)| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    })
+}
+
+/// TLS and mutual TLS on the gRPC listener, from its settings (`GRPC_SERVER_USE_TLS`,
+/// `GRPC_SERVER_TLS_CERT`, `GRPC_SERVER_TLS_KEY`, `GRPC_CLIENT_TLS_CACERT`): a client that
+/// trusts the CA is answered; with mutual TLS, only one presenting a certificate the CA
+/// signed. `GRPC_CLIENT_TLS_SAN`, which tollgate does not check, stops it at start.
+#[tokio::test]
+async fn grpc_over_tls_and_mutual_tls() {
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+    let dir = tempfile::tempdir().unwrap();
+    let [ca, cert, key, client_cert, client_key] = certificates(dir.path());
+    let setting = |name: &str, path: &std::path::Path| format!("{name}={}", path.display());
+    let (cert_setting, key_setting) = (
+        setting("GRPC_SERVER_TLS_CERT", &cert),
+        setting("GRPC_SERVER_TLS_KEY", &key),
+    );
+    let ca_setting = setting("GRPC_CLIENT_TLS_CACERT", &ca);
+    let trust = || {
+        ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(std::fs::read(&ca).unwrap()))
+            .domain_name("localhost")
+    };
+    let ask = |url: String, tls: ClientTlsConfig| async move {
+        let url = url.replace("http://", "https://");
+        let channel = Endpoint::from_shared(url)
+            .unwrap()
+            .tls_config(tls)
+            .unwrap()
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut client = RateLimitServiceClient::new(channel);
+        let request = RateLimitRequest {
+            domain: "shop".into(),
+            descriptors: vec![descriptor(&[("checkout", &fresh("tls"))])],
+            hits_addend: 1,
+        };
+        client
+            .should_rate_limit(request)
+            .await
+            .map(|r| r.into_inner().statuses[0].limit_remaining)
+            .map_err(|e| e.to_string())
+    };
+
+    let tls = Server::start_under(
+        &[
+            "env",
+            "GRPC_SERVER_USE_TLS=true",
+            &cert_setting,
+            &key_setting,
+        ],
+        &[("shop.yaml", SHOP)],
+        &[],
+    );
+    assert_eq!(ask(tls.grpc.clone(), trust()).await, Ok(9));
+    // Plain text to a TLS listener is not answered.
+    assert!(Rls::try_connect(&tls).await.is_err());
+
+    let mutual = Server::start_under(
+        &[
+            "env",
+            "GRPC_SERVER_USE_TLS=true",
+            &cert_setting,
+            &key_setting,
+            &ca_setting,
+        ],
+        &[("shop.yaml", SHOP)],
+        &[],
+    );
+    assert!(
+        ask(mutual.grpc.clone(), trust()).await.is_err(),
+        "no client certificate"
+    );
+    let identity = Identity::from_pem(
+        std::fs::read(&client_cert).unwrap(),
+        std::fs::read(&client_key).unwrap(),
+    );
+    assert_eq!(
+        ask(mutual.grpc.clone(), trust().identity(identity)).await,
+        Ok(9)
+    );
+
+    let file = dir.path().join("shop.yaml");
+    std::fs::write(&file, SHOP).unwrap();
+    let (code, _, err) = support::run_with_env(
+        &[("GRPC_CLIENT_TLS_SAN", "envoy")],
+        &["validate", file.to_str().unwrap()],
+    );
+    assert_eq!(code, 1);
+    assert!(err.contains("GRPC_CLIENT_TLS_SAN"), "{err}");
 }

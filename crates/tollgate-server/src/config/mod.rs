@@ -40,6 +40,51 @@ pub struct ServerConfig {
     /// How Envoy domains are answered: the Envoy ratelimit service's settings, read from
     /// the environment under its names.
     pub envoy: EnvoySettings,
+    /// TLS on the gRPC listener, when set.
+    pub grpc_tls: Option<GrpcTls>,
+}
+
+/// TLS on the gRPC listener: the server's certificate chain and key (PEM files), and, for
+/// mutual TLS, the CA whose certificates clients must present. From the Envoy service's
+/// `GRPC_SERVER_USE_TLS`, `GRPC_SERVER_TLS_CERT`, `GRPC_SERVER_TLS_KEY` and
+/// `GRPC_CLIENT_TLS_CACERT`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrpcTls {
+    /// The certificate chain (PEM).
+    pub cert: PathBuf,
+    /// The private key (PEM).
+    pub key: PathBuf,
+    /// The CA clients' certificates must chain to; `None`: clients present none.
+    pub client_ca: Option<PathBuf>,
+}
+
+/// TLS on the gRPC listener from the environment (see [`GrpcTls`]).
+///
+/// # Errors
+/// `GRPC_SERVER_USE_TLS` without a certificate or key, or `GRPC_CLIENT_TLS_SAN`, which
+/// tollgate does not check (a client allowed by its CA is not refused for its name).
+fn grpc_tls_from_env() -> Result<Option<GrpcTls>, ConfigError> {
+    if env("GRPC_CLIENT_TLS_SAN").is_some() {
+        return Err(env_error(
+            "GRPC_CLIENT_TLS_SAN",
+            "tollgate does not check the name in a client's certificate; any client whose \
+             certificate GRPC_CLIENT_TLS_CACERT's CA signed is admitted: unset it, or give \
+             that CA to these clients alone",
+        ));
+    }
+    if !env_flag("GRPC_SERVER_USE_TLS")? {
+        return Ok(None);
+    }
+    let file = |name: &str| {
+        env(name)
+            .map(PathBuf::from)
+            .ok_or_else(|| env_error(name, "GRPC_SERVER_USE_TLS needs it"))
+    };
+    Ok(Some(GrpcTls {
+        cert: file("GRPC_SERVER_TLS_CERT")?,
+        key: file("GRPC_SERVER_TLS_KEY")?,
+        client_ca: env("GRPC_CLIENT_TLS_CACERT").map(PathBuf::from),
+    }))
 }
 
 /// The Envoy ratelimit service's settings that change how its domains are answered, read
@@ -87,11 +132,6 @@ const ENVOY_SETTINGS_NOT_READ: &[&str] = &[
     "GRPC_UDS",
     "GRPC_MAX_CONNECTION_AGE",
     "GRPC_MAX_CONNECTION_AGE_GRACE",
-    "GRPC_SERVER_USE_TLS",
-    "GRPC_SERVER_TLS_CERT",
-    "GRPC_SERVER_TLS_KEY",
-    "GRPC_CLIENT_TLS_CACERT",
-    "GRPC_CLIENT_TLS_SAN",
     "LOG_LEVEL",
     "LOG_FORMAT",
     "CONFIG_TYPE",
@@ -180,6 +220,7 @@ impl Default for ServerConfig {
             grpc_response_headers: false,
             connections: Limits::default(),
             envoy: EnvoySettings::default(),
+            grpc_tls: None,
         }
     }
 }
@@ -525,6 +566,7 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Config, ConfigError> {
         None => server_from_env()?,
     };
     server.envoy = EnvoySettings::from_env()?;
+    server.grpc_tls = grpc_tls_from_env()?;
     let store = match store {
         Some(store) => store,
         None => store_from_env()?.unwrap_or_default(),

@@ -413,6 +413,7 @@ pub(super) fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
                     .grpc_response_headers
                     .unwrap_or(defaults.grpc_response_headers),
                 envoy: defaults.envoy.clone(),
+                grpc_tls: None,
                 connections: Limits {
                     max_connections: s
                         .max_connections
