@@ -1174,3 +1174,49 @@ async fn grpc_over_tls_and_mutual_tls() {
     assert_eq!(code, 1);
     assert!(err.contains("GRPC_CLIENT_TLS_SAN"), "{err}");
 }
+
+/// Its integration test's sequence on two servers sharing one Redis, as its own runs it:
+/// the requests alternate between them and count as on one.
+#[tokio::test]
+async fn two_servers_on_one_redis_count_as_one() {
+    let redis = Redis::start();
+    let store = format!(
+        "store: {{ kind: redis, url: '{}', mode: strict, timeout: 1s }}\n",
+        redis.url()
+    );
+    let files = [("shop.yaml", SHOP), ("store.yaml", store.as_str())];
+    let (a, b) = (Server::start(&files, &[]), Server::start(&files, &[]));
+    let mut clients = [Rls::connect(&a).await, Rls::connect(&b).await];
+    let cart = fresh("cart");
+    for i in 0..25u32 {
+        let (overall, status) = clients[i as usize % 2]
+            .one(descriptor(&[("cart", &cart)]), 1)
+            .await;
+        let (code, remaining) = if i >= 20 {
+            (OVER, 0)
+        } else {
+            (OK, 20 - (i + 1))
+        };
+        assert_eq!(
+            (overall, seen(&status)),
+            (code, (code, 20, remaining)),
+            "hit {i}"
+        );
+    }
+    let (cart, checkout) = (fresh("cart"), fresh("checkout"));
+    for i in 0..15u32 {
+        let both = vec![
+            descriptor(&[("cart", &cart)]),
+            descriptor(&[("checkout", &checkout)]),
+        ];
+        let response = clients[i as usize % 2].ask("shop", both, 1).await;
+        assert_eq!(seen(&response.statuses[0]), (OK, 20, 20 - (i + 1)), "{i}");
+        let over = i >= 10;
+        let checkout = if over {
+            (OVER, 10, 0)
+        } else {
+            (OK, 10, 10 - (i + 1))
+        };
+        assert_eq!(seen(&response.statuses[1]), checkout, "{i}");
+    }
+}
