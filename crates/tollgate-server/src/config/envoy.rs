@@ -45,10 +45,8 @@ struct Descriptor {
     quota_mode: bool,
     #[serde(default)]
     detailed_metric: bool,
-    /// Names statistics by the value a request sent: statistics' names only, which the
-    /// Prometheus labels carry anyway.
-    #[serde(default, rename = "value_to_metric")]
-    _value_to_metric: bool,
+    #[serde(default)]
+    value_to_metric: bool,
     #[serde(default)]
     share_threshold: bool,
     /// Returned to Envoy as dynamic metadata only when the Envoy service is asked to
@@ -187,6 +185,7 @@ fn nodes(file: &Path, descriptors: Vec<Spanned<Descriptor>>) -> Result<Vec<Node>
                 limit,
                 detailed_metric: d.detailed_metric,
                 share_threshold: d.share_threshold,
+                value_to_metric: d.value_to_metric,
                 children,
             })
         })

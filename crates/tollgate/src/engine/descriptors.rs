@@ -59,6 +59,9 @@ pub struct Node {
     pub detailed_metric: bool,
     /// For a pattern value: every value it matches shares one counter.
     pub share_threshold: bool,
+    /// Statistics name the value a request sent where this node matches a key alone or a
+    /// pattern (without `share_threshold`), in place of the node's own name.
+    pub value_to_metric: bool,
     /// Nodes for the next entry.
     pub children: Vec<Node>,
 }
@@ -218,7 +221,11 @@ struct Built {
     rule: Option<&'static str>,
     /// The pattern, when the node matches one and its values share one counter.
     shared: Option<String>,
+    /// The value the node matches as configured (exactly or as a pattern); `None` for a key
+    /// alone.
+    value: Option<String>,
     detailed_metric: bool,
+    value_to_metric: bool,
     children: Level,
 }
 
@@ -320,7 +327,9 @@ fn build_level(path: &str, nodes: Vec<Node>, rules: &mut Vec<Rule>) -> Result<Le
             limit: node.limit,
             rule,
             shared,
+            value: node.value,
             detailed_metric: node.detailed_metric,
+            value_to_metric: node.value_to_metric,
             children,
         });
     }
@@ -496,6 +505,9 @@ impl Domain {
         let mut level = &self.top;
         let mut key = Vec::new();
         let mut detailed = false;
+        // The statistics name with the values `value_to_metric` asks for, if any node does.
+        let mut valued = self.name.clone();
+        let mut by_value = false;
         for (i, entry) in descriptor.iter().enumerate() {
             let Some(node) = level.find(entry) else {
                 return DescriptorHit::None;
@@ -503,6 +515,22 @@ impl Domain {
             push_part(&mut key, entry.key.as_bytes());
             push_part(&mut key, node.value(entry).as_bytes());
             detailed |= node.detailed_metric;
+            let pattern = node.value.as_deref().filter(|v| v.contains('*'));
+            let shown = match (&node.value, pattern, &node.shared) {
+                (_, Some(pattern), Some(_)) => pattern,
+                (_, Some(_), None) if node.value_to_metric => entry.value.as_str(),
+                (_, Some(pattern), None) => pattern,
+                (Some(_), None, _) => entry.value.as_str(),
+                (None, _, _) if node.value_to_metric => entry.value.as_str(),
+                (None, _, _) => "",
+            };
+            by_value |= node.value_to_metric && (node.value.is_none() || node.shared.is_none());
+            valued.push('.');
+            valued.push_str(&entry.key);
+            if !shown.is_empty() {
+                valued.push('_');
+                valued.push_str(shown);
+            }
             if i + 1 == descriptor.len() {
                 return match (&node.limit, node.rule) {
                     (Some(limit), _) if limit.unlimited => DescriptorHit::Unlimited(limit),
@@ -517,6 +545,7 @@ impl Domain {
                             limit: Cow::Borrowed(limit),
                             stats: match &metric {
                                 Some(metric) => Cow::Owned(metric.clone()),
+                                None if by_value => Cow::Owned(valued),
                                 None => Cow::Borrowed(&node.stats),
                             },
                             metric,
@@ -784,6 +813,54 @@ mod tests {
         assert_ne!(own.key, keys[0]);
         assert_ne!(keys[0], keys[1]);
         assert_ne!(keys[0], keys[2]);
+    }
+
+    fn stats_of(hit: &DescriptorHit<'_>) -> String {
+        match hit {
+            DescriptorHit::Limited { stats, .. } => stats.to_string(),
+            DescriptorHit::Blocked { stats, .. } => stats.to_string(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn value_to_metric_names_the_values_where_it_is_set() {
+        let valued = |key: &str, value: Option<&str>, children| {
+            let mut n = node(key, value, None, children);
+            n.value_to_metric = true;
+            n
+        };
+        let mut leaf = node("subject_id", None, limit(60, "minute"), vec![]);
+        let route = valued(
+            "route",
+            None,
+            vec![valued("http_method", None, vec![leaf.clone()])],
+        );
+        leaf.key = "k".into();
+        let wild = valued("path", Some("/api/*"), vec![leaf]);
+        let mut shared = node("files", Some("f/*"), limit(1, "minute"), vec![]);
+        shared.share_threshold = true;
+        shared.value_to_metric = true;
+        let plain = node("plain", None, limit(1, "minute"), vec![]);
+        let domain = DomainBuilder::new("domain")
+            .build(vec![route, wild, shared, plain])
+            .unwrap();
+        let name = |e: &[(&str, &str)]| stats_of(&hits(&domain, &[d(e)])[0]);
+        assert_eq!(
+            name(&[
+                ("route", "draw"),
+                ("http_method", "GET"),
+                ("subject_id", "123")
+            ]),
+            "domain.route_draw.http_method_GET.subject_id"
+        );
+        assert_eq!(
+            name(&[("path", "/api/users"), ("k", "v")]),
+            "domain.path_/api/users.k"
+        );
+        // share_threshold keeps the pattern; nodes without the flag keep their own name.
+        assert_eq!(name(&[("files", "f/a")]), "domain.files_f/*");
+        assert_eq!(name(&[("plain", "x")]), "domain.plain");
     }
 
     #[test]
