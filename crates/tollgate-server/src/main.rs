@@ -365,14 +365,9 @@ async fn serve(
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    let grpc_task = match grpc_addr {
-        Some(addr) => {
-            let grpc_listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("cannot listen on {addr}"))?;
-            let addr = grpc_listener.local_addr()?;
-            tracing::info!(%addr, "gRPC (Envoy rate limit service) listening");
-            let incoming = connections::incoming(registry.clone(), grpc_listener);
+    let grpc_task = match (grpc_addr, server.grpc_uds.clone()) {
+        (None, None) => None,
+        (addr, uds) => {
             let svc = grpc::server(
                 service.clone(),
                 grpc_response_headers,
@@ -391,16 +386,41 @@ async fn serve(
                 };
                 tracing::info!("gRPC over {mutual}");
             }
-            Some(tokio::spawn(async move {
-                builder
-                    .layer(grpc::GuardsLayer)
-                    .add_service(health)
-                    .add_service(svc)
-                    .serve_with_incoming_shutdown(incoming, shutdown)
-                    .await
-            }))
+            let router = builder
+                .layer(grpc::GuardsLayer)
+                .add_service(health)
+                .add_service(svc);
+            match (uds, addr) {
+                (Some(path), _) => {
+                    // A socket file left by a process that ended is in the way.
+                    let _ = std::fs::remove_file(&path);
+                    let listener = tokio::net::UnixListener::bind(&path)
+                        .with_context(|| format!("cannot listen on {}", path.display()))?;
+                    let addr = format!("unix:{}", path.display());
+                    tracing::info!(%addr, "gRPC (Envoy rate limit service) listening");
+                    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+                    Some(tokio::spawn(async move {
+                        router
+                            .serve_with_incoming_shutdown(incoming, shutdown)
+                            .await
+                    }))
+                }
+                (None, Some(addr)) => {
+                    let grpc_listener = tokio::net::TcpListener::bind(addr)
+                        .await
+                        .with_context(|| format!("cannot listen on {addr}"))?;
+                    let addr = grpc_listener.local_addr()?;
+                    tracing::info!(%addr, "gRPC (Envoy rate limit service) listening");
+                    let incoming = connections::incoming(registry.clone(), grpc_listener);
+                    Some(tokio::spawn(async move {
+                        router
+                            .serve_with_incoming_shutdown(incoming, shutdown)
+                            .await
+                    }))
+                }
+                (None, None) => None,
+            }
         }
-        None => None,
     };
     let terminated = terminated()?;
     let hangups = hangups(service.clone())?;

@@ -1220,3 +1220,38 @@ async fn two_servers_on_one_redis_count_as_one() {
         assert_eq!(seen(&response.statuses[1]), checkout, "{i}");
     }
 }
+
+/// `GRPC_UDS`: gRPC on a Unix socket instead of a TCP port, as its sidecar deployments use.
+#[tokio::test]
+async fn grpc_on_a_unix_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("ratelimit.sock");
+    // A socket file left by an earlier process does not stop it.
+    std::fs::write(&socket, "").unwrap();
+    let setting = format!("GRPC_UDS={}", socket.display());
+    let server = Server::start_under(&["env", &setting], &[("shop.yaml", SHOP)], &[]);
+    assert!(server.grpc.contains("unix:"), "{}", server.grpc);
+    let path = socket.clone();
+    let channel = tonic::transport::Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+            let path = path.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        }))
+        .await
+        .unwrap();
+    let mut client = RateLimitServiceClient::new(channel);
+    let request = RateLimitRequest {
+        domain: "shop".into(),
+        descriptors: vec![descriptor(&[("checkout", &fresh("uds"))])],
+        hits_addend: 1,
+    };
+    let answer = client
+        .should_rate_limit(request)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.statuses[0].limit_remaining, 9);
+}

@@ -42,6 +42,8 @@ pub struct ServerConfig {
     pub envoy: EnvoySettings,
     /// TLS on the gRPC listener, when set.
     pub grpc_tls: Option<GrpcTls>,
+    /// gRPC on this Unix socket instead of a TCP address: the Envoy service's `GRPC_UDS`.
+    pub grpc_uds: Option<PathBuf>,
 }
 
 /// TLS on the gRPC listener: the server's certificate chain and key (PEM files), and, for
@@ -129,7 +131,6 @@ impl Default for EnvoySettings {
 const ENVOY_SETTINGS_NOT_READ: &[&str] = &[
     "DEBUG_HOST",
     "DEBUG_PORT",
-    "GRPC_UDS",
     "GRPC_MAX_CONNECTION_AGE",
     "GRPC_MAX_CONNECTION_AGE_GRACE",
     "LOG_LEVEL",
@@ -221,6 +222,7 @@ impl Default for ServerConfig {
             connections: Limits::default(),
             envoy: EnvoySettings::default(),
             grpc_tls: None,
+            grpc_uds: None,
         }
     }
 }
@@ -567,6 +569,7 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Config, ConfigError> {
     };
     server.envoy = EnvoySettings::from_env()?;
     server.grpc_tls = grpc_tls_from_env()?;
+    server.grpc_uds = env("GRPC_UDS").map(PathBuf::from);
     let store = match store {
         Some(store) => store,
         None => store_from_env()?.unwrap_or_default(),

@@ -414,6 +414,7 @@ pub(super) fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
                     .unwrap_or(defaults.grpc_response_headers),
                 envoy: defaults.envoy.clone(),
                 grpc_tls: None,
+                grpc_uds: None,
                 connections: Limits {
                     max_connections: s
                         .max_connections
