@@ -94,6 +94,16 @@ fn files_it_refuses_are_refused_with_its_messages() {
         ),
         // bad_yaml.yaml
         ("'''\n", "envoy.yaml"),
+        // non_map_list.yaml
+        (
+            "domain: shop\ndescriptors:\n  - a\n  - b\n",
+            "3:5: config error, yaml file contains list of type other than map",
+        ),
+        // non_string_key.yaml: it says the key is not a string; tollgate, that it is unknown
+        (
+            "0.25: shop\ndescriptors:\n  - key: cart\n",
+            "config error, unknown key '0.25'",
+        ),
     ];
     for (text, says) in cases {
         let (code, out) = validate("envoy.yaml", text);
@@ -116,6 +126,11 @@ fn files_it_loads_are_loaded() {
         "domain: shop\ndescriptors:\n  - key: cart\n    quota_mode: true\n    value_to_metric: true\n    detailed_metric: true\n    shadow_mode: true\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n",
         // wildcard.yaml: trailing, middle and repeated stars, share_threshold on each
         "domain: shop\ndescriptors:\n  - key: sku\n    value: tv*\n    rate_limit: { unit: minute, requests_per_unit: 20 }\n  - key: sku\n    value: tv*4k\n    share_threshold: true\n    rate_limit: { unit: minute, requests_per_unit: 20 }\n  - key: path\n    value: /api*v1*items\n    share_threshold: true\n    rate_limit: { unit: minute, requests_per_unit: 10 }\n",
+        // examples/ratelimit/config/example.yaml: a document marker, a node with
+        // detailed_metric and no limit, shadow_mode beside a limit
+        "---\ndomain: shop\ndescriptors:\n  - key: cart\n    rate_limit: { unit: minute, requests_per_unit: 1 }\n    shadow_mode: true\n  - key: unspec\n    detailed_metric: true\n",
+        // share_threshold.yaml: share_threshold on a node without a limit, above one
+        "domain: shop\ndescriptors:\n  - key: user\n    value: user/*\n    share_threshold: true\n    descriptors:\n      - key: action\n        rate_limit: { unit: minute, requests_per_unit: 150 }\n",
         // a limit of 0 that another replaces, an unlimited limit that replaces
         "domain: shop\ndescriptors:\n  - key: cart\n    rate_limit: { name: zero, unit: minute, requests_per_unit: 0 }\n  - key: vip\n    rate_limit: { unlimited: true, replaces: [{ name: zero }] }\n",
     ];

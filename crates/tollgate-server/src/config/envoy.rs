@@ -104,6 +104,10 @@ fn yaml(file: &Path, err: &serde_saphyr::Error) -> ConfigError {
         && let Some((field, expected)) = rest.split_once('`')
     {
         error.message = format!("config error, unknown key '{field}'{expected}");
+    } else if error.message.starts_with("expected mapping start") {
+        error.message = "config error, yaml file contains list of type other than map: each \
+                         descriptor is a mapping (`- key: ...`)"
+            .into();
     }
     error
 }

@@ -436,12 +436,13 @@ pub fn runtime_directory() -> PathBuf {
 
 /// The rule files `paths` name: a file itself, a directory every file below it (in name
 /// order; files and directories whose names start with `.` left out, as editors' and
-/// Kubernetes' own are).
+/// Kubernetes' own are, unless `RUNTIME_IGNOREDOTFILES` is set to false).
 ///
 /// # Errors
-/// A path that cannot be read.
+/// A path that cannot be read, or `RUNTIME_IGNOREDOTFILES` that is not a boolean.
 pub fn files_of(paths: &[PathBuf]) -> Result<Vec<PathBuf>, ConfigError> {
-    fn walk(dir: &Path, files: &mut Vec<PathBuf>) -> Result<(), ConfigError> {
+    let hidden_too = env_flag_set("RUNTIME_IGNOREDOTFILES")? == Some(false);
+    fn walk(dir: &Path, files: &mut Vec<PathBuf>, hidden_too: bool) -> Result<(), ConfigError> {
         let entries = std::fs::read_dir(dir)
             .map_err(|e| ConfigError::new(dir, None, format!("cannot read: {e}")))?;
         let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
@@ -450,11 +451,11 @@ pub fn files_of(paths: &[PathBuf]) -> Result<Vec<PathBuf>, ConfigError> {
             let hidden = path
                 .file_name()
                 .is_some_and(|n| n.to_string_lossy().starts_with('.'));
-            if hidden {
+            if hidden && !hidden_too {
                 continue;
             }
             if path.is_dir() {
-                walk(&path, files)?;
+                walk(&path, files, hidden_too)?;
             } else {
                 files.push(path);
             }
@@ -464,7 +465,7 @@ pub fn files_of(paths: &[PathBuf]) -> Result<Vec<PathBuf>, ConfigError> {
     let mut files = Vec::new();
     for path in paths {
         if path.is_dir() {
-            walk(path, &mut files)?;
+            walk(path, &mut files, hidden_too)?;
         } else {
             files.push(path.clone());
         }
@@ -595,10 +596,19 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Config, ConfigError> {
 /// # Errors
 /// Any other value, naming the setting.
 pub fn env_flag(name: &str) -> Result<bool, ConfigError> {
+    Ok(env_flag_set(name)?.unwrap_or(false))
+}
+
+/// As [`env_flag`], `None` when unset or empty.
+///
+/// # Errors
+/// A value that is not a boolean, naming the setting.
+fn env_flag_set(name: &str) -> Result<Option<bool>, ConfigError> {
     let value = std::env::var(name).unwrap_or_default();
     match value.as_str() {
-        "" | "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
-        "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
+        "" => Ok(None),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(Some(false)),
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(Some(true)),
         other => Err(ConfigError::new(
             Path::new("environment"),
             None,
