@@ -18,7 +18,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use envoy_types::pb::google::protobuf::value::Kind;
+use envoy_types::pb::google::protobuf::{Duration as ProtoDuration, ListValue, Struct, Value};
+use std::collections::HashMap;
 use tollgate::Decision;
 use tollgate::engine::{Descriptor, LimitOverride, NodeLimit, descriptor};
 use tonic::{Request, Response, Status};
@@ -341,12 +343,148 @@ pub async fn answer(
         None if fields => response_headers(&DescriptorOutcome::decisions(&answer.outcomes)),
         None => Vec::new(),
     };
+    let dynamic_metadata = answer
+        .dynamic_metadata
+        .then(|| metadata(&request, &answer.outcomes, &statuses));
     Ok(RateLimitResponse {
         overall_code: overall as i32,
         statuses,
         response_headers_to_add,
+        dynamic_metadata,
         ..RateLimitResponse::default()
     })
+}
+
+/// The dynamic metadata the Envoy service answers with `RESPONSE_DYNAMIC_METADATA`: the
+/// domain, each descriptor (its entries as `key=value`, its own limit, its hits) and the
+/// request's hits, and the `metadata` of every limit that passed, merged (a key met twice
+/// keeps its first value, unless both are maps, which merge).
+fn metadata(
+    request: &RateLimitRequest,
+    outcomes: &[DescriptorOutcome],
+    statuses: &[DescriptorStatus],
+) -> Struct {
+    let mut fields = HashMap::new();
+    fields.insert("domain".to_string(), string(&request.domain));
+    let descriptors = request
+        .descriptors
+        .iter()
+        .map(|d| {
+            let mut fields = HashMap::new();
+            let entries = d
+                .entries
+                .iter()
+                .map(|e| string(&format!("{}={}", e.key, e.value)))
+                .collect();
+            fields.insert("entries".to_string(), list(entries));
+            if let Some(limit) = &d.limit {
+                let unit = Unit::try_from(limit.unit).unwrap_or(Unit::Unknown);
+                let text = format!(
+                    "requests_per_unit:{} unit:{}",
+                    limit.requests_per_unit,
+                    unit.as_str_name()
+                );
+                fields.insert("limit".to_string(), string(&text));
+            }
+            if let Some(hits) = &d.hits_addend {
+                fields.insert("hitsAddend".to_string(), number(hits.value as f64));
+            }
+            structure(Struct { fields })
+        })
+        .collect();
+    fields.insert("descriptors".to_string(), list(descriptors));
+    if request.hits_addend != 0 {
+        fields.insert(
+            "hitsAddend".to_string(),
+            number(f64::from(request.hits_addend)),
+        );
+    }
+    let mut passed = Struct::default();
+    for (outcome, status) in outcomes.iter().zip(statuses) {
+        let limit = match outcome {
+            DescriptorOutcome::Checked { limit, .. } | DescriptorOutcome::Blocked { limit, .. } => {
+                limit
+            }
+            DescriptorOutcome::None | DescriptorOutcome::Unlimited => continue,
+        };
+        if status.code == Code::OverLimit as i32 {
+            continue;
+        }
+        if let Some(json) = &limit.metadata
+            && let Ok(serde_json::Value::Object(map)) = serde_json::from_str(json)
+        {
+            merge(&mut passed, from_json_map(map));
+        }
+    }
+    if !passed.fields.is_empty() {
+        fields.insert("metadata".to_string(), structure(passed));
+    }
+    Struct { fields }
+}
+
+fn string(s: &str) -> Value {
+    Value {
+        kind: Some(Kind::StringValue(s.to_string())),
+    }
+}
+
+fn number(n: f64) -> Value {
+    Value {
+        kind: Some(Kind::NumberValue(n)),
+    }
+}
+
+fn list(values: Vec<Value>) -> Value {
+    Value {
+        kind: Some(Kind::ListValue(ListValue { values })),
+    }
+}
+
+fn structure(s: Struct) -> Value {
+    Value {
+        kind: Some(Kind::StructValue(s)),
+    }
+}
+
+fn from_json_map(map: serde_json::Map<String, serde_json::Value>) -> Struct {
+    Struct {
+        fields: map.into_iter().map(|(k, v)| (k, from_json(v))).collect(),
+    }
+}
+
+fn from_json(value: serde_json::Value) -> Value {
+    use serde_json::Value as J;
+    let kind = match value {
+        J::Null => Kind::NullValue(0),
+        J::Bool(b) => Kind::BoolValue(b),
+        J::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or_default()),
+        J::String(s) => Kind::StringValue(s),
+        J::Array(items) => Kind::ListValue(ListValue {
+            values: items.into_iter().map(from_json).collect(),
+        }),
+        J::Object(map) => Kind::StructValue(from_json_map(map)),
+    };
+    Value { kind: Some(kind) }
+}
+
+/// Merges `from` into `into`: keys `into` lacks are added; maps under one key merge.
+fn merge(into: &mut Struct, from: Struct) {
+    for (key, value) in from.fields {
+        match (into.fields.get_mut(&key), value) {
+            (None, value) => {
+                into.fields.insert(key, value);
+            }
+            (
+                Some(Value {
+                    kind: Some(Kind::StructValue(old)),
+                }),
+                Value {
+                    kind: Some(Kind::StructValue(new)),
+                },
+            ) => merge(old, new),
+            (Some(_), _) => {}
+        }
+    }
 }
 
 /// The three headers the Envoy service asks Envoy to add with `LIMIT_RESPONSE_HEADERS_ENABLED`

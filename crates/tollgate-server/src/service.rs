@@ -94,6 +94,8 @@ pub struct EnvoyAnswer {
     /// The names of the rate limit headers to ask Envoy to add, when the Envoy service's
     /// `LIMIT_RESPONSE_HEADERS_ENABLED` asks for them.
     pub response_headers: Option<[String; 3]>,
+    /// Whether the answer carries dynamic metadata (`RESPONSE_DYNAMIC_METADATA`).
+    pub dynamic_metadata: bool,
 }
 
 /// What each descriptor of an Envoy request got, as the Envoy ratelimit service answers it.
@@ -423,6 +425,7 @@ impl Service {
                 outcomes: vec![DescriptorOutcome::None; descriptors.len()],
                 over: false,
                 response_headers: loaded.config.server.envoy.response_headers.clone(),
+                dynamic_metadata: loaded.config.server.envoy.dynamic_metadata,
             });
         };
         let mut hits = found.hits(descriptors.iter().map(|(d, _, limit)| (d, *limit)));
@@ -550,6 +553,7 @@ impl Service {
             outcomes,
             over,
             response_headers: loaded.config.server.envoy.response_headers.clone(),
+            dynamic_metadata: loaded.config.server.envoy.dynamic_metadata,
         })
     }
 

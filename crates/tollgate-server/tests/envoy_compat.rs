@@ -1270,3 +1270,67 @@ async fn grpc_on_a_unix_socket() {
         .into_inner();
     assert_eq!(answer.statuses[0].limit_remaining, 9);
 }
+
+/// `RESPONSE_DYNAMIC_METADATA`: answers carry the request and the `metadata` of the limits
+/// that passed, merged, as its service gives them; none without the setting.
+#[tokio::test]
+async fn dynamic_metadata() {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    let file = "\
+domain: shop
+descriptors:
+  - key: cart
+    rate_limit: { unit: hour, requests_per_unit: 1 }
+    metadata: { owner: carts, team: { name: checkout } }
+  - key: pay
+    rate_limit: { unit: hour, requests_per_unit: 5 }
+    metadata: { owner: payments, team: { oncall: alice } }
+";
+    let plain = Server::start(&[("shop.yaml", file)], &[]);
+    let answer = Rls::connect(&plain)
+        .await
+        .ask("shop", vec![descriptor(&[("cart", &fresh("c"))])], 1)
+        .await;
+    assert_eq!(answer.dynamic_metadata, None);
+
+    let server = Server::start_under(
+        &["env", "RESPONSE_DYNAMIC_METADATA=true"],
+        &[("shop.yaml", file)],
+        &[],
+    );
+    let mut rls = Rls::connect(&server).await;
+    let cart = fresh("c");
+    let both = || vec![descriptor(&[("cart", &cart)]), descriptor(&[("pay", "p")])];
+    let text = |v: &envoy_types::pb::google::protobuf::Value| match &v.kind {
+        Some(Kind::StringValue(s)) => s.clone(),
+        other => panic!("{other:?}"),
+    };
+    let fields = |s: &envoy_types::pb::google::protobuf::Value| match &s.kind {
+        Some(Kind::StructValue(s)) => s.fields.clone(),
+        other => panic!("{other:?}"),
+    };
+    let first = rls.ask("shop", both(), 1).await.dynamic_metadata.unwrap();
+    assert_eq!(text(&first.fields["domain"]), "shop");
+    let metadata = fields(&first.fields["metadata"]);
+    // Both passed: the first's owner wins, the teams merge.
+    assert_eq!(text(&metadata["owner"]), "carts");
+    let team = fields(&metadata["team"]);
+    assert_eq!(
+        (text(&team["name"]), text(&team["oncall"])),
+        ("checkout".into(), "alice".into())
+    );
+    match &first.fields["descriptors"].kind {
+        Some(Kind::ListValue(list)) => {
+            let entries = &fields(&list.values[0])["entries"];
+            match &entries.kind {
+                Some(Kind::ListValue(e)) => assert_eq!(text(&e.values[0]), format!("cart={cart}")),
+                other => panic!("{other:?}"),
+            }
+        }
+        other => panic!("{other:?}"),
+    }
+    // The cart's limit (1) is spent: only the payment's metadata is merged.
+    let second = rls.ask("shop", both(), 1).await.dynamic_metadata.unwrap();
+    let metadata = fields(&second.fields["metadata"]);
+    assert_eq!(text(&metadata["owner"]), "payments");
+}

@@ -49,10 +49,10 @@ struct Descriptor {
     value_to_metric: bool,
     #[serde(default)]
     share_threshold: bool,
-    /// Returned to Envoy as dynamic metadata only when the Envoy service is asked to
-    /// (`RESPONSE_DYNAMIC_METADATA`, off by default); any map.
-    #[serde(default, rename = "metadata")]
-    _metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Returned to Envoy as dynamic metadata when the limit passes and the service is asked
+    /// to (`RESPONSE_DYNAMIC_METADATA`); any map.
+    #[serde(default)]
+    metadata: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 #[derive(Deserialize)]
@@ -173,6 +173,11 @@ fn nodes(file: &Path, descriptors: Vec<Spanned<Descriptor>>) -> Result<Vec<Node>
                         replaces,
                         shadow: d.shadow_mode,
                         quota: d.quota_mode,
+                        metadata: d
+                            .metadata
+                            .as_ref()
+                            .filter(|m| !m.is_empty())
+                            .map(|m| serde_json::Value::Object(m.clone()).to_string().into()),
                     })
                 }
             };

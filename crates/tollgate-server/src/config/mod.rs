@@ -111,6 +111,9 @@ pub struct EnvoySettings {
     /// The share of a limit past which admitted hits count as near it in the statistics:
     /// `NEAR_LIMIT_RATIO`, 0.8 by default.
     pub near_ratio: f32,
+    /// Answers carry dynamic metadata: the request, and the `metadata` of the limits that
+    /// passed: `RESPONSE_DYNAMIC_METADATA`.
+    pub dynamic_metadata: bool,
 }
 
 impl Default for EnvoySettings {
@@ -122,6 +125,7 @@ impl Default for EnvoySettings {
             healthy_with_config: false,
             response_headers: None,
             near_ratio: 0.8,
+            dynamic_metadata: false,
         }
     }
 }
@@ -163,7 +167,6 @@ const ENVOY_SETTINGS_NOT_READ: &[&str] = &[
     "REDIS_PERSECOND_URL",
     "REDIS_TIMEOUT",
     "MEMCACHE_HOST_PORT",
-    "RESPONSE_DYNAMIC_METADATA",
     "TRACING_ENABLED",
 ];
 
@@ -197,6 +200,7 @@ impl EnvoySettings {
             } else {
                 None
             },
+            dynamic_metadata: env_flag("RESPONSE_DYNAMIC_METADATA")?,
             near_ratio: match env("NEAR_LIMIT_RATIO") {
                 None => 0.8,
                 Some(ratio) => ratio

@@ -85,6 +85,9 @@ pub struct NodeLimit {
     /// Quota mode: a request is over the limit for its quota descriptors only when every one
     /// of them is over.
     pub quota: bool,
+    /// A JSON object the Envoy service returns in its answer's dynamic metadata when this
+    /// limit passes (with its `RESPONSE_DYNAMIC_METADATA`).
+    pub metadata: Option<std::sync::Arc<str>>,
 }
 
 impl NodeLimit {
