@@ -131,6 +131,8 @@ fn files_it_loads_are_loaded() {
         "---\ndomain: shop\ndescriptors:\n  - key: cart\n    rate_limit: { unit: minute, requests_per_unit: 1 }\n    shadow_mode: true\n  - key: unspec\n    detailed_metric: true\n",
         // share_threshold.yaml: share_threshold on a node without a limit, above one
         "domain: shop\ndescriptors:\n  - key: user\n    value: user/*\n    share_threshold: true\n    descriptors:\n      - key: action\n        rate_limit: { unit: minute, requests_per_unit: 150 }\n",
+        // fields written with no value read as their defaults, as its YAML reads them
+        "domain: shop\ndescriptors:\n  - key: cart\n    value:\n    shadow_mode:\n    descriptors:\n    rate_limit:\n      unit: second\n      requests_per_unit:\n      replaces:\n",
         // a limit of 0 that another replaces, an unlimited limit that replaces
         "domain: shop\ndescriptors:\n  - key: cart\n    rate_limit: { name: zero, unit: minute, requests_per_unit: 0 }\n  - key: vip\n    rate_limit: { unlimited: true, replaces: [{ name: zero }] }\n",
     ];

@@ -39,15 +39,15 @@ struct Descriptor {
     rate_limit: Option<RateLimit>,
     #[serde(default)]
     descriptors: Option<Vec<Spanned<Descriptor>>>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     shadow_mode: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     quota_mode: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     detailed_metric: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     value_to_metric: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     share_threshold: bool,
     /// Returned to Envoy as dynamic metadata when the limit passes and the service is asked
     /// to (`RESPONSE_DYNAMIC_METADATA`); any map.
@@ -59,12 +59,12 @@ struct Descriptor {
 #[serde(deny_unknown_fields)]
 struct RateLimit {
     unit: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     requests_per_unit: u64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     unlimited: bool,
     name: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     replaces: Vec<Replaces>,
 }
 
@@ -73,6 +73,16 @@ struct RateLimit {
 struct Replaces {
     #[serde(default)]
     name: Option<String>,
+}
+
+/// A field written with no value (`shadow_mode:`) reads as its default, as in the Envoy
+/// service's YAML.
+fn null_is_default<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
 }
 
 /// Parses one Envoy file into its domain's name and nodes.
