@@ -193,7 +193,8 @@ struct BenchArgs {
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| config::log_level().into()),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -338,6 +339,22 @@ async fn serve(
         );
     }
     let server = service.loaded().config.server.clone();
+    if let Some((addr, path)) = server.prometheus.clone() {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr} (PROMETHEUS_ADDR)"))?;
+        tracing::info!(addr = %listener.local_addr()?, %path, "metrics listening");
+        let (service, handle) = (service.clone(), handle.clone());
+        let render = move || {
+            let (service, handle) = (service.clone(), handle.clone());
+            async move {
+                service.observe();
+                handle.render()
+            }
+        };
+        let app = axum::Router::new().route(&path, axum::routing::get(render));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+    }
     let http_addr = http.unwrap_or(server.http);
     let grpc_addr = grpc.or(server.grpc);
     let grpc_response_headers = grpc_response_headers || server.grpc_response_headers;

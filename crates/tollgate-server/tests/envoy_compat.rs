@@ -1336,3 +1336,74 @@ descriptors:
     let metadata = fields(&second.fields["metadata"]);
     assert_eq!(text(&metadata["owner"]), "payments");
 }
+
+/// `USE_PROMETHEUS` serves the metrics where its scrape configuration looks for them
+/// (`PROMETHEUS_ADDR`, `PROMETHEUS_PATH`); `LOG_LEVEL` sets the log level when `RUST_LOG`
+/// does not.
+#[tokio::test]
+async fn its_metrics_address_and_log_level() {
+    let port = support::free_port();
+    let addr = format!("PROMETHEUS_ADDR=127.0.0.1:{port}");
+    let server = Server::start_under(
+        &[
+            "env",
+            "USE_PROMETHEUS=true",
+            &addr,
+            "PROMETHEUS_PATH=/stats/prometheus",
+        ],
+        &[("shop.yaml", SHOP)],
+        &[],
+    );
+    Rls::connect(&server)
+        .await
+        .one(descriptor(&[("cart", &fresh("m"))]), 1)
+        .await;
+    let url = format!("http://127.0.0.1:{port}/stats/prometheus");
+    let text = reqwest::get(&url).await.unwrap().text().await.unwrap();
+    assert!(
+        text.contains("ratelimit_service_rate_limit_total_hits"),
+        "{text}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("shop.yaml");
+    std::fs::write(&file, SHOP).unwrap();
+    let (code, _, err) = support::run_with_env(
+        &[("USE_PROMETHEUS", "true"), ("PROMETHEUS_ADDR", "nowhere")],
+        &["validate", file.to_str().unwrap()],
+    );
+    assert_eq!(code, 1);
+    assert!(err.contains("PROMETHEUS_ADDR"), "{err}");
+}
+
+/// `LOG_LEVEL=error` (with no `RUST_LOG`) leaves out the start's info lines.
+#[tokio::test]
+async fn its_log_level() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("shop.yaml");
+    std::fs::write(&file, SHOP).unwrap();
+    let (http, grpc) = (support::free_port(), support::free_port());
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["serve", "--config", file.to_str().unwrap()])
+        .args(["--http", &format!("127.0.0.1:{http}")])
+        .args(["--grpc", &format!("127.0.0.1:{grpc}")])
+        .env_remove("RUST_LOG")
+        .env("LOG_LEVEL", "error")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{http}/healthcheck");
+    let mut up = false;
+    for _ in 0..100 {
+        if reqwest::get(&url).await.is_ok() {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    support::signal(child.id(), "TERM");
+    let out = child.wait_with_output().unwrap();
+    assert!(up, "it answered");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(!log.contains("listening"), "{log}");
+}

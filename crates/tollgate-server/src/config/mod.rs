@@ -44,6 +44,10 @@ pub struct ServerConfig {
     pub grpc_tls: Option<GrpcTls>,
     /// gRPC on this Unix socket instead of a TCP address: the Envoy service's `GRPC_UDS`.
     pub grpc_uds: Option<PathBuf>,
+    /// The metrics served on a listener of their own too, at this address and path: the Envoy
+    /// service's `USE_PROMETHEUS`, `PROMETHEUS_ADDR` (`:9090`) and `PROMETHEUS_PATH`
+    /// (`/metrics`). They are on the HTTP listener's `/metrics` anyway.
+    pub prometheus: Option<(SocketAddr, String)>,
 }
 
 /// TLS on the gRPC listener: the server's certificate chain and key (PEM files), and, for
@@ -137,7 +141,6 @@ const ENVOY_SETTINGS_NOT_READ: &[&str] = &[
     "DEBUG_PORT",
     "GRPC_MAX_CONNECTION_AGE",
     "GRPC_MAX_CONNECTION_AGE_GRACE",
-    "LOG_LEVEL",
     "LOG_FORMAT",
     "CONFIG_TYPE",
     "FORCE_START_WITHOUT_INITIAL_CONFIG",
@@ -148,9 +151,6 @@ const ENVOY_SETTINGS_NOT_READ: &[&str] = &[
     "EXTRA_TAGS",
     "STATS_FLUSH_INTERVAL",
     "DISABLE_STATS",
-    "USE_PROMETHEUS",
-    "PROMETHEUS_ADDR",
-    "PROMETHEUS_PATH",
     "PROMETHEUS_MAPPER_YAML",
     "RUNTIME_WATCH_ROOT",
     "EXPIRATION_JITTER_MAX_SECONDS",
@@ -227,6 +227,7 @@ impl Default for ServerConfig {
             envoy: EnvoySettings::default(),
             grpc_tls: None,
             grpc_uds: None,
+            prometheus: None,
         }
     }
 }
@@ -575,6 +576,7 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Config, ConfigError> {
     server.envoy = EnvoySettings::from_env()?;
     server.grpc_tls = grpc_tls_from_env()?;
     server.grpc_uds = env("GRPC_UDS").map(PathBuf::from);
+    server.prometheus = prometheus_from_env()?;
     let store = match store {
         Some(store) => store,
         None => store_from_env()?.unwrap_or_default(),
@@ -618,6 +620,45 @@ fn env_flag_set(name: &str) -> Result<Option<bool>, ConfigError> {
             None,
             format!("{name}={other}: expected true or false"),
         )),
+    }
+}
+
+/// Where `USE_PROMETHEUS` asks for the metrics: `PROMETHEUS_ADDR` (`:9090`, a host left out
+/// meaning every address) and `PROMETHEUS_PATH` (`/metrics`).
+///
+/// # Errors
+/// An address or path that is not one, naming the setting.
+fn prometheus_from_env() -> Result<Option<(SocketAddr, String)>, ConfigError> {
+    if !env_flag("USE_PROMETHEUS")? {
+        return Ok(None);
+    }
+    let addr = env("PROMETHEUS_ADDR").unwrap_or_else(|| ":9090".into());
+    let full = match addr.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => addr.clone(),
+    };
+    let addr: SocketAddr = full
+        .parse()
+        .map_err(|_| env_error("PROMETHEUS_ADDR", format!("`{addr}` is not an address")))?;
+    let path = env("PROMETHEUS_PATH").unwrap_or_else(|| "/metrics".into());
+    if !path.starts_with('/') {
+        return Err(env_error(
+            "PROMETHEUS_PATH",
+            format!("`{path}` does not start with /"),
+        ));
+    }
+    Ok(Some((addr, path)))
+}
+
+/// The log level of the Envoy service's `LOG_LEVEL` (`debug`, `info`, `warn`, `error`, ...),
+/// for when `RUST_LOG` is not set; `info` without either.
+pub fn log_level() -> &'static str {
+    match env("LOG_LEVEL").map(|l| l.to_ascii_lowercase()).as_deref() {
+        Some("trace") => "trace",
+        Some("debug") => "debug",
+        Some("warn" | "warning") => "warn",
+        Some("error" | "fatal" | "panic") => "error",
+        _ => "info",
     }
 }
 

@@ -415,6 +415,7 @@ pub(super) fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
                 envoy: defaults.envoy.clone(),
                 grpc_tls: None,
                 grpc_uds: None,
+                prometheus: None,
                 connections: Limits {
                     max_connections: s
                         .max_connections
