@@ -7,7 +7,7 @@
 //! - `tollgate bench`: loads a running deployment and reports its answers and latency.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -441,7 +441,7 @@ async fn serve(
     };
     let terminated = terminated()?;
     let hangups = hangups(service.clone())?;
-    let _watcher = watch(&files, service.clone());
+    watch(&files, service.clone());
     tokio::spawn(hangups);
     tokio::spawn(service.clone().follow_shared());
     tracing::info!(addr = %listener.local_addr()?, "HTTP listening");
@@ -504,14 +504,58 @@ fn hangups(service: Arc<Service>) -> anyhow::Result<impl std::future::Future<Out
     })
 }
 
+/// What a watched event touched: a rule file (or a file of a rule directory), or a symbolic
+/// link on the way to one (a deployment that swaps `current` to a new directory).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Change {
+    File,
+    Link,
+}
+
 /// Watches the rule files' directories and reloads, a moment after the last change, when one
-/// of the files changed (editors and config maps replace files rather than write them).
-fn watch(files: &[PathBuf], service: Arc<Service>) -> Option<notify::RecommendedWatcher> {
+/// of the files changed (editors and config maps replace files rather than write them). A
+/// symbolic link on the way to them (`RUNTIME_ROOT` pointing at a deployment's directory) is
+/// watched too: when it is swapped, the rules reload from its new target, which is watched
+/// from then on. Lives for as long as the process.
+fn watch(files: &[PathBuf], service: Arc<Service>) {
+    let files = files.to_vec();
+    tokio::spawn(async move {
+        loop {
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Change>();
+            let Some(watcher) = watcher(&files, tx) else {
+                return;
+            };
+            loop {
+                let Some(first) = rx.recv().await else {
+                    return;
+                };
+                // Let a burst of events (write, rename, chmod) settle into one reload.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let mut relinked = first == Change::Link;
+                while let Ok(change) = rx.try_recv() {
+                    relinked |= change == Change::Link;
+                }
+                tracing::info!("a rule file changed: reloading");
+                let _ = service.reload();
+                if relinked {
+                    break;
+                }
+            }
+            // Watched again, where the paths lead now.
+            drop(watcher);
+        }
+    });
+}
+
+/// A watcher of `files` as they resolve now, telling `tx` of each change.
+fn watcher(
+    files: &[PathBuf],
+    tx: tokio::sync::mpsc::UnboundedSender<Change>,
+) -> Option<notify::RecommendedWatcher> {
     let targets: Vec<PathBuf> = files
         .iter()
         .map(|f| std::fs::canonicalize(f).unwrap_or_else(|_| f.clone()))
         .collect();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
     let names: Vec<_> = targets
         .iter()
         .filter(|t| !t.is_dir())
@@ -519,15 +563,31 @@ fn watch(files: &[PathBuf], service: Arc<Service>) -> Option<notify::Recommended
         .collect();
     // A directory's every file is a rule file, those added later included.
     let whole: Vec<PathBuf> = targets.iter().filter(|t| t.is_dir()).cloned().collect();
+    // The symbolic links on the way to the files, as written.
+    let links: Vec<PathBuf> = files
+        .iter()
+        .flat_map(|f| f.ancestors())
+        .filter(|a| a.is_symlink())
+        .map(Path::to_path_buf)
+        .collect();
+    let watched_links = links.clone();
     let handler = move |event: notify::Result<notify::Event>| {
-        if let Ok(event) = event {
-            let ours = event.paths.iter().any(|p| {
-                p.file_name().is_some_and(|n| names.iter().any(|m| m == n))
-                    || whole.iter().any(|d| p.starts_with(d))
-            });
-            if ours && !event.kind.is_access() {
-                let _ = tx.send(());
-            }
+        let Ok(event) = event else { return };
+        if event.kind.is_access() {
+            return;
+        }
+        let link = event
+            .paths
+            .iter()
+            .any(|p| watched_links.iter().any(|l| l == p));
+        let file = event.paths.iter().any(|p| {
+            p.file_name().is_some_and(|n| names.iter().any(|m| m == n))
+                || whole.iter().any(|d| p.starts_with(d))
+        });
+        if link {
+            let _ = tx.send(Change::Link);
+        } else if file {
+            let _ = tx.send(Change::File);
         }
     };
     let mut watcher = match notify::recommended_watcher(handler) {
@@ -545,6 +605,10 @@ fn watch(files: &[PathBuf], service: Arc<Service>) -> Option<notify::Recommended
                 .parent()
                 .map(|p| (PathBuf::from(p), RecursiveMode::NonRecursive)),
         })
+        .chain(links.iter().filter_map(|l| {
+            l.parent()
+                .map(|p| (p.to_path_buf(), RecursiveMode::NonRecursive))
+        }))
         .collect();
     dirs.sort_by(|a, b| a.0.cmp(&b.0));
     dirs.dedup_by(|a, b| a.0 == b.0);
@@ -553,15 +617,6 @@ fn watch(files: &[PathBuf], service: Arc<Service>) -> Option<notify::Recommended
             tracing::warn!(error = %e, dir = %dir.display(), "cannot watch; reload with SIGHUP");
         }
     }
-    tokio::spawn(async move {
-        while rx.recv().await.is_some() {
-            // Let a burst of events (write, rename, chmod) settle into one reload.
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            while rx.try_recv().is_ok() {}
-            tracing::info!("a rule file changed: reloading");
-            let _ = service.reload();
-        }
-    });
     Some(watcher)
 }
 

@@ -1407,3 +1407,50 @@ async fn its_log_level() {
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(!log.contains("listening"), "{log}");
 }
+
+/// A deployment that swaps `RUNTIME_ROOT` (a symbolic link, `current`) to a new directory:
+/// the rules reload from the new one, and its files are watched from then on.
+#[tokio::test]
+async fn a_swapped_runtime_root_is_followed() {
+    let base = tempfile::tempdir().unwrap();
+    let release = |name: &str, text: &str| {
+        let config = base.path().join(name).join("ratelimit").join("config");
+        std::fs::create_dir_all(&config).unwrap();
+        std::fs::write(config.join("rules.yaml"), text).unwrap();
+        config
+    };
+    release("v1", SHOP);
+    let current = base.path().join("current");
+    std::os::unix::fs::symlink(base.path().join("v1"), &current).unwrap();
+    let root = format!("RUNTIME_ROOT={}", current.display());
+    let server = Server::start_under(&["env", &root, "RUNTIME_SUBDIRECTORY=ratelimit"], &[], &[]);
+    let mut rls = Rls::connect(&server).await;
+    let other = || vec![descriptor(&[("k", "v")])];
+    assert_eq!(
+        rls.ask("other", other(), 1).await.statuses[0].limit_remaining,
+        0
+    );
+
+    // Swapped as deployments do: a new link renamed over the old one.
+    let v2 = release("v2", OTHER);
+    let next = base.path().join("next");
+    std::os::unix::fs::symlink(base.path().join("v2"), &next).unwrap();
+    std::fs::rename(&next, &current).unwrap();
+    server.wait_for_log("reloaded", std::time::Duration::from_secs(10));
+    assert_eq!(
+        rls.ask("other", other(), 1).await.statuses[0].limit_remaining,
+        2
+    );
+
+    // The new directory's files are watched now.
+    std::fs::write(
+        v2.join("rules.yaml"),
+        OTHER.replace("requests_per_unit: 3", "requests_per_unit: 30"),
+    )
+    .unwrap();
+    server.wait_for_log("reloaded", std::time::Duration::from_secs(10));
+    assert_eq!(
+        rls.ask("other", other(), 1).await.statuses[0].limit_remaining,
+        28
+    );
+}
