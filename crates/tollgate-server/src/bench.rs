@@ -25,7 +25,16 @@ const PLACEHOLDER: &str = "{key}";
 
 /// The check endpoint of the server at base URL `server`.
 pub fn check_url(server: &str) -> String {
-    format!("{}/v1/check", server.trim_end_matches('/'))
+    format!("{}/v1/check", with_scheme(server).trim_end_matches('/'))
+}
+
+/// `server` as a URL: a bare address (`127.0.0.1:8081`) is taken as `http://` one.
+pub fn with_scheme(server: &str) -> String {
+    if server.contains("://") {
+        server.to_string()
+    } else {
+        format!("http://{server}")
+    }
 }
 
 /// What to send.

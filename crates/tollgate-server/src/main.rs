@@ -101,6 +101,9 @@ enum Command {
         chart: Option<PathBuf>,
     },
     /// Asks a running server: a request (`--method`, `--path`, `--header`) or a rule and key.
+    /// Prints the server's JSON answer alone on standard output (for `jq`) and the HTTP
+    /// status on standard error. Exit code: 0 admitted, 1 denied (429), 2 anything else (a
+    /// refused check, no answer).
     Check {
         /// The server's HTTP address.
         #[arg(long, default_value = "http://127.0.0.1:8080")]
@@ -130,7 +133,7 @@ struct Ask {
     #[arg(long = "header", short = 'H')]
     headers: Vec<String>,
     /// A rule to check `--key` under, instead of a request.
-    #[arg(long, requires = "key")]
+    #[arg(long, requires = "key", conflicts_with_all = ["path", "headers"])]
     rule: Option<String>,
     /// The key to check under `--rule`.
     #[arg(long)]
@@ -240,7 +243,7 @@ fn main() -> ExitCode {
                 &max_delay,
                 chart.as_deref(),
             ),
-            Command::Check { server, ask, cost } => check(&server, ask.body(cost)?).await,
+            Command::Check { server, ask, cost } => Ok(check(&server, ask.body(cost)?).await),
             Command::Bench(args) => bench(args).await,
         }
     });
@@ -266,6 +269,15 @@ fn simulate(
     chart: Option<&std::path::Path>,
 ) -> anyhow::Result<ExitCode> {
     use tollgate_server::simulate::{Pattern, chart as draw, run, table};
+    // A chart that cannot be drawn is said before the run, not after its table.
+    if let Some(path) = chart
+        && !matches!(
+            path.extension().and_then(|e| e.to_str()),
+            Some("png" | "svg")
+        )
+    {
+        anyhow::bail!("{}: the chart must be a .png or .svg file", path.display());
+    }
     let period = config::parse_duration(period).map_err(anyhow::Error::msg)?;
     let duration = config::parse_duration(duration).map_err(anyhow::Error::msg)?;
     let window = match window {
@@ -622,32 +634,43 @@ fn watcher(
 
 /// Asks `server` to check `body`; prints the answer. Exit code 0 when admitted, 1 when
 /// denied, 2 for any other answer.
-async fn check(server: &str, body: serde_json::Value) -> anyhow::Result<ExitCode> {
+async fn check(server: &str, body: serde_json::Value) -> ExitCode {
     let url = bench::check_url(server);
-    let response = reqwest::Client::new()
-        .post(&url)
-        .json(&body)
-        .send()
-        .await
-        .with_context(|| format!("cannot reach {url}"))?;
-    let status = response.status();
-    let text = response.text().await?;
-    let pretty = serde_json::from_str::<serde_json::Value>(&text)
-        .and_then(|v| serde_json::to_string_pretty(&v))
-        .unwrap_or(text);
-    println!("{} {pretty}", status.as_u16());
-    Ok(match status.as_u16() {
+    let answer = async {
+        let response = reqwest::Client::new()
+            .post(&url)
+            .json(&body)
+            .send()
+            .await
+            .with_context(|| format!("cannot reach {url}"))?;
+        let status = response.status();
+        let text = response.text().await.context("the answer was cut short")?;
+        anyhow::Ok((status, text))
+    };
+    let (status, text) = match answer.await {
+        Ok(answer) => answer,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    eprintln!("HTTP {status}");
+    match serde_json::from_str::<serde_json::Value>(&text) {
+        Ok(json) => println!("{json:#}"),
+        Err(_) => eprintln!("{}", text.trim_end()),
+    }
+    match status.as_u16() {
         200 => ExitCode::SUCCESS,
         429 => ExitCode::from(1),
         _ => ExitCode::from(2),
-    })
+    }
 }
 
 /// Runs `tollgate bench`; exit code 0 when every check was answered (admitted or denied).
 async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let target = match (args.grpc, args.domain) {
         (Some(server), Some(domain)) => bench::Target::Grpc {
-            server,
+            server: bench::with_scheme(&server),
             domain,
             entries: bench::entries(&args.descriptor)?,
             cost: args.cost,

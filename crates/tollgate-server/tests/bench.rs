@@ -99,9 +99,10 @@ async fn counts_what_the_rules_admit_over_http() {
 #[tokio::test]
 async fn counts_what_the_rules_admit_over_grpc() {
     let server = Server::start(&[("envoy.yaml", ENVOY)], &[]);
+    // A bare address, without http://, is taken as one.
     let (code, out, err) = bench(args(&[
         "--grpc",
-        &server.grpc,
+        server.grpc.trim_start_matches("http://"),
         "--domain",
         "bench",
         "--descriptor",

@@ -328,17 +328,27 @@ async fn the_check_command_asks_a_running_server() {
     for _ in 0..3 {
         let (code, out, err) = tokio::task::spawn_blocking(ask.clone()).await.unwrap();
         assert_eq!(code, 0, "{out}{err}");
-        assert!(out.starts_with("200 "), "{out}");
+        // The answer alone on standard output, as JSON (for jq); the status on stderr.
+        let answer: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(answer["allowed"], true, "{out}");
+        assert!(err.contains("HTTP 200"), "{err}");
     }
-    let (code, out, _) = tokio::task::spawn_blocking(ask).await.unwrap();
+    let (code, out, err) = tokio::task::spawn_blocking(ask).await.unwrap();
     assert_eq!(code, 1);
-    assert!(
-        out.starts_with("429 ") && out.contains("\"allowed\": false"),
-        "{out}"
-    );
+    let answer: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(answer["allowed"], false, "{out}");
+    assert!(err.contains("HTTP 429"), "{err}");
+    // A bare address is an http:// one.
+    let bare = server.http.trim_start_matches("http://").to_string();
+    let (code, _, err) = support::run(&["check", "--server", &bare, "--rule", "api", "--key", "k"]);
+    assert_eq!(code, 0, "{err}");
+    // No answer, or flags that contradict each other: 2.
     let (code, _, err) = support::run(&["check", "--server", "http://127.0.0.1:1", "--path", "/"]);
-    assert_eq!(code, 1);
+    assert_eq!(code, 2);
     assert!(err.contains("cannot reach"), "{err}");
+    let (code, _, err) = support::run(&["check", "--path", "/x", "--rule", "api", "--key", "k"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("cannot be used with"), "{err}");
 }
 
 /// A memory store of 1,000 keys under 1 per hour, every key used up, then 3,000 new keys:

@@ -134,7 +134,8 @@ fn charts_are_real_images() {
             assert!(text.contains("fixed_window"));
         }
     }
-    let (code, _, err) = run(&["simulate", "--chart", "/tmp/chart.gif"]);
+    let (code, out, err) = run(&["simulate", "--chart", "/tmp/chart.gif"]);
     assert_eq!(code, 1);
     assert!(err.contains("must be a .png or .svg"), "{err}");
+    assert!(out.is_empty(), "said before the run: {out}");
 }
