@@ -35,6 +35,12 @@
 mod algorithm;
 mod clock;
 mod decision;
+/// README.md's Rust snippets, compiled (and the first run) as doctests, so that they work as
+/// pasted.
+#[cfg(all(doctest, feature = "redis", feature = "tower"))]
+#[doc = include_str!("../../../README.md")]
+mod readme {}
+
 pub mod engine;
 mod error;
 #[cfg(feature = "tower")]
