@@ -76,7 +76,7 @@ fn native_errors_name_the_file_line_and_column() {
         ),
         (
             "rules:\n  - id: a\n    tiers: [{ limit: 10, period: 1s }]\n  - id: b\n    algorithm: bogus\n    tiers: [{ limit: 1, period: 1s }]\n",
-            ":4:",
+            ":5:16:",
             "unknown algorithm `bogus`",
         ),
         (
@@ -86,12 +86,12 @@ fn native_errors_name_the_file_line_and_column() {
         ),
         (
             "rules:\n  - id: a\n    match: { path: \"/x/{org}\" }\n    key: [segment:tenant]\n    tiers: [{ limit: 1, period: 1s }]\n",
-            ":2:",
+            ":4:10:",
             "names no `{tenant}`",
         ),
         (
             "rules:\n  - id: a\n    tiers: [{ limit: 0, period: 1s }]\n",
-            ":2:",
+            ":3:22:",
             "limit",
         ),
         (
@@ -103,6 +103,16 @@ fn native_errors_name_the_file_line_and_column() {
             "store:\n  kind: redis\n  cluster: [\"redis://127.0.0.1:7000\", \"redis://:::7001\"]\n",
             ":2:",
             "`redis://:::7001` is not a Redis URL",
+        ),
+        (
+            "rules:\n  - id: b\n    tiers: [{ limit: 1, period: 1s }]\n    algorithm: fixed_windw\n",
+            ":4:16:",
+            "did you mean `fixed_window`?",
+        ),
+        (
+            "rules:\n  - id: a\n    tiers:\n      - { limit: 10, period: 1s }\n      - { limit: 5, period: 0s }\n",
+            ":5:29:",
+            "tiers[1].period",
         ),
         ("rules: [\n", ":", ""),
     ];

@@ -538,7 +538,11 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Config, ConfigError> {
                     format!("two rules have the id `{}`", spec.id),
                 ));
             }
-            routes.push(spec.route().map_err(|e| ConfigError::new(file, at, e))?);
+            let route = spec.route().map_err(|e| {
+                let at = at.map(|rule| field_place(text, rule, &spec.id, &e).unwrap_or(rule));
+                ConfigError::new(file, at, e)
+            })?;
+            routes.push(route);
             places.rules.insert(spec.id.clone(), place(file, at));
             specs.push(spec);
         }
@@ -659,6 +663,53 @@ pub fn log_level() -> &'static str {
         Some("error" | "fatal" | "panic") => "error",
         _ => "info",
     }
+}
+
+/// Where the field an error of rule `id` names (`rule `id`: tiers[1].period: ...`) is
+/// written in `text`, given the rule's place: the line and column of its value, searched for
+/// in the rule's lines (block or flow style); `None` when it is not written there (a
+/// default).
+fn field_place(text: &str, rule: (u64, u64), id: &str, error: &str) -> Option<(u64, u64)> {
+    let path = error
+        .strip_prefix(&format!("rule `{id}`: "))?
+        .split(": ")
+        .next()?;
+    // `tiers[1].period`: the second `period:` of the rule; `match.path`: its `path:`.
+    let (mut nth, mut name) = (0, path.rsplit('.').next()?);
+    if let Some(open) = path.find('[') {
+        nth = path[open + 1..].split(']').next()?.parse().ok()?;
+        if !path.contains('.') {
+            name = &path[..open];
+            nth = 0;
+        }
+    }
+    let name = name.split('[').next()?;
+    let (first, column) = (usize::try_from(rule.0).ok()?, usize::try_from(rule.1).ok()?);
+    let mut seen = 0;
+    for (i, line) in text.lines().enumerate().skip(first.saturating_sub(1)) {
+        // The next item at the rule's depth or above ends it.
+        let indent = line.len() - line.trim_start().len();
+        if i + 1 > first && !line.trim().is_empty() && indent + 1 < column {
+            return None;
+        }
+        let mut from = 0;
+        while let Some(found) = line[from..].find(name) {
+            let at = from + found;
+            let before = line[..at].chars().last();
+            let after = &line[at + name.len()..];
+            let is_key = before.is_none_or(|c| " {,-".contains(c)) && after.starts_with(':');
+            if is_key {
+                if seen == nth {
+                    let value = at + name.len() + 1;
+                    let pad = line[value..].len() - line[value..].trim_start().len();
+                    return Some((i as u64 + 1, (value + pad) as u64 + 1));
+                }
+                seen += 1;
+            }
+            from = at + name.len();
+        }
+    }
+    None
 }
 
 /// A setting of the environment, `None` when unset or empty.

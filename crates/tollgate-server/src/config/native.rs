@@ -296,6 +296,23 @@ fn parse_policy(text: &str) -> Result<FailurePolicy, String> {
     }
 }
 
+/// The edit distance between `a` and `b` (insertions, deletions, substitutions).
+fn distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut previous = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cost = usize::from(ca != *cb);
+            let next = (row[j] + 1).min(row[j + 1] + 1).min(previous + cost);
+            previous = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
 /// Parses an algorithm name with its arguments in parentheses, as rule files write it.
 ///
 /// # Errors
@@ -371,11 +388,32 @@ pub fn parse_algorithm(text: &str) -> Result<Algorithm, String> {
             }
             Ok(Algorithm::WarmUp(warm_up))
         }
-        _ => Err(format!(
-            "unknown algorithm `{name}`: expected fixed_window, sliding_window, sub_windows(N), \
-             sliding_log, token_bucket, interval_bucket, leaky_bucket, gcra, warm_up(PERIOD) \
-             or hit_counter"
-        )),
+        _ => {
+            const NAMES: [&str; 10] = [
+                "fixed_window",
+                "sliding_window",
+                "sub_windows",
+                "sliding_log",
+                "token_bucket",
+                "interval_bucket",
+                "leaky_bucket",
+                "gcra",
+                "warm_up",
+                "hit_counter",
+            ];
+            let nearest = NAMES
+                .iter()
+                .map(|n| (distance(name, n), n))
+                .min()
+                .filter(|(d, _)| *d <= 3)
+                .map(|(_, n)| format!("did you mean `{n}`? "))
+                .unwrap_or_default();
+            Err(format!(
+                "unknown algorithm `{name}`: {nearest}expected fixed_window, sliding_window, \
+                 sub_windows(N), sliding_log, token_bucket, interval_bucket, leaky_bucket, gcra, \
+                 warm_up(PERIOD) or hit_counter"
+            ))
+        }
     }
 }
 
