@@ -114,6 +114,16 @@ fn native_errors_name_the_file_line_and_column() {
             ":5:29:",
             "tiers[1].period",
         ),
+        (
+            "rules:\n  - id: a\n    enabled: yes please\n    tiers: [{ limit: 1, period: 1s }]\n",
+            ":3:14:",
+            "enabled: invalid boolean (true or false)",
+        ),
+        (
+            "rules:\n  - id: a\n    tiers:\n      - { limit: ten, period: 1s }\n",
+            ":4:18:",
+            "limit: invalid u64 (a whole number)",
+        ),
         ("rules: [\n", ":", ""),
     ];
     for (text, place, says) in cases {

@@ -87,7 +87,7 @@ where
 
 /// Parses one Envoy file into its domain's name and nodes.
 pub(super) fn parse(file: &Path, text: &str) -> Result<(String, Vec<Node>), ConfigError> {
-    let parsed: File = serde_saphyr::from_str(text).map_err(|e| yaml(file, &e))?;
+    let parsed: File = serde_saphyr::from_str(text).map_err(|e| yaml(file, text, &e))?;
     let domain = parsed.domain.unwrap_or_default();
     if domain.is_empty() {
         return Err(ConfigError::new(
@@ -108,8 +108,8 @@ pub(super) fn build(file: &Path, name: &str, nodes: Vec<Node>) -> Result<Domain,
 }
 
 /// A YAML error in Envoy's words where it has them: an unknown field is an unknown key.
-fn yaml(file: &Path, err: &serde_saphyr::Error) -> ConfigError {
-    let mut error = ConfigError::yaml(file, err);
+fn yaml(file: &Path, text: &str, err: &serde_saphyr::Error) -> ConfigError {
+    let mut error = ConfigError::yaml(file, text, err);
     if let Some(rest) = error.message.strip_prefix("unknown field `")
         && let Some((field, expected)) = rest.split_once('`')
     {

@@ -395,20 +395,35 @@ impl ConfigError {
     }
 
     /// A YAML error, with its place and without the snippet the message may carry.
-    fn yaml(file: &Path, err: &serde_saphyr::Error) -> Self {
+    /// A YAML error in `text`, with its place and without the snippet the message may carry;
+    /// a message that names no field ("invalid boolean") is given the key written where it
+    /// points and what is expected there.
+    fn yaml(file: &Path, text: &str, err: &serde_saphyr::Error) -> Self {
         let at = err
             .location()
             .filter(|l| l.line() > 0)
             .map(|l| (l.line(), l.column()));
-        let text = err.without_snippet().to_string();
+        let rendered = err.without_snippet().to_string();
         // The library prefixes its own rendering of the place; keep the reason.
-        let first = text.lines().next().unwrap_or("invalid YAML").trim();
+        let first = rendered.lines().next().unwrap_or("invalid YAML").trim();
         // The place is said once, in front.
         let message = match first.rfind(" at line ") {
             Some(i) if at.is_some() => &first[..i],
             _ => first,
         };
-        let message = message.to_string();
+        let mut message = message.to_string();
+        if let Some(key) = at.and_then(|(line, column)| key_at(text, line, column))
+            && !message.contains('`')
+        {
+            let expected = if message.contains("boolean") {
+                " (true or false)"
+            } else if message.contains("u64") || message.contains("u32") {
+                " (a whole number)"
+            } else {
+                ""
+            };
+            message = format!("{key}: {message}{expected}");
+        }
         Self::new(file, at, message)
     }
 }
@@ -663,6 +678,19 @@ pub fn log_level() -> &'static str {
         Some("error" | "fatal" | "panic") => "error",
         _ => "info",
     }
+}
+
+/// The key written before `column` on `line` of `text` (`enabled` in `    enabled: yes`).
+fn key_at(text: &str, line: u64, column: u64) -> Option<&str> {
+    let line = text
+        .lines()
+        .nth(usize::try_from(line).ok()?.checked_sub(1)?)?;
+    let upto = line.get(..usize::try_from(column).ok()?.saturating_sub(1))?;
+    let before = upto.trim_end().strip_suffix(':')?.trim_end();
+    let start = before
+        .rfind(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .map_or(0, |i| i + 1);
+    Some(&before[start..]).filter(|k| !k.is_empty())
 }
 
 /// Where the field an error of rule `id` names (`rule `id`: tiers[1].period: ...`) is

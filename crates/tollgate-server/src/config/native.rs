@@ -274,7 +274,7 @@ impl RuleSpec {
 /// What is wrong and where.
 pub fn parse_rule_spec(text: &str) -> Result<RuleSpec, String> {
     let spec: RuleSpec = serde_saphyr::from_str(text).map_err(|e| {
-        let err = ConfigError::yaml(Path::new("body"), &e);
+        let err = ConfigError::yaml(Path::new("body"), text, &e);
         err.to_string()
     })?;
     spec.route()?;
@@ -424,7 +424,8 @@ fn place(span: &serde_saphyr::Location) -> Option<(u64, u64)> {
 
 /// Parses a native file.
 pub(super) fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
-    let parsed: File = serde_saphyr::from_str(text).map_err(|e| ConfigError::yaml(file, &e))?;
+    let parsed: File =
+        serde_saphyr::from_str(text).map_err(|e| ConfigError::yaml(file, text, &e))?;
     let server = match parsed.server {
         None => None,
         Some(spanned) => {
