@@ -273,3 +273,14 @@ fn validate_refuses_what_serve_refuses() {
         );
     }
 }
+
+/// A byte that is not UTF-8 is placed at its line and column.
+#[test]
+fn bytes_that_are_not_text_are_placed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rules.yaml");
+    std::fs::write(&path, b"rules:\n  - id: a\xff\n").unwrap();
+    let (code, _, err) = run(&["validate", path.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(err.contains("rules.yaml:2:10: not UTF-8 text"), "{err}");
+}

@@ -502,8 +502,20 @@ pub fn load(paths: &[PathBuf]) -> Result<Config, ConfigError> {
     let files = files_of(paths)?;
     let mut texts = Vec::with_capacity(files.len());
     for file in &files {
-        let text = std::fs::read_to_string(file)
+        let bytes = std::fs::read(file)
             .map_err(|e| ConfigError::new(file, None, format!("cannot read: {e}")))?;
+        let text = String::from_utf8(bytes).map_err(|e| {
+            // The place of the first byte that is not UTF-8.
+            let valid = &e.as_bytes()[..e.utf8_error().valid_up_to()];
+            let line = valid.iter().filter(|&&b| b == b'\n').count() as u64 + 1;
+            let start = valid.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+            let column = String::from_utf8_lossy(&valid[start..]).chars().count() as u64 + 1;
+            ConfigError::new(
+                file,
+                Some((line, column)),
+                "not UTF-8 text: rule files are UTF-8",
+            )
+        })?;
         texts.push((file.clone(), text));
     }
     load_texts(&texts)
