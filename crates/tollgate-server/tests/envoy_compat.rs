@@ -51,7 +51,7 @@ fn files_it_refuses_are_refused_with_its_messages() {
         // duplicate_key.yaml
         (
             "domain: shop\ndescriptors:\n  - key: cart\n    value: add\n  - key: cart\n    value: add\n",
-            "duplicate descriptor composite key 'shop.cart_add'",
+            "envoy.yaml:5:5: duplicate descriptor composite key 'shop.cart_add'",
         ),
         // bad_limit_unit.yaml
         (

@@ -96,7 +96,7 @@ pub(super) fn parse(file: &Path, text: &str) -> Result<(String, Vec<Node>), Conf
             "config file cannot have empty domain",
         ));
     }
-    let nodes = nodes(file, parsed.descriptors.unwrap_or_default())?;
+    let nodes = nodes(file, &domain, parsed.descriptors.unwrap_or_default())?;
     Ok((domain, nodes))
 }
 
@@ -122,7 +122,14 @@ fn yaml(file: &Path, text: &str, err: &serde_saphyr::Error) -> ConfigError {
     error
 }
 
-fn nodes(file: &Path, descriptors: Vec<Spanned<Descriptor>>) -> Result<Vec<Node>, ConfigError> {
+/// The nodes of `descriptors`, under `parent` (the domain and the composite keys above, as
+/// the Envoy service names them in its errors).
+fn nodes(
+    file: &Path,
+    parent: &str,
+    descriptors: Vec<Spanned<Descriptor>>,
+) -> Result<Vec<Node>, ConfigError> {
+    let mut seen = std::collections::HashSet::new();
     descriptors
         .into_iter()
         .map(|spanned| {
@@ -139,6 +146,10 @@ fn nodes(file: &Path, descriptors: Vec<Spanned<Descriptor>>) -> Result<Vec<Node>
                 Some(v) => format!("{key}_{v}"),
                 None => key.clone(),
             };
+            let here = format!("{parent}.{composite}");
+            if !seen.insert(composite.clone()) {
+                return Err(err(format!("duplicate descriptor composite key '{here}'")));
+            }
             let limit = match d.rate_limit {
                 None => None,
                 Some(r) => {
@@ -197,7 +208,7 @@ fn nodes(file: &Path, descriptors: Vec<Spanned<Descriptor>>) -> Result<Vec<Node>
                      but found key '{composite}'"
                 )));
             }
-            let children = nodes(file, d.descriptors.unwrap_or_default())?;
+            let children = nodes(file, &here, d.descriptors.unwrap_or_default())?;
             Ok(Node {
                 key,
                 value,
