@@ -1,5 +1,6 @@
 //! The answer to a check, and how the answers of several tiers combine into one.
 
+use std::fmt;
 use std::time::Duration;
 
 use crate::algorithm::Decide;
@@ -96,7 +97,7 @@ pub enum Source {
 /// path decided.
 ///
 /// A denied check consumed nothing, in any tier of any rule.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Decision {
     verdict: Verdict,
     rule: &'static Label,
@@ -104,6 +105,29 @@ pub struct Decision {
     source: Source,
     /// A shadow rule would have denied: admitted anyway.
     shadowed: bool,
+}
+
+/// Durations as durations (`reset_after: 299.972ms`), not raw microseconds.
+impl fmt::Debug for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("Decision");
+        d.field("rule", &self.rule())
+            .field("allowed", &self.allowed())
+            .field("limit", &self.limit())
+            .field("remaining", &self.remaining())
+            .field("reset_after", &self.reset_after());
+        if let Some(retry) = self.retry_after() {
+            d.field("retry_after", &retry);
+        }
+        if self.verdict.delay > 0 {
+            d.field("delay", &self.delay());
+        }
+        d.field("window", &self.window())
+            .field("tier", &self.tier())
+            .field("source", &self.source())
+            .field("shadowed", &self.shadowed)
+            .finish()
+    }
 }
 
 impl Decision {
@@ -323,6 +347,16 @@ mod tests {
     fn rule(tiers: usize) -> Rule {
         let tiers = (0..tiers).map(|i| Tier::new(10, Duration::from_secs(1 + i as u64)));
         Rule::new("d", Algorithm::FixedWindow, tiers).unwrap()
+    }
+
+    #[test]
+    fn debug_prints_durations() {
+        let denied = Decision::of(&rule(1), 0, Verdict::deny(10, 0, 299_972, 299_972));
+        let text = format!("{denied:?}");
+        assert!(text.contains("reset_after: 299.972ms"), "{text}");
+        assert!(text.contains("retry_after: 299.972ms"), "{text}");
+        assert!(text.contains("rule: \"d\""), "{text}");
+        assert!(!text.contains("299972"), "{text}");
     }
 
     #[test]
