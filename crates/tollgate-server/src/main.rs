@@ -285,14 +285,18 @@ fn simulate(
         None => period,
     };
     let max_delay = config::parse_duration(max_delay).map_err(anyhow::Error::msg)?;
+    let pattern_name = pattern;
     let pattern = Pattern::parse(pattern).map_err(anyhow::Error::msg)?;
     let arrivals = pattern.arrivals(limit, period, rate, duration);
     let runs = run(algorithms, limit, period, &arrivals, max_delay).map_err(anyhow::Error::msg)?;
     print!("{}", table(&runs, arrivals.len(), limit, window));
     if let Some(path) = chart {
-        let bucket = (period / 60).max(Duration::from_secs(1));
-        let title = format!("{} per {:?}", limit, period);
-        draw(path, &arrivals, &runs, duration, bucket, &title).map_err(anyhow::Error::msg)?;
+        let title = format!(
+            "{pattern_name} traffic, {} requests, against {limit} per {period:?}",
+            arrivals.len()
+        );
+        draw(path, &arrivals, &runs, duration, window, limit, &title)
+            .map_err(anyhow::Error::msg)?;
         println!("chart: {}", path.display());
     }
     Ok(ExitCode::SUCCESS)

@@ -1,7 +1,8 @@
 //! `tollgate simulate`: runs a traffic pattern through chosen algorithms under one limit, on a
 //! manual clock (no waiting), and reports what each admitted: a table of the most admitted in
-//! any window of length T and the delay a shaper added, and a chart (PNG or SVG) of offered and
-//! admitted requests over time, one line per algorithm.
+//! any window of length T and the delay a shaper added, and a chart (PNG or SVG): one panel
+//! per algorithm, offered and admitted requests counted over the last T at every moment, and
+//! the limit (see [`chart`]).
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -217,38 +218,38 @@ pub fn table(runs: &[Run], offered: usize, limit: u64, window: Duration) -> Stri
 
 const FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
 
-/// Draws offered and admitted requests per bucket of `bucket` over `duration` to `path` (PNG or
-/// SVG by its extension).
+/// Draws the chart of a simulation to `path` (PNG or SVG, by its extension): one panel per
+/// algorithm, each with what was offered (grey) and what it admitted (its colour), counted
+/// over the last `window` at every moment, the limit drawn across (dashed), and the most
+/// admitted in any window in the panel's title, the figure the table reports. So a fixed
+/// window's 200 in a window of a 100 limit shows as a plateau twice the limit line, however
+/// short the spike.
 ///
 /// # Errors
-/// An unknown extension, or a file that cannot be written.
+/// An extension other than `.png` and `.svg`, or a file that cannot be written.
 pub fn chart(
     path: &Path,
     arrivals: &[u64],
     runs: &[Run],
     duration: Duration,
-    bucket: Duration,
+    window: Duration,
+    limit: u64,
     title: &str,
 ) -> Result<(), String> {
     let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT);
-    let size = (1000, 560);
+    let rows = runs.len().div_ceil(COLUMNS).max(1) as u32;
+    let size = (1000, 120 + 260 * rows);
+    let plot = Plot {
+        arrivals,
+        runs,
+        duration,
+        window,
+        limit,
+        title,
+    };
     match path.extension().and_then(|e| e.to_str()) {
-        Some("png") => draw(
-            BitMapBackend::new(path, size).into_drawing_area(),
-            arrivals,
-            runs,
-            duration,
-            bucket,
-            title,
-        ),
-        Some("svg") => draw(
-            SVGBackend::new(path, size).into_drawing_area(),
-            arrivals,
-            runs,
-            duration,
-            bucket,
-            title,
-        ),
+        Some("png") => plot.draw(BitMapBackend::new(path, size).into_drawing_area()),
+        Some("svg") => plot.draw(SVGBackend::new(path, size).into_drawing_area()),
         _ => Err(format!(
             "{}: the chart must be a .png or .svg file",
             path.display()
@@ -256,76 +257,109 @@ pub fn chart(
     }
 }
 
-fn counts(times: &[u64], buckets: usize, bucket: u64) -> Vec<(f64, f64)> {
-    let mut n = vec![0u32; buckets];
-    for &t in times {
-        if let Some(slot) = n.get_mut((t / bucket) as usize) {
-            *slot += 1;
-        }
-    }
-    n.iter()
-        .enumerate()
-        .map(|(i, &c)| (i as f64 * bucket as f64 / 1e6, f64::from(c)))
+/// Panels per row.
+const COLUMNS: usize = 2;
+
+/// Samples per panel.
+const SAMPLES: u64 = 600;
+
+/// What a chart shows.
+struct Plot<'a> {
+    arrivals: &'a [u64],
+    runs: &'a [Run],
+    duration: Duration,
+    window: Duration,
+    limit: u64,
+    title: &'a str,
+}
+
+/// How many of the sorted `times` (µs) fall in the `window` (µs) ending at each of
+/// [`SAMPLES`] moments over `duration` (µs): (seconds, count).
+fn rolling(times: &[u64], window: u64, duration: u64) -> Vec<(f64, f64)> {
+    let step = (duration / SAMPLES).max(1);
+    let (mut first, mut last) = (0, 0);
+    (0..=SAMPLES)
+        .map(|i| {
+            let at = i * step;
+            while last < times.len() && times[last] <= at {
+                last += 1;
+            }
+            while first < last && times[first] + window <= at {
+                first += 1;
+            }
+            (at as f64 / 1e6, (last - first) as f64)
+        })
         .collect()
 }
 
-fn draw<DB: DrawingBackend>(
-    area: DrawingArea<DB, plotters::coord::Shift>,
-    arrivals: &[u64],
-    runs: &[Run],
-    duration: Duration,
-    bucket: Duration,
-    title: &str,
-) -> Result<(), String> {
-    let err = |e: &dyn std::fmt::Display| e.to_string();
-    area.fill(&WHITE).map_err(|e| err(&e))?;
-    let bucket_us = bucket.as_micros().max(1) as u64;
-    let buckets = (duration.as_micros() as u64).div_ceil(bucket_us) as usize;
-    let offered = counts(arrivals, buckets, bucket_us);
-    let series: Vec<(String, Vec<(f64, f64)>)> = runs
-        .iter()
-        .map(|r| (r.algorithm.clone(), counts(&r.admitted, buckets, bucket_us)))
-        .collect();
-    let top = offered
-        .iter()
-        .chain(series.iter().flat_map(|(_, s)| s.iter()))
-        .map(|p| p.1)
-        .fold(1.0, f64::max);
-    let mut chart = ChartBuilder::on(&area)
-        .caption(title, ("sans-serif", 22))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(56)
-        .build_cartesian_2d(0.0..duration.as_secs_f64(), 0.0..top * 1.1)
+impl Plot<'_> {
+    fn draw<DB: DrawingBackend>(
+        &self,
+        area: DrawingArea<DB, plotters::coord::Shift>,
+    ) -> Result<(), String> {
+        let err = |e: &dyn std::fmt::Display| e.to_string();
+        area.fill(&WHITE).map_err(|e| err(&e))?;
+        let area = area
+            .titled(self.title, ("sans-serif", 24))
+            .map_err(|e| err(&e))?;
+        let (key, panels) = area.split_vertically(36);
+        let window_text = format!("{:?}", self.window);
+        key.draw_text(
+            &format!(
+                "Counted over the last {window_text} at every moment: offered (grey), admitted \
+                 (colour), the limit of {} (dashed red)",
+                self.limit
+            ),
+            &("sans-serif", 15).into_text_style(&key),
+            (12, 8),
+        )
         .map_err(|e| err(&e))?;
-    chart
-        .configure_mesh()
-        .x_desc("time (s)")
-        .y_desc(format!("requests per {} s", bucket.as_secs_f64()))
-        .label_style(("sans-serif", 14))
-        .draw()
-        .map_err(|e| err(&e))?;
-    chart
-        .draw_series(LineSeries::new(offered, BLACK.stroke_width(2)))
-        .map_err(|e| err(&e))?
-        .label("offered")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK));
-    for (i, (name, points)) in series.into_iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
-        chart
-            .draw_series(LineSeries::new(points, color.stroke_width(2)))
-            .map_err(|e| err(&e))?
-            .label(name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color));
+        let (duration, window) = (
+            self.duration.as_micros() as u64,
+            self.window.as_micros().max(1) as u64,
+        );
+        let offered = rolling(self.arrivals, window, duration);
+        let rows = self.runs.len().div_ceil(COLUMNS).max(1);
+        let cells = panels.split_evenly((rows, COLUMNS));
+        let peak = offered
+            .iter()
+            .map(|p| p.1)
+            .fold(self.limit as f64, f64::max);
+        for (i, (run, cell)) in self.runs.iter().zip(cells).enumerate() {
+            let admitted = rolling(&run.admitted, window, duration);
+            let most = most_in_any_window(&run.admitted, window);
+            let caption = format!("{}: at most {most} in any {window_text}", run.algorithm);
+            let mut chart = ChartBuilder::on(&cell)
+                .caption(caption, ("sans-serif", 17))
+                .margin(10)
+                .x_label_area_size(30)
+                .y_label_area_size(48)
+                .build_cartesian_2d(0.0..self.duration.as_secs_f64(), 0.0..peak * 1.15)
+                .map_err(|e| err(&e))?;
+            chart
+                .configure_mesh()
+                .x_desc("time (s)")
+                .y_label_formatter(&|v| format!("{v:.0}"))
+                .x_label_formatter(&|v| format!("{v:.0}"))
+                .label_style(("sans-serif", 13))
+                .draw()
+                .map_err(|e| err(&e))?;
+            let grey = RGBColor(150, 150, 150);
+            chart
+                .draw_series(LineSeries::new(offered.clone(), grey.stroke_width(2)))
+                .map_err(|e| err(&e))?;
+            let color = Palette99::pick(i).to_rgba();
+            chart
+                .draw_series(LineSeries::new(admitted, color.stroke_width(3)))
+                .map_err(|e| err(&e))?;
+            let limit = self.limit as f64;
+            let across = [(0.0, limit), (self.duration.as_secs_f64(), limit)];
+            chart
+                .draw_series(DashedLineSeries::new(across, 8, 6, RED.stroke_width(2)))
+                .map_err(|e| err(&e))?;
+        }
+        panels.present().map_err(|e| err(&e))
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 14))
-        .draw()
-        .map_err(|e| err(&e))?;
-    area.present().map_err(|e| err(&e))
 }
 
 #[cfg(test)]

@@ -119,7 +119,8 @@ fn charts_are_real_images() {
         let bytes = std::fs::read(&path).unwrap();
         if name.ends_with(".png") {
             let image = image::load_from_memory(&bytes).expect("a PNG that decodes");
-            assert_eq!((image.width(), image.height()), (1000, 560));
+            // Six algorithms: three rows of two panels under the title and the key.
+            assert_eq!((image.width(), image.height()), (1000, 900));
             // Not blank: the lines drew colours other than the white background.
             let rgb = image.to_rgb8();
             let colours = rgb.pixels().filter(|p| p.0 != [255, 255, 255]).count();
@@ -131,7 +132,20 @@ fn charts_are_real_images() {
                 "{}",
                 &text[..200]
             );
-            assert!(text.contains("fixed_window"));
+            // The title names the pattern and the limit; one panel per algorithm, each with
+            // the most it admitted in any window; the key above the panels, not over them.
+            assert!(
+                text.contains("edge traffic, 200 requests, against 100 per 60s"),
+                "{text}"
+            );
+            let panels = text.matches(": at most ").count();
+            assert_eq!(panels, 6, "{text}");
+            assert!(text.contains("fixed_window: at most 200 in any 60s"));
+            assert!(text.contains("sliding_log: at most 100 in any 60s"));
+            assert!(text.contains("the limit of 100 (dashed red)"));
+            // The limit's dashes: many short red segments.
+            let red = text.matches("#FF0000").count();
+            assert!(red >= 6 * 20, "{red} red elements");
         }
     }
     let (code, out, err) = run(&["simulate", "--chart", "/tmp/chart.gif"]);
