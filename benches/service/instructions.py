@@ -10,6 +10,7 @@ flight on each) in place of wrk. Kernel time (the larger part of a request on lo
 counted. Usage (see `instructions`): instructions.py --throttlecrab PATH [--seconds 3]
 """
 import argparse
+import contextlib
 import glob
 import os
 import re
@@ -20,60 +21,66 @@ import time
 import bench
 
 
-def count(argv, port, paths, seconds, workdir, env=None):
-    """Instructions per request of the server `argv` for each (name, path, body) in `paths`."""
+@contextlib.contextmanager
+def under_callgrind(argv, workdir, env, *ports):
+    """The server `argv` run under callgrind, once it listens on every one of `ports`."""
     out = os.path.join(workdir, "callgrind")
     server = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p"] + argv,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
-        bench.wait_port(port, timeout=120)
-        results = []
-        for name, path, body in paths:
-            system = bench.System(name, None, port, path, body)
-            script = os.path.join(workdir, f"{port}.lua")
-            with open(script, "w") as f:
-                f.write(f"BODY = [[{body}]]\nPATH = [[{path}]]\n" + bench.WRK_SCRIPT)
-            wrk = ["wrk", "-t1", "-c16", "-s", script, f"http://127.0.0.1:{port}"]
-            subprocess.run(wrk + ["-d1s"], capture_output=True, check=True)
-            subprocess.run(["callgrind_control", "-z", str(server.pid)], capture_output=True, check=True)
-            text = subprocess.run(wrk + [f"-d{seconds}s"], capture_output=True, text=True, check=True).stdout
-            subprocess.run(["callgrind_control", "-d", str(server.pid)], capture_output=True, check=True)
-            requests = int(re.search(r"(\d+) requests in", text).group(1))
-            if "Non-2xx" in text:
-                raise SystemExit(f"{system.name}: answers that were not 2xx:\n{text}")
-            time.sleep(0.5)
-            dump = max(glob.glob(f"{out}.{server.pid}.*"), key=os.path.getmtime)
-            total = int(re.search(r"^(?:summary|totals): (\d+)", open(dump).read(), re.M).group(1))
-            results.append((name, total / requests))
-        return results
+        for port in ports:
+            bench.wait_port(port, timeout=120)
+        yield server, out
     finally:
         server.terminate()
         server.wait(30)
+
+
+def per_request(server, out, load):
+    """Instructions per request of `server` under `load(seconds)`, which returns the requests
+    it completed: a second's warm-up, the counters zeroed, the load, the counters dumped."""
+    load(1)
+    subprocess.run(["callgrind_control", "-z", str(server.pid)], capture_output=True, check=True)
+    requests = load(None)
+    subprocess.run(["callgrind_control", "-d", str(server.pid)], capture_output=True, check=True)
+    time.sleep(0.5)
+    dump = max(glob.glob(f"{out}.{server.pid}.*"), key=os.path.getmtime)
+    total = int(re.search(r"^(?:summary|totals): (\d+)", open(dump).read(), re.M).group(1))
+    return total / requests
+
+
+def count(argv, port, paths, seconds, workdir, env=None):
+    """Instructions per request of the server `argv` for each (name, path, body) in `paths`."""
+    with under_callgrind(argv, workdir, env, port) as (server, out):
+        results = []
+        for name, path, body in paths:
+            script = os.path.join(workdir, f"{port}.lua")
+            with open(script, "w") as f:
+                f.write(f"BODY = [[{body}]]\nPATH = [[{path}]]\n" + bench.WRK_SCRIPT)
+
+            def load(warm, name=name, script=script):
+                wrk = ["wrk", "-t1", "-c16", "-s", script, f"http://127.0.0.1:{port}", f"-d{warm or seconds}s"]
+                text = subprocess.run(wrk, capture_output=True, text=True, check=True).stdout
+                if "Non-2xx" in text:
+                    raise SystemExit(f"{name}: answers that were not 2xx:\n{text}")
+                return int(re.search(r"(\d+) requests in", text).group(1))
+
+            results.append((name, per_request(server, out, load)))
+        return results
 
 
 def count_grpc(argv, port, grpc, name, seconds, workdir, env=None):
     """Instructions per `ShouldRateLimit` call of the server `argv`, whose gRPC listener is
     `grpc` (and HTTP `port`, to know when it is up)."""
-    out = os.path.join(workdir, "callgrind")
-    server = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p"] + argv,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    try:
-        bench.wait_port(port, timeout=120)
-        bench.wait_port(grpc, timeout=120)
-        load = [bench.RLS_LOAD, f"http://127.0.0.1:{grpc}", "16"]
-        subprocess.run(load + ["1", "10000", "0", "1"], capture_output=True, check=True)
-        subprocess.run(["callgrind_control", "-z", str(server.pid)], capture_output=True, check=True)
-        text = subprocess.run(load + [str(seconds), "10000", "0", "1"], capture_output=True, text=True,
-                              check=True).stdout
-        subprocess.run(["callgrind_control", "-d", str(server.pid)], capture_output=True, check=True)
-        calls = float(text.split()[0]) * seconds
-        time.sleep(0.5)
-        dump = max(glob.glob(f"{out}.{server.pid}.*"), key=os.path.getmtime)
-        total = int(re.search(r"^(?:summary|totals): (\d+)", open(dump).read(), re.M).group(1))
-        return [(name, total / calls)]
-    finally:
-        server.terminate()
-        server.wait(30)
+    with under_callgrind(argv, workdir, env, port, grpc) as (server, out):
+        def load(warm):
+            duration = warm or seconds
+            text = subprocess.run([bench.RLS_LOAD, f"http://127.0.0.1:{grpc}", "16", str(duration), "10000", "0",
+                                   "1"], capture_output=True, text=True, check=True).stdout
+            # rls_load prints the rate of all answered calls over the run.
+            return float(text.split()[0]) * duration
+
+        return [(name, per_request(server, out, load))]
 
 
 def main():

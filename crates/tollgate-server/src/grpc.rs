@@ -313,21 +313,31 @@ pub async fn answer(
         ));
     }
     let default_cost = u64::from(request.hits_addend.max(1));
-    let descriptors: Vec<(Descriptor, u64, Option<LimitOverride>)> = request
+    let descriptors = request
         .descriptors
         .iter()
         .map(|d| {
             let entries = descriptor(d.entries.iter().map(|e| (&*e.key, &*e.value)));
             let cost = d.hits_addend.as_ref().map_or(default_cost, |h| h.value);
-            let limit = d.limit.as_ref().and_then(|l| {
-                Some(LimitOverride {
+            // A limit of no known unit is refused: applying none would stop limiting.
+            let limit = match &d.limit {
+                None => None,
+                Some(l) => Some(LimitOverride {
                     requests_per_unit: u64::from(l.requests_per_unit),
-                    unit: unit_name(Unit::try_from(l.unit).ok()?)?,
-                })
-            });
-            (entries, cost, limit)
+                    unit: Unit::try_from(l.unit)
+                        .ok()
+                        .and_then(unit_name)
+                        .ok_or_else(|| {
+                            Status::invalid_argument(format!(
+                                "a descriptor's limit has no known unit ({})",
+                                l.unit
+                            ))
+                        })?,
+                }),
+            };
+            Ok((entries, cost, limit))
         })
-        .collect();
+        .collect::<Result<Vec<(Descriptor, u64, Option<LimitOverride>)>, Status>>()?;
     let answer = service
         .check_descriptors(&request.domain, &descriptors)
         .await

@@ -535,19 +535,29 @@ enum Change {
 /// from then on. Lives for as long as the process.
 fn watch(files: &[PathBuf], service: Arc<Service>) {
     let files = files.to_vec();
+    // The first watcher is in place before this returns (before the service says it listens),
+    // so that no change after start is missed.
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Change>();
+    let initial = watcher(&files, tx).map(|w| (w, rx));
     tokio::spawn(async move {
+        let mut relinked = false;
+        let mut next = initial;
         loop {
-            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Change>();
-            let Some(watcher) = watcher(&files, tx) else {
+            let Some((watching, mut rx)) = next.take() else {
                 return;
             };
+            if relinked {
+                // A file written between the reload and this watcher is read now.
+                tracing::info!("watching the new rule directory: reloading");
+                let _ = service.reload();
+            }
             loop {
                 let Some(first) = rx.recv().await else {
                     return;
                 };
                 // Let a burst of events (write, rename, chmod) settle into one reload.
                 tokio::time::sleep(Duration::from_millis(200)).await;
-                let mut relinked = first == Change::Link;
+                relinked = first == Change::Link;
                 while let Ok(change) = rx.try_recv() {
                     relinked |= change == Change::Link;
                 }
@@ -558,7 +568,9 @@ fn watch(files: &[PathBuf], service: Arc<Service>) {
                 }
             }
             // Watched again, where the paths lead now.
-            drop(watcher);
+            drop(watching);
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Change>();
+            next = watcher(&files, tx).map(|w| (w, rx));
         }
     });
 }

@@ -167,16 +167,28 @@ impl EnvoyStats {
         }
     }
 
-    /// The statistics named `name`, not registered ahead (detailed metrics, limits sent with a
-    /// descriptor), within [`MAX_DETAILED_LABELS`] names (then `domain._other`; the decision's
-    /// own series counts the fold).
-    pub fn of(name: &str) -> Self {
-        let label = label_within_bound(name);
-        if label == "_other" {
-            let domain = name.split('.').next().unwrap_or_default();
-            return Self::new(&format!("{domain}._other"));
+    /// Records `hits` under the statistics named `name`, not registered ahead (detailed
+    /// metrics, limits sent with a descriptor): registered the first time, then kept, within
+    /// [`MAX_DETAILED_LABELS`] names (then `domain._other`; the decision's own series counts
+    /// the fold). A name seen before costs a read lock and a lookup.
+    pub fn record_named(name: &str, hits: Hits) {
+        if let Some(stats) = NAMED.read().unwrap_or_else(|e| e.into_inner()).get(name) {
+            stats.record(hits);
+            return;
         }
-        Self::new(name)
+        let label = label_within_bound(name);
+        let key = if label == "_other" {
+            format!("{}._other", name.split('.').next().unwrap_or_default())
+        } else {
+            label
+        };
+        let mut named = NAMED.write().unwrap_or_else(|e| e.into_inner());
+        let stats = named
+            .entry(key.clone())
+            .or_insert_with(|| Self::new(&key))
+            .clone();
+        drop(named);
+        stats.record(hits);
     }
 
     /// Records one descriptor's check as the Envoy service counts it: every hit in
@@ -204,6 +216,11 @@ impl EnvoyStats {
         }
     }
 }
+
+/// The statistics registered by [`EnvoyStats::record_named`], by name: at most
+/// [`MAX_DETAILED_LABELS`] names and one `_other` per domain.
+static NAMED: LazyLock<RwLock<std::collections::HashMap<String, EnvoyStats>>> =
+    LazyLock::new(RwLock::default);
 
 /// A statistics name as the Envoy service sanitizes it for statsd: `:` and `|` become `_`,
 /// and the dots of an IPv4 address too.

@@ -482,7 +482,7 @@ impl Service {
         let near_ratio = loaded.config.server.envoy.near_ratio;
         let record = |name: &str, hits: Hits| match loaded.envoy_stats.get(name) {
             Some(stats) => stats.record(hits),
-            None => EnvoyStats::of(name).record(hits),
+            None => EnvoyStats::record_named(name, hits),
         };
         let outcomes: Vec<DescriptorOutcome> = hits
             .into_iter()

@@ -6,13 +6,12 @@
 mod support;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
 use serde_json::json;
-use support::{Server, check};
+use support::{Server, check, descriptor};
 use tonic::transport::Channel;
 
 fn example() -> String {
@@ -21,19 +20,6 @@ fn example() -> String {
         "/../../examples/envoy-ratelimit.yaml"
     ))
     .unwrap()
-}
-
-fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: entries
-            .iter()
-            .map(|(k, v)| Entry {
-                key: (*k).into(),
-                value: (*v).into(),
-            })
-            .collect(),
-        ..RateLimitDescriptor::default()
-    }
 }
 
 async fn client(server: &Server) -> RateLimitServiceClient<Channel> {

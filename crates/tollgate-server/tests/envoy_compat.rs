@@ -8,15 +8,13 @@
 mod support;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
-    Entry, RateLimitOverride,
-};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
-use support::{Redis, Server, run};
+use support::{Redis, Server, descriptor, run};
 use tonic::transport::Channel;
 
 const OK: i32 = Code::Ok as i32;
@@ -236,19 +234,6 @@ impl Shop {
     }
 }
 
-fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: entries
-            .iter()
-            .map(|(k, v)| Entry {
-                key: (*k).into(),
-                value: (*v).into(),
-            })
-            .collect(),
-        ..RateLimitDescriptor::default()
-    }
-}
-
 /// A value no other test run has used, so that counters start from nothing.
 fn fresh(name: &str) -> String {
     let nanos = std::time::SystemTime::now()
@@ -337,10 +322,19 @@ async fn every_hit_counts_and_each_descriptor_counts_its_own_on(store: Store) {
     assert_eq!(unknown.overall_code, OK);
     assert_eq!(unknown.statuses[0].current_limit, None);
     assert_eq!(unknown.statuses[0].limit_remaining, 0);
+    integration_sequence(std::slice::from_mut(&mut rls)).await;
+}
 
+/// Its integration test's two loops, the requests taking `clients` in turn: one descriptor
+/// to its limit (20 per minute) and past it, every hit counted, resets in whole seconds; then
+/// two descriptors, the one over its limit (10 per hour) not stopping the other's count.
+async fn integration_sequence(clients: &mut [Rls]) {
+    let turns = clients.len();
     let cart = fresh("cart");
     for i in 0..25u32 {
-        let (overall, status) = rls.one(descriptor(&[("cart", &cart)]), 1).await;
+        let (overall, status) = clients[i as usize % turns]
+            .one(descriptor(&[("cart", &cart)]), 1)
+            .await;
         let (code, remaining) = if i >= 20 {
             (OVER, 0)
         } else {
@@ -355,14 +349,13 @@ async fn every_hit_counts_and_each_descriptor_counts_its_own_on(store: Store) {
         assert_eq!(reset.nanos, 0, "whole seconds");
         assert!((1..=60).contains(&reset.seconds), "{reset:?}");
     }
-
     let (cart, checkout) = (fresh("cart"), fresh("checkout"));
     for i in 0..15u32 {
         let both = vec![
             descriptor(&[("cart", &cart)]),
             descriptor(&[("checkout", &checkout)]),
         ];
-        let response = rls.ask("shop", both, 1).await;
+        let response = clients[i as usize % turns].ask("shop", both, 1).await;
         let over = i >= 10;
         assert_eq!(response.overall_code, if over { OVER } else { OK }, "{i}");
         assert_eq!(seen(&response.statuses[0]), (OK, 20, 20 - (i + 1)), "{i}");
@@ -771,9 +764,16 @@ async fn health_checks() {
     );
     let answer = reqwest::get(http(&unconfigured)).await.unwrap();
     assert_eq!(answer.status().as_u16(), 500);
-    // The gRPC status follows within a quarter of a second.
-    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
-    assert_eq!(grpc(&unconfigured).await, ServingStatus::NotServing as i32);
+    // The gRPC status follows the health it checks every quarter of a second.
+    let mut status = grpc(&unconfigured).await;
+    for _ in 0..40 {
+        if status == ServingStatus::NotServing as i32 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        status = grpc(&unconfigured).await;
+    }
+    assert_eq!(status, ServingStatus::NotServing as i32);
 
     let shop = Shop::start(Store::Redis, &[]);
     let url = http(&shop.server);
@@ -1204,38 +1204,7 @@ async fn two_servers_on_one_redis_count_as_one() {
     let files = [("shop.yaml", SHOP), ("store.yaml", store.as_str())];
     let (a, b) = (Server::start(&files, &[]), Server::start(&files, &[]));
     let mut clients = [Rls::connect(&a).await, Rls::connect(&b).await];
-    let cart = fresh("cart");
-    for i in 0..25u32 {
-        let (overall, status) = clients[i as usize % 2]
-            .one(descriptor(&[("cart", &cart)]), 1)
-            .await;
-        let (code, remaining) = if i >= 20 {
-            (OVER, 0)
-        } else {
-            (OK, 20 - (i + 1))
-        };
-        assert_eq!(
-            (overall, seen(&status)),
-            (code, (code, 20, remaining)),
-            "hit {i}"
-        );
-    }
-    let (cart, checkout) = (fresh("cart"), fresh("checkout"));
-    for i in 0..15u32 {
-        let both = vec![
-            descriptor(&[("cart", &cart)]),
-            descriptor(&[("checkout", &checkout)]),
-        ];
-        let response = clients[i as usize % 2].ask("shop", both, 1).await;
-        assert_eq!(seen(&response.statuses[0]), (OK, 20, 20 - (i + 1)), "{i}");
-        let over = i >= 10;
-        let checkout = if over {
-            (OVER, 10, 0)
-        } else {
-            (OK, 10, 10 - (i + 1))
-        };
-        assert_eq!(seen(&response.statuses[1]), checkout, "{i}");
-    }
+    integration_sequence(&mut clients).await;
 }
 
 /// `GRPC_UDS`: gRPC on a Unix socket instead of a TCP port, as its sidecar deployments use.
@@ -1442,15 +1411,43 @@ async fn a_swapped_runtime_root_is_followed() {
         2
     );
 
-    // The new directory's files are watched now.
+    // The new directory's files are watched now: the new limit applies within seconds.
     std::fs::write(
         v2.join("rules.yaml"),
         OTHER.replace("requests_per_unit: 3", "requests_per_unit: 30"),
     )
     .unwrap();
-    server.wait_for_log("reloaded", std::time::Duration::from_secs(10));
-    assert_eq!(
-        rls.ask("other", other(), 1).await.statuses[0].limit_remaining,
-        28
-    );
+    let mut limit = 0;
+    for _ in 0..100 {
+        let status = rls.ask("other", other(), 0).await.statuses[0].clone();
+        limit = status.current_limit.map_or(0, |l| l.requests_per_unit);
+        if limit == 30 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(limit, 30);
+}
+
+/// A descriptor's own limit with no known unit is refused: applying none would let every
+/// request through.
+#[tokio::test]
+async fn a_limit_of_no_known_unit_is_refused() {
+    let server = Server::start(&[("shop.yaml", SHOP)], &[]);
+    let mut d = descriptor(&[("checkout", "x")]);
+    d.limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: Unit::Unknown as i32,
+    });
+    let mut client = RateLimitServiceClient::connect(server.grpc.clone())
+        .await
+        .unwrap();
+    let request = RateLimitRequest {
+        domain: "shop".into(),
+        descriptors: vec![d],
+        hits_addend: 1,
+    };
+    let err = client.should_rate_limit(request).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("no known unit"), "{}", err.message());
 }

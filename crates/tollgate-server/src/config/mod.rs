@@ -263,6 +263,11 @@ pub enum StoreConfig {
     },
 }
 
+/// How long a check waits for Redis when a file sets no `timeout`.
+pub const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_millis(20);
+/// How often the hybrid store syncs when a file sets no `sync_interval`.
+pub const DEFAULT_SYNC_INTERVAL: Duration = Duration::from_secs(1);
+
 /// The memory store's key bound when a file sets none.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 /// The memory store's byte bound when a file sets none (256 MiB).
@@ -855,9 +860,9 @@ fn store_from_env() -> Result<Option<StoreConfig>, ConfigError> {
         url,
         cluster,
         mode: RedisMode::Strict,
-        timeout: Duration::from_millis(20),
+        timeout: DEFAULT_REDIS_TIMEOUT,
         instances: 1,
-        sync_interval: Duration::from_secs(1),
+        sync_interval: DEFAULT_SYNC_INTERVAL,
         max_unclaimed: None,
     }))
 }

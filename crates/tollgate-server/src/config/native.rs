@@ -502,9 +502,9 @@ pub(super) fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
             url,
             cluster,
             mode: mode.unwrap_or(RedisMode::Strict),
-            timeout: timeout.unwrap_or(Duration::from_millis(20)),
+            timeout: timeout.unwrap_or(super::DEFAULT_REDIS_TIMEOUT),
             instances: instances.unwrap_or(1),
-            sync_interval: sync_interval.unwrap_or(Duration::from_secs(1)),
+            sync_interval: sync_interval.unwrap_or(super::DEFAULT_SYNC_INTERVAL),
             max_unclaimed,
         },
     });

@@ -333,3 +333,22 @@ pub async fn metrics(server: &str) -> String {
         .await
         .unwrap()
 }
+
+/// An Envoy rate limit descriptor of `(key, value)` entries.
+pub fn descriptor(
+    entries: &[(&str, &str)],
+) -> envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+        RateLimitDescriptor, rate_limit_descriptor::Entry,
+    };
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: (*k).into(),
+                value: (*v).into(),
+            })
+            .collect(),
+        ..RateLimitDescriptor::default()
+    }
+}

@@ -10,7 +10,7 @@
 //! over the limit ([`Decide::denied`]): the others consume nothing, as with the Envoy
 //! service's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`.
 
-use super::{Attempt, Decide};
+use super::{Attempt, Decide, FixedWindow};
 use crate::decision::Verdict;
 use crate::rule::{MAX_EXACT, Tier};
 
@@ -44,20 +44,15 @@ impl Decide for HitCounter {
         MAX_EXACT - 1
     }
 
+    /// The fixed window's decision (which writes only what it admits); over the limit,
+    /// nothing remains.
     #[inline]
     fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
-        let (limit, now) = (tier.limit(), attempt.now);
-        let (start, count) = window(tier, state, now);
-        let reset_after = start + tier.period_micros() - now;
-        let after = count.saturating_add(attempt.cost).min(MAX_EXACT - 1);
-        if after <= limit {
-            if attempt.writes() {
-                state[0] = start;
-                state[1] = after;
-            }
-            Verdict::allow(limit, limit - after, reset_after)
+        let verdict = FixedWindow.decide(tier, state, attempt);
+        if verdict.allowed {
+            verdict
         } else {
-            Verdict::deny(limit, 0, reset_after, reset_after)
+            Verdict::deny(verdict.limit, 0, verdict.reset_after, verdict.reset_after)
         }
     }
 
