@@ -4,7 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::algorithm::Decide;
-use crate::rule::{Label, Rule};
+use crate::rule::{Label, Policy, Rule};
 
 /// One tier's answer, in microseconds; what an algorithm returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -255,6 +255,21 @@ impl Decision {
     /// Whether a rule in shadow mode would have denied this check, which was admitted anyway.
     pub fn shadowed(&self) -> bool {
         self.shadowed
+    }
+
+    /// The binding tier's advertised policy (see [`Policy`]).
+    pub(crate) fn policy(&self) -> &'static Policy {
+        &self.rule.policies[self.tier as usize]
+    }
+
+    /// Every tier's advertised policy, in the rule's order.
+    pub(crate) fn policies(&self) -> &'static [Policy] {
+        &self.rule.policies
+    }
+
+    /// Whether both decisions are of the same rule (one label per rule).
+    pub(crate) fn same_rule(&self, other: &Decision) -> bool {
+        std::ptr::eq(self.rule, other.rule)
     }
 
     pub(crate) fn retry_after_micros(&self) -> u64 {

@@ -156,11 +156,81 @@ struct RuleInner {
     shadow: bool,
 }
 
-/// What a decision says of its rule: the name and each tier's window (µs).
+/// What a decision says of its rule: the name, each tier's window (µs) and the policy each
+/// tier advertises.
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Label {
     pub(crate) name: Box<str>,
     pub(crate) windows: Box<[u64]>,
+    pub(crate) policies: Box<[Policy]>,
+}
+
+/// A tier as the IETF `RateLimit-Policy` field advertises it: a quota a client may rely on,
+/// per window of whole seconds. A client that never sends more than `quota` in any `window`
+/// is never denied by a window, log or bucket tier (a sliding window counter estimates, and
+/// warm-up admits less while cold). For a bucket of capacity `burst` refilled at `limit` per
+/// `period`, that is `burst` per the time a whole burst takes to refill, rounded up: 10 per
+/// second with a burst of 20 is 20 per 2 s, not 20 per second.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Policy {
+    /// The policy's name in the fields: the rule's, with the tier's period after a `/` when
+    /// the rule has several tiers (`api/1s`, `api/10s`).
+    pub(crate) name: Box<str>,
+    /// Permits per window; also `X-RateLimit-Limit` (the tier's capacity).
+    pub(crate) quota: u64,
+    /// Seconds, at least 1.
+    pub(crate) window: u64,
+}
+
+impl Policy {
+    fn of(rule: &str, algorithm: &Algorithm, tiers: &[Tier], i: usize) -> Self {
+        let tier = &tiers[i];
+        let secs =
+            |micros: u128| u64::try_from(micros.div_ceil(1_000_000).max(1)).unwrap_or(u64::MAX);
+        let period = u128::from(tier.period_micros());
+        let (quota, window) = if algorithm.uses_burst() {
+            // The time a whole burst takes to refill at the tier's rate.
+            let burst = tier.burst();
+            let refill = (u128::from(burst) * period).div_ceil(u128::from(tier.limit()));
+            (burst, secs(refill))
+        } else {
+            (tier.limit(), secs(period))
+        };
+        let name = match tiers {
+            [_] => rule.into(),
+            _ if tiers.iter().filter(|t| t.period == tier.period).count() > 1 => {
+                format!("{rule}/{}", i).into()
+            }
+            _ => format!("{rule}/{}", Span(tier.period)).into(),
+        };
+        Self {
+            name,
+            quota,
+            window,
+        }
+    }
+}
+
+/// A period as rule files write it: `10s`, `1m`, `1d`, `250ms`.
+struct Span(Duration);
+
+impl std::fmt::Display for Span {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let micros = self.0.as_micros();
+        let units = [
+            (86_400_000_000, "d"),
+            (3_600_000_000, "h"),
+            (60_000_000, "m"),
+            (1_000_000, "s"),
+            (1_000, "ms"),
+        ];
+        for (size, unit) in units {
+            if micros % size == 0 {
+                return write!(f, "{}{unit}", micros / size);
+            }
+        }
+        write!(f, "{micros}us")
+    }
 }
 
 /// Labels live as long as the process, so that a decision names its rule with one pointer
@@ -228,12 +298,16 @@ impl Rule {
             .min()
             .unwrap_or(0);
         let windows = tiers.iter().map(Tier::period_micros).collect();
+        let policies = (0..tiers.len())
+            .map(|i| Policy::of(&name, &algorithm, &tiers, i))
+            .collect();
         let forgets = algorithm.forgets();
         Ok(Self {
             inner: Arc::new(RuleInner {
                 label: intern(Label {
                     name: name.into(),
                     windows,
+                    policies,
                 }),
                 algorithm,
                 tiers,

@@ -84,6 +84,103 @@ async fn every_answer_carries_the_fields_and_a_denial_is_429() {
     );
 }
 
+/// `RateLimit-Policy`'s items as (name, quota, window).
+fn policies(response: &Response<Body>) -> Vec<(String, u64, u64)> {
+    let field = header(response, "ratelimit-policy").expect("a RateLimit-Policy field");
+    field
+        .split(", ")
+        .map(|item| {
+            let mut parts = item.split(';');
+            let name = parts.next().unwrap().trim_matches('"').to_owned();
+            let mut number = |key: &str| {
+                let part = parts.next().unwrap();
+                part.strip_prefix(key).unwrap().parse::<u64>().unwrap()
+            };
+            (name, number("q="), number("w="))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_bucket_advertises_its_burst_per_refill_and_every_tier_is_listed() {
+    let bucket = Tier::per_second(10).with_burst(20);
+    let tb = Algorithm::TokenBucket(Default::default());
+    let one = Rule::new("api", tb.clone(), [bucket.clone()]).unwrap();
+    let app = app(memory(one), KeyExtractor::header("x-org"));
+    let response = call(&app, "10.0.0.1", &[("x-org", "a")]).await;
+    // 20 at once, then 20 more once they have refilled: 2 s, never 20 per second.
+    assert_eq!(policies(&response), [("api".to_owned(), 20, 2)]);
+    assert_eq!(header(&response, "x-ratelimit-limit"), Some("20"));
+    assert_eq!(header(&response, "ratelimit"), Some("\"api\";r=19;t=1"));
+
+    let two = Rule::new("api", tb, [bucket, Tier::new(50, Duration::from_secs(10))]).unwrap();
+    let app = self::app(memory(two), KeyExtractor::header("x-org"));
+    let response = call(&app, "10.0.0.1", &[("x-org", "a")]).await;
+    assert_eq!(
+        policies(&response),
+        [("api/1s".to_owned(), 20, 2), ("api/10s".to_owned(), 50, 10)]
+    );
+    assert_eq!(header(&response, "ratelimit"), Some("\"api/1s\";r=19;t=1"));
+}
+
+/// What `RateLimit-Policy` advertises is what a client may rely on: a client that sends a
+/// whole quota at once, then waits a whole window, again and again, is never denied, for
+/// every algorithm whose tier states an exact bound.
+#[tokio::test]
+async fn a_client_keeping_to_the_advertised_policy_is_never_denied() {
+    use tollgate::{LeakyBucket, SubWindows, TokenBucket};
+    let cases = [
+        (Algorithm::FixedWindow, Tier::per_minute(7)),
+        (Algorithm::SlidingLog, Tier::per_minute(7)),
+        (
+            Algorithm::SubWindows(SubWindows { count: 6 }),
+            Tier::per_minute(7),
+        ),
+        (Algorithm::IntervalBucket, Tier::per_minute(7)),
+        (Algorithm::HitCounter, Tier::per_minute(7)),
+        (
+            Algorithm::TokenBucket(TokenBucket::default()),
+            Tier::per_second(10).with_burst(20),
+        ),
+        (
+            Algorithm::TokenBucket(TokenBucket::default()),
+            Tier::per_minute(3).with_burst(7),
+        ),
+        (Algorithm::Gcra, Tier::per_second(2).with_burst(5)),
+        (Algorithm::Gcra, Tier::per_second(100).with_burst(20)),
+        (
+            Algorithm::LeakyBucket(LeakyBucket::Meter),
+            Tier::per_minute(4).with_burst(9),
+        ),
+    ];
+    for (algorithm, tier) in cases {
+        let name = format!("{algorithm:?} {tier:?}");
+        let clock = ManualClock::new();
+        // Start between window edges, as a client would.
+        clock.advance(Duration::from_millis(1_234));
+        let rule = Rule::new("api", algorithm, [tier]).unwrap();
+        let limiter = Limiter::builder(rule).clock(clock.clone()).build().unwrap();
+        let app = app(limiter, KeyExtractor::header("x-org"));
+        let first = call(&app, "10.0.0.1", &[("x-org", "a")]).await;
+        let [(_, quota, window)] = policies(&first)[..] else {
+            panic!("{name}: one policy")
+        };
+        assert_eq!(
+            header(&first, "x-ratelimit-limit"),
+            Some(&*quota.to_string()),
+            "{name}"
+        );
+        for round in 0..6 {
+            let sent = if round == 0 { 1 } else { 0 };
+            for i in sent..quota {
+                let response = call(&app, "10.0.0.1", &[("x-org", "a")]).await;
+                assert_eq!(response.status(), 200, "{name}: round {round}, request {i}");
+            }
+            clock.advance(Duration::from_secs(window));
+        }
+    }
+}
+
 /// A request as a server without `ConnectInfo` passes it on: no client address.
 async fn call_without_address(app: &Router, headers: &[(&str, &str)]) -> Response<Body> {
     let mut request = Request::get("/orgs/acme/items");

@@ -1,8 +1,11 @@
 //! The rate limit fields of an HTTP answer, from its decisions: `X-RateLimit-Limit`,
-//! `-Remaining` and `-Reset` of the binding decision, `Retry-After` when it denies (whole
-//! seconds, rounded up: never early), and the IETF fields of
-//! draft-ietf-httpapi-ratelimit-headers: `RateLimit-Policy` (every rule's quota and window)
-//! and `RateLimit` (the binding rule's remaining permits and seconds to wait or to reset).
+//! `-Remaining` and `-Reset` of the binding decision (its tier's capacity, what it would
+//! still admit now, and the seconds from now until it is full again), `Retry-After` when it
+//! denies (whole seconds, rounded up: never early), and the IETF fields of
+//! draft-ietf-httpapi-ratelimit-headers: `RateLimit-Policy` (every tier of every rule that
+//! decided, each as a quota a client may rely on per window of whole seconds: a bucket's
+//! burst per the time that burst takes to refill) and `RateLimit` (the binding tier's policy,
+//! remaining permits and seconds to wait or to reset).
 
 use std::ops::Range;
 use std::time::Duration;
@@ -70,18 +73,29 @@ pub fn add(headers: &mut HeaderMap, decisions: &[Decision]) {
     let reset = values.number(ceil_secs(binding.reset_after()));
     let retry = binding.retry_after().map(|r| values.number(ceil_secs(r)));
     let start = values.0.len();
+    // Each rule's tiers once, however many of its keys the answer decided.
+    let mut seen = std::collections::HashSet::new();
     for (i, d) in decisions.iter().enumerate() {
-        if i > 0 {
-            values.0.extend_from_slice(b", ");
+        let repeated = if decisions.len() <= 16 {
+            decisions[..i].iter().any(|earlier| earlier.same_rule(d))
+        } else {
+            !seen.insert(d.policies().as_ptr())
+        };
+        if repeated {
+            continue;
         }
-        let window = ceil_secs(d.window());
-        values.item(d.rule(), (b'q', d.limit()), (b'w', window));
+        for policy in d.policies() {
+            if values.0.len() > start {
+                values.0.extend_from_slice(b", ");
+            }
+            values.item(&policy.name, (b'q', policy.quota), (b'w', policy.window));
+        }
     }
     let policy = start..values.0.len();
     let wait = binding.retry_after().unwrap_or(binding.reset_after());
     let start = values.0.len();
     let (left, wait) = ((b'r', binding.remaining()), (b't', ceil_secs(wait)));
-    values.item(binding.rule(), left, wait);
+    values.item(&binding.policy().name, left, wait);
     let ratelimit = start..values.0.len();
 
     let values = Bytes::from(values.0);
