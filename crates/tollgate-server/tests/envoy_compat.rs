@@ -952,7 +952,7 @@ fn merged_domains() {
     let (code, _, err) = run(&args);
     assert_eq!(code, 1);
     assert!(
-        err.contains("b.yaml: duplicate domain 'shop' in config file"),
+        err.contains("b.yaml:1:9: duplicate domain 'shop' in config file"),
         "{err}"
     );
     let merge = [("MERGE_DOMAIN_CONFIG", "true")];
@@ -963,7 +963,7 @@ fn merged_domains() {
     let (code, _, err) = support::run_with_env(&merge, &args);
     assert_eq!(code, 1);
     assert!(
-        err.contains("b.yaml: duplicate descriptor composite key 'shop.cart'"),
+        err.contains("b.yaml:1:9: duplicate descriptor composite key 'shop.cart'"),
         "{err}"
     );
 }

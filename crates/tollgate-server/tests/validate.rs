@@ -96,12 +96,12 @@ fn native_errors_name_the_file_line_and_column() {
         ),
         (
             "rules: []\nstore:\n  kind: redis\n  url: http://127.0.0.1:6379\n",
-            ":3:",
+            ":4:8:",
             "`http://127.0.0.1:6379` is not a Redis URL",
         ),
         (
             "store:\n  kind: redis\n  cluster: [\"redis://127.0.0.1:7000\", \"redis://:::7001\"]\n",
-            ":2:",
+            ":3:40:",
             "`redis://:::7001` is not a Redis URL",
         ),
         (
@@ -117,14 +117,65 @@ fn native_errors_name_the_file_line_and_column() {
         (
             "rules:\n  - id: a\n    enabled: yes please\n    tiers: [{ limit: 1, period: 1s }]\n",
             ":3:14:",
-            "enabled: invalid boolean (true or false)",
+            "enabled: expected true or false, found `yes please`",
         ),
         (
             "rules:\n  - id: a\n    tiers:\n      - { limit: ten, period: 1s }\n",
             ":4:18:",
-            "limit: invalid u64 (a whole number)",
+            "limit: expected a whole number, found `ten`",
         ),
         ("rules: [\n", ":", ""),
+        // The store's settings, each at its own line, in plain words.
+        (
+            "store:\n  kind: redis\n  url: redis://127.0.0.1\n  max_unclaied: 4\n",
+            ":4:3:",
+            "unknown field `max_unclaied`: did you mean `max_unclaimed`?",
+        ),
+        (
+            "store:\n  kind: redis\n  url: redis://127.0.0.1\n  max_keys: 10\n",
+            ":4:13:",
+            "`max_keys` is a setting of a memory store, and this store is `kind: redis`",
+        ),
+        (
+            "store:\n  max_keys: 10\n",
+            ":2:",
+            "store: `kind` is needed: memory or redis",
+        ),
+        (
+            "store:\n  kind: memory\n  max_keys: 1.5\n",
+            ":3:13:",
+            "max_keys: expected a whole number, found `1.5`",
+        ),
+        (
+            "store:\n  kind: redis\n  url: redis://127.0.0.1\n  mode: hybird\n",
+            ":4:9:",
+            "mode: unknown value `hybird`: did you mean `hybrid`?",
+        ),
+        (
+            "server:\n  drain: 5s\n  drain: 6s\n",
+            ":3:3:",
+            "`drain` is written twice in one mapping: keep one",
+        ),
+        (
+            "server:\n  drain: |\n    10s later\n",
+            ":3:",
+            "drain: invalid duration `10s later",
+        ),
+        (
+            "server:\n  drain: [1]\n",
+            ":2:3:",
+            "drain: expected a duration (`10s`, `1m`) or a whole number of seconds, found sequence",
+        ),
+        (
+            "rules:\n  - id: a\n    algorithm:\n    tiers: [{ limit: 1, period: 1s }]\n",
+            ":3:",
+            "algorithm: a value is needed here",
+        ),
+        (
+            "rules:\n  - id: a\n    tiers: [{ limit: 1, perod: 1s }]\n",
+            ":3:",
+            "unknown field `perod`: did you mean `period`?",
+        ),
     ];
     for (text, place, says) in cases {
         let (code, out) = validate(&[("rules.yaml", text)]);

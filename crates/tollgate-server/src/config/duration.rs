@@ -3,7 +3,10 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
+use serde::Deserializer;
+
+/// What a duration may be, as errors say it.
+const EXPECTED: &str = "expected a whole number and ms, s, m, h, d or w (`10s`, `1m`)";
 
 /// Parses `text`: a whole number followed by `ms`, `s`, `m`, `h`, `d` or `w`, or a whole
 /// number of seconds.
@@ -16,11 +19,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(text.len());
     let (number, unit) = text.split_at(digits);
-    let bad = || {
-        format!(
-            "invalid duration `{text}`: expected a whole number and ms, s, m, h, d or w (`10s`, `1m`)"
-        )
-    };
+    let bad = || format!("invalid duration `{text}`: {EXPECTED}");
     let n: u64 = number.parse().map_err(|_| bad())?;
     let millis = match unit.trim() {
         "ms" => 1,
@@ -38,16 +37,31 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 
 /// A duration field: a string as [`parse_duration`] reads it, or a number of seconds.
 pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Raw {
-        Seconds(u64),
-        Text(String),
+    struct Seconds;
+    impl serde::de::Visitor<'_> for Seconds {
+        type Value = Duration;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a duration (`10s`, `1m`) or a whole number of seconds")
+        }
+        fn visit_u64<E: serde::de::Error>(self, seconds: u64) -> Result<Duration, E> {
+            Ok(Duration::from_secs(seconds))
+        }
+        fn visit_i64<E: serde::de::Error>(self, seconds: i64) -> Result<Duration, E> {
+            u64::try_from(seconds)
+                .map(Duration::from_secs)
+                .map_err(|_| E::custom(format!("invalid duration `{seconds}`: {}", EXPECTED)))
+        }
+        fn visit_f64<E: serde::de::Error>(self, seconds: f64) -> Result<Duration, E> {
+            Err(E::custom(format!(
+                "invalid duration `{seconds}`: {}",
+                EXPECTED
+            )))
+        }
+        fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Duration, E> {
+            parse_duration(text).map_err(E::custom)
+        }
     }
-    match Raw::deserialize(d)? {
-        Raw::Seconds(s) => Ok(Duration::from_secs(s)),
-        Raw::Text(t) => parse_duration(&t).map_err(serde::de::Error::custom),
-    }
+    d.deserialize_any(Seconds)
 }
 
 /// An optional duration field.

@@ -25,7 +25,7 @@ use super::ConfigError;
 #[serde(deny_unknown_fields)]
 struct File {
     #[serde(default)]
-    domain: Option<String>,
+    domain: Option<Spanned<Option<String>>>,
     #[serde(default)]
     descriptors: Option<Vec<Spanned<Descriptor>>>,
 }
@@ -85,26 +85,49 @@ where
     Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
 }
 
-/// Parses one Envoy file into its domain's name and nodes.
-pub(super) fn parse(file: &Path, text: &str) -> Result<(String, Vec<Node>), ConfigError> {
+/// One Envoy file: its domain's name, where the name is written (or, when it is not, where
+/// the file's content starts), and its nodes.
+#[derive(Debug)]
+pub(super) struct Parsed {
+    pub(super) domain: String,
+    pub(super) at: (u64, u64),
+    pub(super) nodes: Vec<Node>,
+}
+
+/// Parses one Envoy file.
+pub(super) fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
     let parsed: File = serde_saphyr::from_str(text).map_err(|e| yaml(file, text, &e))?;
-    let domain = parsed.domain.unwrap_or_default();
+    let (domain, at) = match parsed.domain {
+        Some(spanned) => (
+            spanned.value.unwrap_or_default(),
+            Some((spanned.referenced.line(), spanned.referenced.column())),
+        ),
+        None => (String::new(), None),
+    };
+    let at = at
+        .filter(|(line, _)| *line > 0)
+        .unwrap_or_else(|| super::content_start(text));
     if domain.is_empty() {
         return Err(ConfigError::new(
             file,
-            None,
+            Some(at),
             "config file cannot have empty domain",
         ));
     }
     let nodes = nodes(file, &domain, parsed.descriptors.unwrap_or_default())?;
-    Ok((domain, nodes))
+    Ok(Parsed { domain, at, nodes })
 }
 
-/// The domain `name` of `nodes`; errors are `file`'s.
-pub(super) fn build(file: &Path, name: &str, nodes: Vec<Node>) -> Result<Domain, ConfigError> {
+/// The domain `name` of `nodes`, written at `at` in `file`, where its errors are placed.
+pub(super) fn build(
+    file: &Path,
+    at: (u64, u64),
+    name: &str,
+    nodes: Vec<Node>,
+) -> Result<Domain, ConfigError> {
     DomainBuilder::new(name)
         .build(nodes)
-        .map_err(|e| ConfigError::new(file, None, e))
+        .map_err(|e| ConfigError::new(file, Some(at), e))
 }
 
 /// A YAML error in Envoy's words where it has them: an unknown field is an unknown key.
@@ -114,7 +137,7 @@ fn yaml(file: &Path, text: &str, err: &serde_saphyr::Error) -> ConfigError {
         && let Some((field, expected)) = rest.split_once('`')
     {
         error.message = format!("config error, unknown key '{field}'{expected}");
-    } else if error.message.starts_with("expected mapping start") {
+    } else if error.message.ends_with("expected mapping start") {
         error.message = "config error, yaml file contains list of type other than map: each \
                          descriptor is a mapping (`- key: ...`)"
             .into();

@@ -399,10 +399,9 @@ impl ConfigError {
         }
     }
 
-    /// A YAML error, with its place and without the snippet the message may carry.
-    /// A YAML error in `text`, with its place and without the snippet the message may carry;
-    /// a message that names no field ("invalid boolean") is given the key written where it
-    /// points and what is expected there.
+    /// A YAML error in `text`, with its place and without the snippet the message may carry,
+    /// in plain words: a message that names no field ("invalid boolean") is given the key
+    /// written where it points, what is expected there and what is written instead.
     fn yaml(file: &Path, text: &str, err: &serde_saphyr::Error) -> Self {
         let at = err
             .location()
@@ -416,18 +415,28 @@ impl ConfigError {
             Some(i) if at.is_some() => &first[..i],
             _ => first,
         };
-        let mut message = message.to_string();
-        if let Some(key) = at.and_then(|(line, column)| key_at(text, line, column))
-            && !message.contains('`')
-        {
-            let expected = if message.contains("boolean") {
-                " (true or false)"
-            } else if message.contains("u64") || message.contains("u32") {
-                " (a whole number)"
-            } else {
-                ""
+        let mut message = plain(message).unwrap_or_else(|| message.to_string());
+        // A scalar of the wrong kind: what was expected, and what is written there.
+        let wanted = match message.as_str() {
+            "invalid boolean" => Some("true or false"),
+            m if m.starts_with("invalid u") || m.starts_with("invalid i") => Some("a whole number"),
+            _ => None,
+        };
+        if let Some(wanted) = wanted {
+            message = match at.and_then(|(line, column)| scalar_at(text, line, column)) {
+                Some(found) => format!("expected {wanted}, found `{found}`"),
+                None => format!("expected {wanted}"),
             };
-            message = format!("{key}: {message}{expected}");
+        }
+        // Messages that name their own field keep it; the others get the key they are about.
+        let named = ["unknown field", "`", "missing field"]
+            .iter()
+            .any(|n| message.starts_with(n));
+        if let Some(key) = at.and_then(|(line, column)| key_at(text, line, column))
+            && !named
+            && !message.starts_with(&format!("{key}:"))
+        {
+            message = format!("{key}: {message}");
         }
         Self::new(file, at, message)
     }
@@ -439,7 +448,7 @@ struct Parsed {
     server: Option<(ServerConfig, Option<(u64, u64)>)>,
     store: Option<(StoreConfig, Option<(u64, u64)>)>,
     specs: Vec<(RuleSpec, Option<(u64, u64)>)>,
-    domain: Option<(String, Vec<Node>)>,
+    domain: Option<envoy::Parsed>,
 }
 
 /// Where the Envoy ratelimit service reads its files, from the environment as it does:
@@ -578,31 +587,43 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Config, ConfigError> {
             places.rules.insert(spec.id.clone(), place(file, at));
             specs.push(spec);
         }
-        if let Some((name, nodes)) = parsed.domain {
+        if let Some(envoy::Parsed {
+            domain: name,
+            at,
+            nodes,
+        }) = parsed.domain
+        {
             match domains.iter_mut().find(|(n, _, _)| *n == name) {
                 Some((_, merged, domain)) if merge => {
                     // Built again with this file's nodes, so that a key this file repeats
                     // is this file's error.
                     merged.extend(nodes);
-                    *domain = envoy::build(file, &name, merged.clone())?;
+                    *domain = envoy::build(file, at, &name, merged.clone())?;
                 }
                 Some(_) => {
                     return Err(ConfigError::new(
                         file,
-                        None,
+                        Some(at),
                         format!("duplicate domain '{name}' in config file"),
                     ));
                 }
                 None => {
-                    let domain = envoy::build(file, &name, nodes.clone())?;
+                    let domain = envoy::build(file, at, &name, nodes.clone())?;
                     domains.push((name, nodes, domain));
                 }
             }
         }
     }
     let domains = domains.into_iter().map(|(_, _, domain)| domain).collect();
-    let engine =
-        Engine::new(routes, domains).map_err(|e| ConfigError::new(&texts[0].0, None, e))?;
+    // What the engine refuses is two rules of one name (a native rule's id that an Envoy
+    // domain's limit also makes): placed at the native rule.
+    let engine = Engine::new(routes, domains).map_err(|e| {
+        let named = |id: &String| e.contains(&format!("`{id}`"));
+        match places.rules.iter().find(|(id, _)| named(id)) {
+            Some((_, place)) => place.error(e),
+            None => places.file().error(e),
+        }
+    })?;
     // The environment's settings of the Envoy service where no file sets these sections.
     let mut server = match server {
         Some(server) => server,
@@ -697,17 +718,252 @@ pub fn log_level() -> &'static str {
     }
 }
 
-/// The key written before `column` on `line` of `text` (`enabled` in `    enabled: yes`).
+/// The key written before `column` on `line` of `text` (`enabled` in `    enabled: yes`), or,
+/// for a value that starts on a line of its own, the key that ends the line above it.
 fn key_at(text: &str, line: u64, column: u64) -> Option<&str> {
-    let line = text
-        .lines()
-        .nth(usize::try_from(line).ok()?.checked_sub(1)?)?;
-    let upto = line.get(..usize::try_from(column).ok()?.saturating_sub(1))?;
-    let before = upto.trim_end().strip_suffix(':')?.trim_end();
+    let index = usize::try_from(line).ok()?.checked_sub(1)?;
+    let lines: Vec<&str> = text.lines().collect();
+    let here = lines.get(index)?;
+    let column = usize::try_from(column).ok()?.saturating_sub(1);
+    let upto = here
+        .char_indices()
+        .nth(column)
+        .map_or(*here, |(byte, _)| &here[..byte]);
+    // `key:`, perhaps followed by a block scalar's indicator, a tag or an anchor.
+    let key_of = |before: &str| -> Option<usize> {
+        let mut before = before.trim_end();
+        if let Some((head, last)) = before.rsplit_once(char::is_whitespace)
+            && (last.starts_with(['|', '>', '!', '&']))
+        {
+            before = head.trim_end();
+        }
+        let before = before.strip_suffix(':')?.trim_end();
+        Some(before.len())
+    };
+    // The place may be the key itself, or the `:` after it.
+    let at_key = {
+        let rest = &here[upto.len()..];
+        let word = rest
+            .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len());
+        rest[word..]
+            .trim_start()
+            .starts_with(':')
+            .then_some(upto.len() + word)
+    };
+    let (source, end) = match key_of(upto).or(at_key) {
+        Some(end) => (*here, end),
+        None if upto.trim().is_empty() || upto.trim() == "-" => {
+            // The value began on a later line than its key: the nearest line above that
+            // is not blank or a comment, if it ends with `key:`.
+            let above = lines[..index]
+                .iter()
+                .rev()
+                .find(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))?;
+            (*above, key_of(above)?)
+        }
+        None => return None,
+    };
+    let before = &source[..end];
     let start = before
         .rfind(|c: char| !(c.is_alphanumeric() || c == '_'))
         .map_or(0, |i| i + 1);
-    Some(&before[start..]).filter(|k| !k.is_empty())
+    Some(&before[start..]).filter(|k| k.starts_with(|c: char| c.is_alphabetic() || c == '_'))
+}
+
+/// The edit distance between `a` and `b` (insertions, deletions, substitutions).
+fn distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut previous = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cost = usize::from(ca != *cb);
+            let next = (row[j] + 1).min(row[j + 1] + 1).min(previous + cost);
+            previous = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
+/// The one of `names` nearest to `name`, when it is close enough to be a misspelling of it
+/// (at most 3 edits, and fewer than `name` has characters).
+fn nearest<'a>(name: &str, names: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    names
+        .into_iter()
+        .map(|n| (distance(name, n), n))
+        .min()
+        .filter(|(d, _)| *d <= 3 && *d < name.chars().count())
+        .map(|(_, n)| n)
+}
+
+/// A YAML library's message in a user's words: which key is written twice, what type was
+/// expected in plain terms, the nearest name to an unknown one; `None` when it reads well.
+fn plain(message: &str) -> Option<String> {
+    if let Some(rest) = message.strip_prefix("duplicate mapping key: ") {
+        let key = rest
+            .split(", set DuplicateKeyPolicy")
+            .next()
+            .unwrap_or(rest);
+        return Some(format!("`{key}` is written twice in one mapping: keep one"));
+    }
+    if message.starts_with("cannot deserialize null into ") {
+        return Some("a value is needed here".into());
+    }
+    if let Some(rest) = message.strip_prefix("invalid type: ")
+        && let Some((found, expected)) = rest.split_once(", expected ")
+    {
+        let found = found
+            .replace("floating point", "the number")
+            .replace(" `", " ")
+            .replace('`', "");
+        return Some(format!("expected {}, found {found}", kind(expected)));
+    }
+    for (prefix, what) in [("unknown field `", "field"), ("unknown variant `", "value")] {
+        if let Some(rest) = message.strip_prefix(prefix)
+            && let Some((name, expected)) = rest.split_once('`')
+            && let Some(names) = expected.strip_prefix(", expected one of ")
+        {
+            let names = names.split(", ").map(|n| n.trim_matches('`'));
+            let list: Vec<&str> = names.collect();
+            let guess = nearest(name, list.iter().copied())
+                .map(|n| format!(": did you mean `{n}`?"))
+                .unwrap_or_else(|| ",".into());
+            return Some(format!(
+                "unknown {what} `{name}`{guess} expected one of {}",
+                list.join(", ")
+            ));
+        }
+    }
+    None
+}
+
+/// What serde calls a type, as a rule file's reader would say it.
+fn kind(expected: &str) -> String {
+    let known = [
+        ("usize", "a whole number"),
+        ("u64", "a whole number"),
+        ("u32", "a whole number"),
+        ("u16", "a whole number"),
+        ("a boolean", "true or false"),
+        ("bool", "true or false"),
+        (
+            "a sequence",
+            "a list (`[a, b]`, or lines starting with `- `)",
+        ),
+        (
+            "a map",
+            "a mapping (`key: value` lines, or `{ key: value }`)",
+        ),
+    ];
+    if let Some((_, plain)) = known.iter().find(|(k, _)| *k == expected) {
+        return (*plain).into();
+    }
+    if expected.starts_with("struct ") {
+        return "a mapping (`key: value` lines, or `{ key: value }`)".into();
+    }
+    expected.to_string()
+}
+
+/// The lines of the section whose value starts at `at` in `text`: each line's number, the
+/// byte where the section's part of it starts, and the line. The section ends at the first
+/// later line (not blank, not a comment) indented less than its first key.
+fn section_lines(text: &str, at: (u64, u64)) -> impl Iterator<Item = (u64, usize, &str)> {
+    let (first, column) = (at.0 as usize, at.1 as usize);
+    text.lines()
+        .enumerate()
+        .skip(first.saturating_sub(1))
+        .map(move |(i, line)| {
+            let start = if i + 1 == first {
+                line.char_indices()
+                    .nth(column.saturating_sub(1))
+                    .map_or(line.len(), |(b, _)| b)
+            } else {
+                0
+            };
+            (i as u64 + 1, start, line)
+        })
+        .take_while(move |(n, _, line)| {
+            let content = line.trim_start();
+            let indent = line.len() - content.len();
+            *n as usize == first
+                || content.is_empty()
+                || content.starts_with('#')
+                || indent + 1 >= column
+        })
+}
+
+/// A byte offset of `line` as a column (from 1).
+fn column_of(line: &str, byte: usize) -> u64 {
+    line[..byte].chars().count() as u64 + 1
+}
+
+/// Where `key`'s value is written in the section at `at` (the key's own place when nothing
+/// follows it on its line).
+fn section_key_place(text: &str, at: Option<(u64, u64)>, key: &str) -> Option<(u64, u64)> {
+    section_lines(text, at?).find_map(|(n, start, line)| {
+        let mut from = start;
+        while let Some(found) = line[from..].find(key) {
+            let begin = from + found;
+            let end = begin + key.len();
+            from = end;
+            let before = line[..begin].chars().next_back();
+            let bounded = before.is_none_or(|c| " \t{,-".contains(c));
+            let rest = &line[end..];
+            if bounded && rest.trim_start().starts_with(':') {
+                let value = rest.trim_start()[1..].trim_start();
+                let byte = if value.is_empty() {
+                    begin
+                } else {
+                    line.len() - value.len()
+                };
+                return Some((n, column_of(line, byte)));
+            }
+        }
+        None
+    })
+}
+
+/// Where `value` is first written in the section at `at`.
+fn value_place(text: &str, at: Option<(u64, u64)>, value: &str) -> Option<(u64, u64)> {
+    if value.is_empty() {
+        return None;
+    }
+    section_lines(text, at?).find_map(|(n, start, line)| {
+        line[start..]
+            .find(value)
+            .map(|found| (n, column_of(line, start + found)))
+    })
+}
+
+/// The plain scalar written at `line`:`column` of `text`, up to the end of its line, a
+/// comment or the end of a flow collection's item.
+fn scalar_at(text: &str, line: u64, column: u64) -> Option<&str> {
+    let line = text
+        .lines()
+        .nth(usize::try_from(line).ok()?.checked_sub(1)?)?;
+    let (byte, _) = line
+        .char_indices()
+        .nth(usize::try_from(column).ok()?.checked_sub(1)?)?;
+    let rest = &line[byte..];
+    let end = rest.find([',', '}', ']', '#']).unwrap_or(rest.len());
+    Some(rest[..end].trim()).filter(|s| !s.is_empty())
+}
+
+/// Where `text`'s content starts: the first line that is not blank, a comment or a document
+/// marker, at its first character; 1:1 for a file of none.
+fn content_start(text: &str) -> (u64, u64) {
+    text.lines()
+        .enumerate()
+        .find_map(|(i, line)| {
+            let content = line.trim_start();
+            let skip = content.is_empty() || content.starts_with('#') || content == "---";
+            let column = line.chars().count() - content.chars().count();
+            (!skip).then_some((i as u64 + 1, column as u64 + 1))
+        })
+        .unwrap_or((1, 1))
 }
 
 /// Where the field an error of rule `id` names (`rule `id`: tiers[1].period: ...`) is
@@ -906,7 +1162,7 @@ fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
     if empty {
         return Err(ConfigError::new(
             file,
-            None,
+            Some((1, 1)),
             "the file is empty: config file cannot have empty domain (an Envoy file needs \
              `domain` and `descriptors`, a native file `rules`)",
         ));

@@ -58,26 +58,80 @@ struct ServerSection {
     idle_timeout: Option<Duration>,
 }
 
+/// The `store` section: its `kind`, and the settings of that kind (a setting of the other
+/// kind is an error at its place). One flat mapping, so that every error has a place.
 #[derive(Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-enum StoreSection {
-    Memory {
-        max_keys: Option<usize>,
-        max_bytes: Option<usize>,
-        when_full: Option<WhenFullSpec>,
-    },
-    Redis {
-        url: Option<String>,
-        #[serde(default)]
-        cluster: Vec<String>,
-        mode: Option<RedisMode>,
-        #[serde(default, deserialize_with = "duration::deserialize_option")]
-        timeout: Option<Duration>,
-        instances: Option<u32>,
-        #[serde(default, deserialize_with = "duration::deserialize_option")]
-        sync_interval: Option<Duration>,
-        max_unclaimed: Option<u64>,
-    },
+#[serde(deny_unknown_fields)]
+struct StoreSection {
+    kind: Option<StoreKind>,
+    max_keys: Option<usize>,
+    max_bytes: Option<usize>,
+    when_full: Option<WhenFullSpec>,
+    url: Option<String>,
+    #[serde(default)]
+    cluster: Vec<String>,
+    mode: Option<RedisMode>,
+    #[serde(default, deserialize_with = "duration::deserialize_option")]
+    timeout: Option<Duration>,
+    instances: Option<u32>,
+    #[serde(default, deserialize_with = "duration::deserialize_option")]
+    sync_interval: Option<Duration>,
+    max_unclaimed: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum StoreKind {
+    Memory,
+    Redis,
+}
+
+impl StoreSection {
+    /// The settings written that a store of the other kind takes.
+    fn misplaced(&self, kind: StoreKind) -> Option<&'static str> {
+        let memory = [
+            ("max_keys", self.max_keys.is_some()),
+            ("max_bytes", self.max_bytes.is_some()),
+            ("when_full", self.when_full.is_some()),
+        ];
+        let redis = [
+            ("url", self.url.is_some()),
+            ("cluster", !self.cluster.is_empty()),
+            ("mode", self.mode.is_some()),
+            ("timeout", self.timeout.is_some()),
+            ("instances", self.instances.is_some()),
+            ("sync_interval", self.sync_interval.is_some()),
+            ("max_unclaimed", self.max_unclaimed.is_some()),
+        ];
+        let other: &[_] = match kind {
+            StoreKind::Memory => &redis,
+            StoreKind::Redis => &memory,
+        };
+        other.iter().find(|(_, set)| *set).map(|(name, _)| *name)
+    }
+
+    /// The store this section describes.
+    fn config(self, kind: StoreKind) -> StoreConfig {
+        match kind {
+            StoreKind::Memory => StoreConfig::Memory {
+                max_keys: self.max_keys.unwrap_or(DEFAULT_MAX_KEYS),
+                max_bytes: self.max_bytes.unwrap_or(DEFAULT_MAX_BYTES),
+                when_full: match self.when_full {
+                    None | Some(WhenFullSpec::Evict) => WhenFull::Evict,
+                    Some(WhenFullSpec::Refuse) => WhenFull::Refuse,
+                },
+            },
+            StoreKind::Redis => StoreConfig::Redis {
+                url: self.url,
+                cluster: self.cluster,
+                mode: self.mode.unwrap_or(RedisMode::Strict),
+                timeout: self.timeout.unwrap_or(super::DEFAULT_REDIS_TIMEOUT),
+                instances: self.instances.unwrap_or(1),
+                sync_interval: self.sync_interval.unwrap_or(super::DEFAULT_SYNC_INTERVAL),
+                max_unclaimed: self.max_unclaimed,
+            },
+        }
+    }
 }
 
 /// `store.when_full` as written.
@@ -180,13 +234,13 @@ fn fixed_window() -> String {
 
 /// A Redis URL of the store section at `at` that parses, checked without connecting: `serve`
 /// would refuse it only when starting.
-fn check_redis_url(file: &Path, at: (u64, u64), url: &str) -> Result<(), ConfigError> {
+fn check_redis_url(file: &Path, at: Option<(u64, u64)>, url: &str) -> Result<(), ConfigError> {
     use redis::IntoConnectionInfo as _;
     match url.into_connection_info() {
         Ok(_) => Ok(()),
         Err(err) => Err(ConfigError::new(
             file,
-            Some(at),
+            at,
             format!(
                 "store: `{url}` is not a Redis URL (redis://host:port, rediss://..., \
                  unix:///path/to/redis.sock): {err}"
@@ -296,23 +350,6 @@ fn parse_policy(text: &str) -> Result<FailurePolicy, String> {
     }
 }
 
-/// The edit distance between `a` and `b` (insertions, deletions, substitutions).
-fn distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut previous = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let cost = usize::from(ca != *cb);
-            let next = (row[j] + 1).min(row[j + 1] + 1).min(previous + cost);
-            previous = row[j + 1];
-            row[j + 1] = next;
-        }
-    }
-    row[b.len()]
-}
-
 /// Parses an algorithm name with its arguments in parentheses, as rule files write it.
 ///
 /// # Errors
@@ -401,12 +438,8 @@ pub fn parse_algorithm(text: &str) -> Result<Algorithm, String> {
                 "warm_up",
                 "hit_counter",
             ];
-            let nearest = NAMES
-                .iter()
-                .map(|n| (distance(name, n), n))
-                .min()
-                .filter(|(d, _)| *d <= 3)
-                .map(|(_, n)| format!("did you mean `{n}`? "))
+            let nearest = super::nearest(name, NAMES)
+                .map(|n| format!("did you mean `{n}`? "))
                 .unwrap_or_default();
             Err(format!(
                 "unknown algorithm `{name}`: {nearest}expected fixed_window, sliding_window, \
@@ -468,56 +501,48 @@ pub(super) fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
             Some((config, at))
         }
     };
-    if let Some(store) = &parsed.store {
-        if let StoreSection::Redis { url, cluster, .. } = &store.value {
-            let at = (store.referenced.line(), store.referenced.column());
-            for url in url.iter().chain(cluster) {
-                check_redis_url(file, at, url)?;
+    let store = match parsed.store {
+        None => None,
+        Some(section) => {
+            let store_at = place(&section.referenced);
+            let at = |key: &str| super::section_key_place(text, store_at, key).or(store_at);
+            let section = section.value;
+            let Some(kind) = section.kind else {
+                return Err(ConfigError::new(
+                    file,
+                    store_at,
+                    "store: `kind` is needed: memory or redis",
+                ));
+            };
+            if let Some(name) = section.misplaced(kind) {
+                let (kind, other) = match kind {
+                    StoreKind::Memory => ("memory", "redis"),
+                    StoreKind::Redis => ("redis", "memory"),
+                };
+                return Err(ConfigError::new(
+                    file,
+                    at(name),
+                    format!(
+                        "store: `{name}` is a setting of a {other} store, and this store is `kind: {kind}`"
+                    ),
+                ));
             }
+            if kind == StoreKind::Redis {
+                if section.url.is_none() == section.cluster.is_empty() {
+                    return Err(ConfigError::new(
+                        file,
+                        store_at,
+                        "store: a redis store needs either `url` or `cluster`",
+                    ));
+                }
+                for url in section.url.iter().chain(&section.cluster) {
+                    let url_at = super::value_place(text, store_at, url).or(store_at);
+                    check_redis_url(file, url_at, url)?;
+                }
+            }
+            Some((section.config(kind), store_at))
         }
-    }
-    let store_at = parsed.store.as_ref().and_then(|s| place(&s.referenced));
-    let store = parsed.store.map(|s| match s.value {
-        StoreSection::Memory {
-            max_keys,
-            max_bytes,
-            when_full,
-        } => StoreConfig::Memory {
-            max_keys: max_keys.unwrap_or(DEFAULT_MAX_KEYS),
-            max_bytes: max_bytes.unwrap_or(DEFAULT_MAX_BYTES),
-            when_full: match when_full {
-                None | Some(WhenFullSpec::Evict) => WhenFull::Evict,
-                Some(WhenFullSpec::Refuse) => WhenFull::Refuse,
-            },
-        },
-        StoreSection::Redis {
-            url,
-            cluster,
-            mode,
-            timeout,
-            instances,
-            sync_interval,
-            max_unclaimed,
-        } => StoreConfig::Redis {
-            url,
-            cluster,
-            mode: mode.unwrap_or(RedisMode::Strict),
-            timeout: timeout.unwrap_or(super::DEFAULT_REDIS_TIMEOUT),
-            instances: instances.unwrap_or(1),
-            sync_interval: sync_interval.unwrap_or(super::DEFAULT_SYNC_INTERVAL),
-            max_unclaimed,
-        },
-    });
-    if let Some(StoreConfig::Redis { url, cluster, .. }) = &store {
-        if url.is_none() == cluster.is_empty() {
-            return Err(ConfigError::new(
-                file,
-                store_at,
-                "store: a redis store needs either `url` or `cluster`",
-            ));
-        }
-    }
-    let store = store.map(|s| (s, store_at));
+    };
     let specs = parsed
         .rules
         .into_iter()
