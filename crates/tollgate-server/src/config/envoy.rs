@@ -106,7 +106,7 @@ pub(super) fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
     };
     let at = at
         .filter(|(line, _)| *line > 0)
-        .unwrap_or_else(|| super::content_start(text));
+        .unwrap_or_else(|| super::places::content_start(text));
     if domain.is_empty() {
         return Err(ConfigError::new(
             file,

@@ -438,7 +438,7 @@ pub fn parse_algorithm(text: &str) -> Result<Algorithm, String> {
                 "warm_up",
                 "hit_counter",
             ];
-            let nearest = super::nearest(name, NAMES)
+            let nearest = super::places::nearest(name, NAMES)
                 .map(|n| format!("did you mean `{n}`? "))
                 .unwrap_or_default();
             Err(format!(
@@ -505,7 +505,7 @@ pub(super) fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
         None => None,
         Some(section) => {
             let store_at = place(&section.referenced);
-            let at = |key: &str| super::section_key_place(text, store_at, key).or(store_at);
+            let at = |key: &str| super::places::section_key_place(text, store_at, key).or(store_at);
             let section = section.value;
             let Some(kind) = section.kind else {
                 return Err(ConfigError::new(
@@ -536,7 +536,7 @@ pub(super) fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
                     ));
                 }
                 for url in section.url.iter().chain(&section.cluster) {
-                    let url_at = super::value_place(text, store_at, url).or(store_at);
+                    let url_at = super::places::value_place(text, store_at, url).or(store_at);
                     check_redis_url(file, url_at, url)?;
                 }
             }
