@@ -21,8 +21,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::value::Kind;
 use envoy_types::pb::google::protobuf::{Duration as ProtoDuration, ListValue, Struct, Value};
 use std::collections::HashMap;
-use tollgate::Decision;
 use tollgate::engine::{Descriptor, LimitOverride, NodeLimit, descriptor};
+use tollgate::{Decision, Source};
 use tonic::{Request, Response, Status};
 
 use crate::connections::{ConnectInfo, InFlight};
@@ -40,6 +40,7 @@ pub fn server(
     RateLimitServiceServer::new(Rls {
         service,
         response_headers,
+        calls: crate::metrics::CallStats::default(),
     })
     .max_decoding_message_size(max_message)
 }
@@ -181,6 +182,7 @@ pub async fn report_health(service: Arc<Service>, reporter: tonic_health::server
 pub struct Rls {
     service: Arc<Service>,
     response_headers: bool,
+    calls: crate::metrics::CallStats,
 }
 
 fn unit(limit: &NodeLimit) -> Unit {
@@ -286,9 +288,16 @@ impl RateLimitService for Rls {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        answer(&self.service, request.into_inner(), self.response_headers)
-            .await
-            .map(Response::new)
+        use crate::metrics::CallEnd;
+        let started = std::time::Instant::now();
+        let answered = answered(&self.service, request.into_inner(), self.response_headers).await;
+        let end = match &answered {
+            Err(_) => CallEnd::ServiceError,
+            Ok((_, true)) => CallEnd::RedisError,
+            Ok((_, false)) => CallEnd::Answered,
+        };
+        self.calls.record(started.elapsed(), end);
+        answered.map(|(response, _)| Response::new(response))
     }
 }
 
@@ -302,6 +311,17 @@ pub async fn answer(
     request: RateLimitRequest,
     fields: bool,
 ) -> Result<RateLimitResponse, Status> {
+    answered(service, request, fields)
+        .await
+        .map(|(response, _)| response)
+}
+
+/// As [`answer`], with whether the store failed and a failure policy decided a descriptor.
+async fn answered(
+    service: &Service,
+    request: RateLimitRequest,
+    fields: bool,
+) -> Result<(RateLimitResponse, bool), Status> {
     if request.domain.is_empty() {
         return Err(Status::invalid_argument(
             "rate limit domain must not be empty",
@@ -356,13 +376,22 @@ pub async fn answer(
     let dynamic_metadata = answer
         .dynamic_metadata
         .then(|| metadata(&request, &answer.outcomes, &statuses));
-    Ok(RateLimitResponse {
+    let store_failed = DescriptorOutcome::decisions(&answer.outcomes)
+        .iter()
+        .any(|d| {
+            matches!(
+                d.source(),
+                Source::FailOpen | Source::FailClosed | Source::Fallback
+            )
+        });
+    let response = RateLimitResponse {
         overall_code: overall as i32,
         statuses,
         response_headers_to_add,
         dynamic_metadata,
         ..RateLimitResponse::default()
-    })
+    };
+    Ok((response, store_failed))
 }
 
 /// The dynamic metadata the Envoy service answers with `RESPONSE_DYNAMIC_METADATA`: the

@@ -7,22 +7,17 @@
 //! - `tollgate bench`: loads a running deployment and reports its answers and latency.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use notify::{RecursiveMode, Watcher};
-
-use tollgate_server::service::Service;
 
 /// mimalloc: the service allocates per request (bodies, answers, headers), and mimalloc's
 /// thread-local free lists make that cheaper than glibc's allocator.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use tollgate_server::{bench, config, connections, grpc, http, metrics};
+use tollgate_server::{bench, config, serve};
 
 #[derive(Parser)]
 #[command(
@@ -194,14 +189,23 @@ struct BenchArgs {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| config::log_level().into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| config::log_level().into());
+    // LOG_FORMAT=json (the Envoy service's setting): one JSON object a line. A bad value is
+    // refused when `serve` reads the settings; until then, text.
+    if config::log_json().unwrap_or(false) {
+        tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init();
+    } else {
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init();
+    }
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
@@ -218,9 +222,15 @@ fn main() -> ExitCode {
                 grpc,
                 admin_token,
                 grpc_response_headers,
-            } => serve(config, http, grpc, admin_token, grpc_response_headers)
-                .await
-                .map(|()| ExitCode::SUCCESS),
+            } => serve::run(serve::Options {
+                files: config,
+                http,
+                grpc,
+                admin_token,
+                grpc_response_headers,
+            })
+            .await
+            .map(|()| ExitCode::SUCCESS),
             Command::Validate { files } => Ok(validate(&files)),
             Command::Simulate {
                 pattern,
@@ -320,332 +330,6 @@ fn validate(files: &[PathBuf]) -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-async fn serve(
-    files: Vec<PathBuf>,
-    http: Option<SocketAddr>,
-    grpc: Option<SocketAddr>,
-    admin_token: Option<String>,
-    grpc_response_headers: bool,
-) -> anyhow::Result<()> {
-    let files = if files.is_empty() {
-        let dir = config::runtime_directory();
-        if !dir.is_dir() {
-            anyhow::bail!(
-                "no rule files: give --config FILE (or a directory), or set RUNTIME_ROOT, \
-                 RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY to where the files are ({} \
-                 is not a directory)",
-                dir.display()
-            );
-        }
-        tracing::info!(dir = %dir.display(), "serving the rule files of the runtime directory");
-        vec![dir]
-    } else {
-        files
-    };
-    // Installed first: the service registers its counters when it loads the rules.
-    let handle = metrics::install()?;
-    tokio::spawn(metrics::upkeep(handle.clone()));
-    let service = Arc::new(Service::start(files.clone()).await?);
-    for name in config::envoy_settings_not_read() {
-        tracing::warn!(
-            "{name} is set: a setting of envoyproxy/ratelimit that tollgate does not read; it \
-             has no effect (README, \"Switching from envoyproxy/ratelimit\", says what does)"
-        );
-    }
-    let server = service.loaded().config.server.clone();
-    if let Some((addr, path)) = server.prometheus.clone() {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("cannot listen on {addr} (PROMETHEUS_ADDR)"))?;
-        tracing::info!(addr = %listener.local_addr()?, %path, "metrics listening");
-        let (service, handle) = (service.clone(), handle.clone());
-        let render = move || {
-            let (service, handle) = (service.clone(), handle.clone());
-            async move {
-                service.observe();
-                handle.render()
-            }
-        };
-        let app = axum::Router::new().route(&path, axum::routing::get(render));
-        tokio::spawn(async move { axum::serve(listener, app).await });
-    }
-    let http_addr = http.unwrap_or(server.http);
-    let grpc_addr = grpc.or(server.grpc);
-    let grpc_response_headers = grpc_response_headers || server.grpc_response_headers;
-    let limits = server
-        .connections
-        .within(connections::raise_descriptor_limit());
-    let registry = connections::Registry::new(limits);
-    let state = http::AppState {
-        service: service.clone(),
-        metrics: Some(handle),
-        admin_token: admin_token.filter(|t| !t.is_empty()).map(Into::into),
-        max_body_bytes: server.max_body_bytes,
-        connections: Some(registry.clone()),
-    };
-    tracing::info!(
-        max_connections = limits.max_connections,
-        header_timeout = ?limits.header_timeout,
-        idle_timeout = ?limits.idle_timeout,
-        "connections bounded"
-    );
-    let listener = tokio::net::TcpListener::bind(http_addr)
-        .await
-        .with_context(|| format!("cannot listen on {http_addr}"))?;
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
-    let grpc_task = match (grpc_addr, server.grpc_uds.clone()) {
-        (None, None) => None,
-        (addr, uds) => {
-            let svc = grpc::server(
-                service.clone(),
-                grpc_response_headers,
-                server.max_body_bytes,
-            );
-            let shutdown = stopped(stop_rx.clone());
-            let (reporter, health) = tonic_health::server::health_reporter();
-            tokio::spawn(grpc::report_health(service.clone(), reporter));
-            let mut builder = tonic::transport::Server::builder();
-            if let Some(tls) = &server.grpc_tls {
-                builder = builder.tls_config(grpc::tls(tls)?)?;
-                let mutual = if tls.client_ca.is_some() {
-                    "mutual TLS"
-                } else {
-                    "TLS"
-                };
-                tracing::info!("gRPC over {mutual}");
-            }
-            let router = builder
-                .layer(grpc::GuardsLayer)
-                .add_service(health)
-                .add_service(svc);
-            match (uds, addr) {
-                (Some(path), _) => {
-                    // A socket file left by a process that ended is in the way.
-                    let _ = std::fs::remove_file(&path);
-                    let listener = tokio::net::UnixListener::bind(&path)
-                        .with_context(|| format!("cannot listen on {}", path.display()))?;
-                    let addr = format!("unix:{}", path.display());
-                    tracing::info!(%addr, "gRPC (Envoy rate limit service) listening");
-                    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
-                    Some(tokio::spawn(async move {
-                        router
-                            .serve_with_incoming_shutdown(incoming, shutdown)
-                            .await
-                    }))
-                }
-                (None, Some(addr)) => {
-                    let grpc_listener = tokio::net::TcpListener::bind(addr)
-                        .await
-                        .with_context(|| format!("cannot listen on {addr}"))?;
-                    let addr = grpc_listener.local_addr()?;
-                    tracing::info!(%addr, "gRPC (Envoy rate limit service) listening");
-                    let incoming = connections::incoming(registry.clone(), grpc_listener);
-                    Some(tokio::spawn(async move {
-                        router
-                            .serve_with_incoming_shutdown(incoming, shutdown)
-                            .await
-                    }))
-                }
-                (None, None) => None,
-            }
-        }
-    };
-    let terminated = terminated()?;
-    let hangups = hangups(service.clone())?;
-    watch(&files, service.clone());
-    tokio::spawn(hangups);
-    tokio::spawn(service.clone().follow_shared());
-    tracing::info!(addr = %listener.local_addr()?, "HTTP listening");
-    let stopping = service.clone();
-    tokio::spawn(async move {
-        terminated.await;
-        stopping.terminate();
-        tracing::info!("shutting down: draining requests in flight");
-        let _ = stop_tx.send(true);
-    });
-    let drain = server.drain;
-    let http_task = tokio::spawn(http::serve(listener, state, registry, stopped(stop_rx)));
-    let finished = async {
-        let http = http_task.await;
-        let grpc = match grpc_task {
-            Some(task) => Some(task.await),
-            None => None,
-        };
-        (http, grpc)
-    };
-    let (http, grpc) = finished.await;
-    http?;
-    if let Some(grpc) = grpc {
-        grpc??;
-    }
-    // Pending hybrid counts and unused leases go back to Redis.
-    if tokio::time::timeout(drain, service.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!("the store did not finish its shutdown within {drain:?}");
-    }
-    tracing::info!("stopped");
-    Ok(())
-}
-
-/// Resolves on SIGTERM or SIGINT; the handlers are installed when this is called, not when
-/// the future is first polled, so a signal right after start is not lost.
-fn terminated() -> anyhow::Result<impl std::future::Future<Output = ()>> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    Ok(async move {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-    })
-}
-
-/// Reloads the rules on every SIGHUP (the handler is installed when this is called).
-fn hangups(service: Arc<Service>) -> anyhow::Result<impl std::future::Future<Output = ()>> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut hup = signal(SignalKind::hangup())?;
-    Ok(async move {
-        while hup.recv().await.is_some() {
-            tracing::info!("SIGHUP: reloading the rule files");
-            let _ = service.reload();
-        }
-    })
-}
-
-/// What a watched event touched: a rule file (or a file of a rule directory), or a symbolic
-/// link on the way to one (a deployment that swaps `current` to a new directory).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Change {
-    File,
-    Link,
-}
-
-/// Watches the rule files' directories and reloads, a moment after the last change, when one
-/// of the files changed (editors and config maps replace files rather than write them). A
-/// symbolic link on the way to them (`RUNTIME_ROOT` pointing at a deployment's directory) is
-/// watched too: when it is swapped, the rules reload from its new target, which is watched
-/// from then on. Lives for as long as the process.
-fn watch(files: &[PathBuf], service: Arc<Service>) {
-    let files = files.to_vec();
-    // The first watcher is in place before this returns (before the service says it listens),
-    // so that no change after start is missed.
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Change>();
-    let initial = watcher(&files, tx).map(|w| (w, rx));
-    tokio::spawn(async move {
-        let mut relinked = false;
-        let mut next = initial;
-        loop {
-            let Some((watching, mut rx)) = next.take() else {
-                return;
-            };
-            if relinked {
-                // A file written between the reload and this watcher is read now.
-                tracing::info!("watching the new rule directory: reloading");
-                let _ = service.reload();
-            }
-            loop {
-                let Some(first) = rx.recv().await else {
-                    return;
-                };
-                // Let a burst of events (write, rename, chmod) settle into one reload.
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                relinked = first == Change::Link;
-                while let Ok(change) = rx.try_recv() {
-                    relinked |= change == Change::Link;
-                }
-                tracing::info!("a rule file changed: reloading");
-                let _ = service.reload();
-                if relinked {
-                    break;
-                }
-            }
-            // Watched again, where the paths lead now.
-            drop(watching);
-            let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Change>();
-            next = watcher(&files, tx).map(|w| (w, rx));
-        }
-    });
-}
-
-/// A watcher of `files` as they resolve now, telling `tx` of each change.
-fn watcher(
-    files: &[PathBuf],
-    tx: tokio::sync::mpsc::UnboundedSender<Change>,
-) -> Option<notify::RecommendedWatcher> {
-    let targets: Vec<PathBuf> = files
-        .iter()
-        .map(|f| std::fs::canonicalize(f).unwrap_or_else(|_| f.clone()))
-        .collect();
-    let names: Vec<_> = targets
-        .iter()
-        .filter(|t| !t.is_dir())
-        .filter_map(|t| t.file_name().map(|n| n.to_owned()))
-        .collect();
-    // A directory's every file is a rule file, those added later included.
-    let whole: Vec<PathBuf> = targets.iter().filter(|t| t.is_dir()).cloned().collect();
-    // The symbolic links on the way to the files, as written.
-    let links: Vec<PathBuf> = files
-        .iter()
-        .flat_map(|f| f.ancestors())
-        .filter(|a| a.is_symlink())
-        .map(Path::to_path_buf)
-        .collect();
-    let watched_links = links.clone();
-    let handler = move |event: notify::Result<notify::Event>| {
-        let Ok(event) = event else { return };
-        if event.kind.is_access() {
-            return;
-        }
-        let link = event
-            .paths
-            .iter()
-            .any(|p| watched_links.iter().any(|l| l == p));
-        let file = event.paths.iter().any(|p| {
-            p.file_name().is_some_and(|n| names.iter().any(|m| m == n))
-                || whole.iter().any(|d| p.starts_with(d))
-        });
-        if link {
-            let _ = tx.send(Change::Link);
-        } else if file {
-            let _ = tx.send(Change::File);
-        }
-    };
-    let mut watcher = match notify::recommended_watcher(handler) {
-        Ok(w) => w,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot watch the rule files; reload with SIGHUP");
-            return None;
-        }
-    };
-    let mut dirs: Vec<(PathBuf, RecursiveMode)> = targets
-        .iter()
-        .filter_map(|t| match t.is_dir() {
-            true => Some((t.clone(), RecursiveMode::Recursive)),
-            false => t
-                .parent()
-                .map(|p| (PathBuf::from(p), RecursiveMode::NonRecursive)),
-        })
-        .chain(links.iter().filter_map(|l| {
-            l.parent()
-                .map(|p| (p.to_path_buf(), RecursiveMode::NonRecursive))
-        }))
-        .collect();
-    dirs.sort_by(|a, b| a.0.cmp(&b.0));
-    dirs.dedup_by(|a, b| a.0 == b.0);
-    for (dir, mode) in &dirs {
-        if let Err(e) = watcher.watch(dir, *mode) {
-            tracing::warn!(error = %e, dir = %dir.display(), "cannot watch; reload with SIGHUP");
-        }
-    }
-    Some(watcher)
 }
 
 /// Asks `server` to check `body`; prints the answer. Exit code 0 when admitted, 1 when

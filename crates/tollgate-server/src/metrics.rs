@@ -33,12 +33,14 @@
 //!   `key1="_other"`.
 
 use std::collections::HashSet;
-use std::sync::{LazyLock, RwLock};
+use std::sync::{Arc, LazyLock, RwLock};
 use std::time::Duration;
 
 use metrics::{Counter, Histogram, counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tollgate::{Decision, Source, StoreFailures};
+
+use crate::statsd::{self, Stat};
 
 /// Buckets of `tollgate_store_seconds`: a memory store decides in microseconds, Redis in
 /// tenths of a millisecond to milliseconds, a guard's timeout in tens of milliseconds.
@@ -123,6 +125,9 @@ pub struct EnvoyStats {
     near_limit: Counter,
     within_limit: Counter,
     shadow_mode: Counter,
+    over_limit_with_local_cache: Counter,
+    /// The same counts under the Envoy service's statsd names (`/stats`, statsd sinks).
+    counts: Arc<statsd::Counters>,
 }
 
 /// What one descriptor's check did, for its statistics.
@@ -136,6 +141,9 @@ pub struct Hits {
     pub after: Option<u64>,
     /// Over the limit, and in shadow mode.
     pub shadow: bool,
+    /// Over the limit as the local cache of descriptors over their limit knew, without asking
+    /// the store (`LOCAL_CACHE_SIZE_IN_BYTES`).
+    pub cached: bool,
     /// The near-limit ratio (`NEAR_LIMIT_RATIO`, 0.8 by default).
     pub near_ratio: f32,
 }
@@ -164,6 +172,8 @@ impl EnvoyStats {
             near_limit: counter("near_limit"),
             within_limit: counter("within_limit"),
             shadow_mode: counter("shadow_mode"),
+            over_limit_with_local_cache: counter("over_limit_with_local_cache"),
+            counts: statsd::counters(&sanitized),
         }
     }
 
@@ -197,20 +207,28 @@ impl EnvoyStats {
     /// limit counts all its hits there), and in `shadow_mode` too when the limit is in
     /// shadow mode.
     pub fn record(&self, h: Hits) {
-        self.total_hits.increment(h.hits);
+        let add = |counter: &Counter, stat: Stat, n: u64| {
+            counter.increment(n);
+            self.counts.add(stat, n);
+        };
+        add(&self.total_hits, Stat::TotalHits, h.hits);
         match h.after {
             Some(after) => {
-                self.within_limit.increment(h.hits);
+                add(&self.within_limit, Stat::WithinLimit, h.hits);
                 let near = (h.limit as f32 * h.near_ratio).floor() as u64;
                 let before = after.saturating_sub(h.hits);
                 if after > near {
-                    self.near_limit.increment(after - near.max(before));
+                    add(&self.near_limit, Stat::NearLimit, after - near.max(before));
                 }
             }
             None => {
-                self.over_limit.increment(h.hits);
+                add(&self.over_limit, Stat::OverLimit, h.hits);
+                if h.cached {
+                    let cache = &self.over_limit_with_local_cache;
+                    add(cache, Stat::OverLimitWithLocalCache, h.hits);
+                }
                 if h.shadow {
-                    self.shadow_mode.increment(h.hits);
+                    add(&self.shadow_mode, Stat::ShadowMode, h.hits);
                 }
             }
         }
@@ -335,10 +353,72 @@ pub fn record_latency(histogram: &Histogram, took: Duration) {
     histogram.record(took.as_secs_f64());
 }
 
-/// Records a reload.
+/// Records a load of the rule files (at start or a reload), also under the Envoy service's
+/// names (`ratelimit_service_config_load_success`, `_error`).
 pub fn reload(ok: bool) {
     let result = if ok { "ok" } else { "error" };
     counter!("tollgate_reloads_total", "result" => result).increment(1);
+    if ok {
+        counter!("ratelimit_service_config_load_success").increment(1);
+        statsd::count(statsd::Service::ConfigLoadSuccess);
+    } else {
+        counter!("ratelimit_service_config_load_error").increment(1);
+        statsd::count(statsd::Service::ConfigLoadError);
+    }
+}
+
+/// The Envoy service's counters of `ShouldRateLimit` calls, registered once.
+#[derive(Debug, Clone)]
+pub struct CallStats {
+    total: Counter,
+    seconds: Histogram,
+    redis_error: Counter,
+    service_error: Counter,
+}
+
+impl Default for CallStats {
+    fn default() -> Self {
+        let error = |kind: &'static str| counter!("ratelimit_service_should_rate_limit_error", "err_type" => kind);
+        Self {
+            total: counter!("ratelimit_service_total_requests", "grpc_method" => "ShouldRateLimit"),
+            seconds: histogram!("ratelimit_service_response_time_seconds", "grpc_method" => "ShouldRateLimit"),
+            redis_error: error("redis_error"),
+            service_error: error("service_error"),
+        }
+    }
+}
+
+/// How a `ShouldRateLimit` call ended, for its statistics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallEnd {
+    /// Answered by the store.
+    Answered,
+    /// Redis did not answer: the failure policy decided.
+    RedisError,
+    /// Refused as a bad request.
+    ServiceError,
+}
+
+impl CallStats {
+    /// Records one call, as the Envoy service's statistics count them:
+    /// `ratelimit_service_total_requests`, `_response_time_seconds` (labelled
+    /// `grpc_method="ShouldRateLimit"`) and `_should_rate_limit_error{err_type}`.
+    pub fn record(&self, took: Duration, end: CallEnd) {
+        self.total.increment(1);
+        statsd::count(statsd::Service::TotalRequests);
+        self.seconds.record(took.as_secs_f64());
+        match end {
+            CallEnd::Answered => {}
+            CallEnd::RedisError => {
+                self.redis_error.increment(1);
+                statsd::count(statsd::Service::RedisError);
+            }
+            CallEnd::ServiceError => {
+                self.service_error.increment(1);
+                statsd::count(statsd::Service::ServiceError);
+            }
+        }
+    }
 }
 
 /// Records what the store holds in this process.

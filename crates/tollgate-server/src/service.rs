@@ -19,6 +19,7 @@ use tollgate::{
 
 use crate::config::{self, Config, ConfigError, EnvoySettings, RedisMode, RuleSpec, StoreConfig};
 use crate::metrics::{self, EnvoyStats, Hits, RuleMetrics};
+use crate::over_cache::{self, OverCache};
 use crate::shared::{Overlay, SharedRules};
 
 /// Rules as loaded: the engine that matches requests and the limiter that holds the rules.
@@ -57,6 +58,11 @@ pub struct Service {
     latency: ::metrics::Histogram,
     /// Set when the process was asked to stop: from then on it is not healthy.
     terminating: AtomicBool,
+    /// Envoy descriptors over their limit, answered without the store until their window
+    /// ends (`LOCAL_CACHE_SIZE_IN_BYTES`).
+    over_cache: Option<OverCache>,
+    /// Whether Redis has answered since start (`/healthcheck` waits for it).
+    redis_confirmed: AtomicBool,
 }
 
 /// Why an admin edit was refused.
@@ -188,12 +194,29 @@ impl Service {
     /// The files' first error, or a store that cannot be made.
     pub async fn start(files: Vec<PathBuf>) -> anyhow::Result<Self> {
         let config = config::load(&files)?;
+        Self::start_with(files, config).await
+    }
+
+    /// The service of `files` that cannot be loaded yet, with no rules until they are: what
+    /// `FORCE_START_WITHOUT_INITIAL_CONFIG` asks for. Each reload tries them again.
+    ///
+    /// # Errors
+    /// A setting of the environment, or a store that cannot be made.
+    pub async fn start_without_rules(files: Vec<PathBuf>) -> anyhow::Result<Self> {
+        let config = config::without_files()?;
+        Self::start_with(files, config).await
+    }
+
+    async fn start_with(files: Vec<PathBuf>, config: Config) -> anyhow::Result<Self> {
         check(&config)?;
-        let store = StoreSettings::of(&config.store).open().await?;
+        let store = StoreSettings::of(&config.store)?.open().await?;
         let shared = match &config.store {
-            StoreConfig::Redis { url, cluster, .. } => {
-                Some(SharedRules::open(url.as_deref(), cluster).await?)
-            }
+            StoreConfig::Redis {
+                url,
+                cluster,
+                options,
+                ..
+            } => Some(SharedRules::open(url.as_deref(), cluster, options).await?),
             StoreConfig::Memory { .. } => None,
         };
         let (mut version, mut overlay) = (0, Overlay::new());
@@ -203,8 +226,12 @@ impl Service {
                 Err(e) => tracing::warn!(error = %e, "cannot read the shared admin rules yet"),
             }
         }
+        let cache_bytes = config.server.envoy.local_cache_bytes;
         let loaded = compose(config, &overlay, &store).map_err(anyhow::Error::msg)?;
+        metrics::reload(true);
         Ok(Self {
+            over_cache: (cache_bytes > 0).then(|| OverCache::new(cache_bytes)),
+            redis_confirmed: AtomicBool::new(false),
             current: ArcSwap::from_pointee(loaded),
             files,
             overlay: Mutex::new(overlay),
@@ -429,24 +456,48 @@ impl Service {
             });
         };
         let mut hits = found.hits(descriptors.iter().map(|(d, _, limit)| (d, *limit)));
+        let now = over_cache::now_micros();
+        // Per descriptor: over its limit as the local cache knows, not asked of the store.
+        let mut cached = vec![false; hits.len()];
+        // Whether one of them is over, and not in shadow mode.
+        let mut cached_over = false;
         let (mut items, mut names) = (Vec::new(), Vec::new());
-        for (hit, (_, cost, _)) in hits.iter_mut().zip(descriptors) {
-            if let DescriptorHit::Limited { hit, metric, .. } = hit {
+        for (i, (hit, (_, cost, _))) in hits.iter_mut().zip(descriptors).enumerate() {
+            if let DescriptorHit::Limited {
+                hit, metric, limit, ..
+            } = hit
+            {
                 if hit.key.len() > tollgate::MAX_KEY_LEN {
                     hit.key = digested(&hit.key);
+                }
+                if let Some(cache) = &self.over_cache
+                    && cache.over(hit.rule, &hit.key, limit.unit.1, now)
+                {
+                    cached[i] = true;
+                    cached_over |= !limit.shadow;
+                    continue;
                 }
                 items.push(hit.item(*cost));
                 names.push(metric.take());
             }
         }
+        let stop_when_over = loaded.config.server.envoy.stop_when_over;
+        // With `stop_when_over`, a descriptor the cache knows is over keeps the others from
+        // counting: they are only looked at.
+        let looked = stop_when_over && cached_over;
+        if looked {
+            for item in &mut items {
+                item.cost = 0;
+            }
+        }
         // Whether the checked descriptors' hits were counted.
-        let mut counted = true;
-        let decisions: Vec<Decision> = if loaded.config.server.envoy.stop_when_over {
+        let mut counted = !looked;
+        let decisions: Vec<Decision> = if stop_when_over {
             let decisions = self
                 .check_items(&loaded, &items, Some(&names))
                 .await?
                 .decisions;
-            counted = decisions.iter().all(Decision::allowed);
+            counted &= decisions.iter().all(Decision::allowed);
             decisions.iter().copied().collect()
         } else {
             // Each apart, so that each counts; sent together, so that Redis gets them in one
@@ -487,7 +538,25 @@ impl Service {
         let outcomes: Vec<DescriptorOutcome> = hits
             .into_iter()
             .zip(descriptors)
-            .map(|(hit, (_, cost, _))| match hit {
+            .zip(cached)
+            .map(|((hit, (_, cost, _)), cached)| match hit {
+                DescriptorHit::Limited { limit, stats, .. } if cached => {
+                    record(
+                        &stats,
+                        Hits {
+                            hits: *cost,
+                            limit: limit.requests_per_unit,
+                            after: None,
+                            shadow: limit.shadow,
+                            cached: true,
+                            near_ratio,
+                        },
+                    );
+                    DescriptorOutcome::Blocked {
+                        reset_after: window_left(limit.unit.1),
+                        limit: limit.into_owned(),
+                    }
+                }
                 DescriptorHit::None => DescriptorOutcome::None,
                 DescriptorHit::Unlimited(_) => DescriptorOutcome::Unlimited,
                 DescriptorHit::Blocked { limit, stats } => {
@@ -499,6 +568,7 @@ impl Service {
                             limit: 0,
                             after: None,
                             shadow,
+                            cached: false,
                             near_ratio,
                         },
                     );
@@ -511,6 +581,7 @@ impl Service {
                     limit,
                     overridden,
                     stats,
+                    hit,
                     ..
                 } => match decisions.next() {
                     Some(decision) => {
@@ -521,11 +592,16 @@ impl Service {
                                 !decision.allowed() || decision.shadowed(),
                                 decision.remaining(),
                             )
+                        } else if looked {
+                            (false, decision.remaining().min(limit.requests_per_unit))
                         } else {
                             // Within its limit in a request over another: not counted.
                             let left = decision.remaining().saturating_add(*cost);
                             (false, left.min(limit.requests_per_unit))
                         };
+                        if over && let Some(cache) = &self.over_cache {
+                            cache.remember(hit.rule, &hit.key, limit.unit.1, now);
+                        }
                         let shadow = limit.shadow;
                         let per_unit = limit.requests_per_unit;
                         let after = (!over).then(|| per_unit.saturating_sub(remaining));
@@ -534,6 +610,7 @@ impl Service {
                             limit: per_unit,
                             after,
                             shadow,
+                            cached: false,
                             near_ratio,
                         };
                         record(&stats, hits);
@@ -564,14 +641,55 @@ impl Service {
     }
 
     /// Whether the service is healthy, as the Envoy ratelimit service's health check says it
-    /// (`/healthcheck`, and gRPC's `grpc.health.v1.Health`): not stopping, its shared store
-    /// answers, and, with `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`, an Envoy domain is
-    /// loaded.
+    /// (`/healthcheck`, and gRPC's `grpc.health.v1.Health`): not stopping; its Redis, if
+    /// any, answered since start (with `REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`: answers now);
+    /// and, with `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`, an Envoy domain is loaded.
     pub fn healthy(&self) -> bool {
         let loaded = self.loaded();
-        let configured = !loaded.config.server.envoy.healthy_with_config
-            || loaded.engine.domains().next().is_some();
-        !self.terminating.load(Ordering::Relaxed) && self.ready() && configured
+        let envoy = &loaded.config.server.envoy;
+        let configured = !envoy.healthy_with_config || loaded.engine.domains().next().is_some();
+        let redis = match self.store.redis() {
+            None => true,
+            Some(_) if envoy.health_follows_redis => self.ready(),
+            Some(_) => self.redis_confirmed.load(Ordering::Relaxed),
+        };
+        !self.terminating.load(Ordering::Relaxed) && redis && configured
+    }
+
+    /// Asks the shared store's Redis, if any, until it answers, as the Envoy service waits
+    /// for Redis at start: first at once, then after `startup.initial`, the waits doubling up
+    /// to `startup.max`. Until it answers, `/healthcheck` says the service is unhealthy
+    /// (checks are answered meanwhile, by the rules' failure policies).
+    ///
+    /// # Errors
+    /// Redis did not answer within `startup.give_up`.
+    pub async fn wait_for_redis(&self, startup: config::Startup) -> anyhow::Result<()> {
+        let Some(redis) = self.store.redis() else {
+            return Ok(());
+        };
+        let started = Instant::now();
+        let mut wait = startup.initial;
+        loop {
+            match redis.ping().await {
+                Ok(()) => {
+                    self.redis_confirmed.store(true, Ordering::Relaxed);
+                    return Ok(());
+                }
+                Err(e) => {
+                    if let Some(give_up) = startup.give_up
+                        && started.elapsed() + wait > give_up
+                    {
+                        anyhow::bail!(
+                            "Redis did not answer within {give_up:?} \
+                             (REDIS_STARTUP_MAX_ELAPSED_TIME): {e}"
+                        );
+                    }
+                    tracing::warn!(error = %e, retry_in = ?wait, "Redis does not answer yet");
+                }
+            }
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(startup.max);
+        }
     }
 
     /// Whether the service can decide: rules are loaded and the shared store, if any, answers.
@@ -671,7 +789,7 @@ fn build(config: Config, store: &AnyStore) -> Result<Loaded, Error> {
 enum StoreSettings {
     Memory(MemoryStoreBuilder),
     Redis {
-        redis: RedisStoreBuilder,
+        redis: Box<RedisStoreBuilder>,
         mode: Mode,
     },
 }
@@ -684,8 +802,12 @@ enum Mode {
 }
 
 impl StoreSettings {
-    fn of(config: &StoreConfig) -> Self {
-        match config {
+    /// The settings of `config`, with the certificates it names read from their files.
+    ///
+    /// # Errors
+    /// A certificate file that cannot be read, or half of a client certificate.
+    fn of(config: &StoreConfig) -> Result<Self, Error> {
+        Ok(match config {
             StoreConfig::Memory {
                 max_keys,
                 max_bytes,
@@ -704,12 +826,28 @@ impl StoreSettings {
                 instances,
                 sync_interval,
                 max_unclaimed,
+                options,
             } => {
-                let redis = match url {
+                let mut redis = match url {
                     Some(url) => RedisStore::builder(url),
                     None => RedisStore::cluster_builder(cluster),
                 }
-                .timeout(*timeout);
+                .timeout(*timeout)
+                .connections(options.connections)
+                .key_prefix(options.key_prefix.as_bytes())
+                .expiry_jitter(options.expiry_jitter);
+                let certificates = options.certificates().map_err(|message| Error::Store {
+                    message,
+                    transient: false,
+                })?;
+                if let Some(certificates) = certificates {
+                    if let Some(ca) = certificates.root_cert {
+                        redis = redis.root_certificate(ca);
+                    }
+                    if let Some(client) = certificates.client_tls {
+                        redis = redis.client_certificate(client.client_cert, client.client_key);
+                    }
+                }
                 let mode = match mode {
                     RedisMode::Strict => Mode::Strict,
                     RedisMode::Hybrid => Mode::Hybrid(HybridConfig {
@@ -723,9 +861,12 @@ impl StoreSettings {
                         ..LeaseConfig::default()
                     }),
                 };
-                Self::Redis { redis, mode }
+                Self::Redis {
+                    redis: Box::new(redis),
+                    mode,
+                }
             }
-        }
+        })
     }
 
     /// What opening the store would refuse in its settings, without connecting.
@@ -795,9 +936,8 @@ pub fn check(config: &Config) -> Result<(), ConfigError> {
     if let Some(problem) = problem {
         return Err(config.places.server().error(problem));
     }
-    let store = StoreSettings::of(&config.store);
-    store
-        .validate()
+    let store = StoreSettings::of(&config.store)
+        .and_then(|store| store.validate().map(|()| store))
         .map_err(|e| config.places.store().error(e.to_string()))?;
     for rule in config.engine.rules() {
         store

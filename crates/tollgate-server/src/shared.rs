@@ -1,5 +1,5 @@
 //! Admin rules shared by every instance on one Redis (or Redis Cluster): the admin API's edits
-//! live in a Redis hash, `tg:admin:{rules}` (rule id to the rule as JSON, or `null` for a
+//! live in a Redis hash, `tg:admin:{rules}` after the store's key prefix (rule id to the rule as JSON, or `null` for a
 //! deleted one), with a version, `tg:admin:{rules}:version`, that every edit increments in
 //! the same transaction. Each instance reads the hash at start and again whenever the version
 //! moves (polled every second), so an edit made through any instance reaches all of them.
@@ -9,17 +9,25 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 
-use crate::config::RuleSpec;
+use crate::config::{RedisOptions, RuleSpec};
 
+/// The hash of rules and its version, after the store's key prefix.
 const RULES: &str = "tg:admin:{rules}";
 const VERSION: &str = "tg:admin:{rules}:version";
 
 /// How often instances look for edits made elsewhere.
 pub const POLL: Duration = Duration::from_secs(1);
 
-/// A connection to the Redis that holds the shared rules.
+/// A connection to the Redis that holds the shared rules, and the names of their keys.
 #[derive(Clone)]
-pub enum SharedRules {
+pub struct SharedRules {
+    connection: Connection,
+    rules: String,
+    version: String,
+}
+
+#[derive(Clone)]
+enum Connection {
     /// One server.
     Single(ConnectionManager),
     /// A cluster (both keys share one slot).
@@ -28,10 +36,11 @@ pub enum SharedRules {
 
 impl std::fmt::Debug for SharedRules {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Single(_) => "SharedRules(single)",
-            Self::Cluster(_) => "SharedRules(cluster)",
-        })
+        let kind = match self.connection {
+            Connection::Single(_) => "single",
+            Connection::Cluster(_) => "cluster",
+        };
+        write!(f, "SharedRules({kind}, {})", self.rules)
     }
 }
 
@@ -39,34 +48,51 @@ impl std::fmt::Debug for SharedRules {
 pub type Overlay = BTreeMap<String, Option<RuleSpec>>;
 
 impl SharedRules {
-    /// Connects (lazily, for one server) to the Redis of `url`, or of the cluster `nodes`.
+    /// Connects (lazily, for one server) to the Redis of `url`, or of the cluster `nodes`,
+    /// with the store's TLS certificates and key prefix.
     ///
     /// # Errors
-    /// A malformed URL, or a cluster none of whose nodes answers.
-    pub async fn open(url: Option<&str>, nodes: &[String]) -> anyhow::Result<Self> {
-        Ok(match url {
+    /// A malformed URL, a certificate that cannot be read, or a cluster none of whose nodes
+    /// answers.
+    pub async fn open(
+        url: Option<&str>,
+        nodes: &[String],
+        options: &RedisOptions,
+    ) -> anyhow::Result<Self> {
+        let certificates = options.certificates().map_err(anyhow::Error::msg)?;
+        let connection = match url {
             Some(url) => {
-                let client = redis::Client::open(url)?;
+                let client = match &certificates {
+                    Some(certificates) => redis::Client::build_with_tls(url, certificates.clone())?,
+                    None => redis::Client::open(url)?,
+                };
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(Duration::from_secs(2)))
                     .set_response_timeout(Some(Duration::from_secs(2)))
                     .set_number_of_retries(1);
-                Self::Single(ConnectionManager::new_lazy_with_config(client, config)?)
+                Connection::Single(ConnectionManager::new_lazy_with_config(client, config)?)
             }
             None => {
-                let client = redis::cluster::ClusterClientBuilder::new(nodes.to_vec())
+                let mut builder = redis::cluster::ClusterClientBuilder::new(nodes.to_vec())
                     .connection_timeout(Duration::from_secs(2))
-                    .response_timeout(Duration::from_secs(2))
-                    .build()?;
-                Self::Cluster(client.get_async_connection().await?)
+                    .response_timeout(Duration::from_secs(2));
+                if let Some(certificates) = certificates {
+                    builder = builder.certs(certificates);
+                }
+                Connection::Cluster(builder.build()?.get_async_connection().await?)
             }
+        };
+        Ok(Self {
+            connection,
+            rules: format!("{}{RULES}", options.key_prefix),
+            version: format!("{}{VERSION}", options.key_prefix),
         })
     }
 
     async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
-        match self.clone() {
-            Self::Single(mut c) => cmd.query_async(&mut c).await,
-            Self::Cluster(mut c) => cmd.query_async(&mut c).await,
+        match self.connection.clone() {
+            Connection::Single(mut c) => cmd.query_async(&mut c).await,
+            Connection::Cluster(mut c) => cmd.query_async(&mut c).await,
         }
     }
 
@@ -80,9 +106,9 @@ impl SharedRules {
         ) -> redis::RedisResult<T> {
             pipe.query_async(&mut c).await
         }
-        match self.clone() {
-            Self::Single(c) => run(c, pipe).await,
-            Self::Cluster(c) => run(c, pipe).await,
+        match self.connection.clone() {
+            Connection::Single(c) => run(c, pipe).await,
+            Connection::Cluster(c) => run(c, pipe).await,
         }
     }
 
@@ -91,7 +117,7 @@ impl SharedRules {
     /// # Errors
     /// Redis did not answer.
     pub async fn version(&self) -> redis::RedisResult<u64> {
-        let version: Option<u64> = self.query(redis::cmd("GET").arg(VERSION)).await?;
+        let version: Option<u64> = self.query(redis::cmd("GET").arg(&self.version)).await?;
         Ok(version.unwrap_or(0))
     }
 
@@ -103,14 +129,14 @@ impl SharedRules {
         let mut pipe = redis::pipe();
         pipe.atomic()
             .cmd("GET")
-            .arg(VERSION)
+            .arg(&self.version)
             .cmd("HGETALL")
-            .arg(RULES);
+            .arg(&self.rules);
         let (version, entries): (Option<u64>, BTreeMap<String, String>) = self.pipe(&pipe).await?;
         let mut overlay = Overlay::new();
         for (id, json) in entries {
             let spec: Option<RuleSpec> = serde_json::from_str(&json)
-                .map_err(|e| anyhow::anyhow!("shared rule `{id}` in {RULES}: {e}"))?;
+                .map_err(|e| anyhow::anyhow!("shared rule `{id}` in {}: {e}", self.rules))?;
             overlay.insert(id, spec);
         }
         Ok((version.unwrap_or(0), overlay))
@@ -125,12 +151,12 @@ impl SharedRules {
         let mut pipe = redis::pipe();
         pipe.atomic()
             .cmd("HSET")
-            .arg(RULES)
+            .arg(&self.rules)
             .arg(id)
             .arg(json)
             .ignore()
             .cmd("INCR")
-            .arg(VERSION);
+            .arg(&self.version);
         let (version,): (u64,) = self.pipe(&pipe).await?;
         Ok(version)
     }

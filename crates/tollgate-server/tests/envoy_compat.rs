@@ -708,25 +708,9 @@ async fn long_values_are_answered_on(store: Store) {
     );
 }
 
-/// A setting of the Envoy service that tollgate does not read is not ignored silently: `serve`
-/// says so at start, naming it.
-#[test]
-fn settings_it_does_not_read_are_named_at_start() {
-    let server = Server::start_under(
-        &["env", "USE_STATSD=true", "REDIS_POOL_SIZE=20"],
-        &[("shop.yaml", SHOP)],
-        &[],
-    );
-    for name in ["USE_STATSD", "REDIS_POOL_SIZE"] {
-        let line = server.logged(&format!("{name} is set")).expect("a warning");
-        assert!(line.contains("WARN"), "{line}");
-    }
-    assert_eq!(server.logged("SHADOW_MODE is set"), None);
-}
-
 /// `GET /healthcheck` and `grpc.health.v1.Health` as its service has them: healthy while it
-/// serves; with `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`, not until a domain is loaded; not
-/// once its Redis stops answering.
+/// serves; with `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`, not until a domain is loaded (how
+/// health follows Redis: tests/envoy_settings.rs).
 #[tokio::test]
 async fn health_checks() {
     use tonic_health::pb::health_check_response::ServingStatus;
@@ -774,18 +758,6 @@ async fn health_checks() {
         status = grpc(&unconfigured).await;
     }
     assert_eq!(status, ServingStatus::NotServing as i32);
-
-    let shop = Shop::start(Store::Redis, &[]);
-    let url = http(&shop.server);
-    assert_eq!(reqwest::get(&url).await.unwrap().status().as_u16(), 200);
-    let Shop { server, _redis } = shop;
-    drop(_redis);
-    // Checks fail until the breaker opens: from then on the service says it is unhealthy.
-    let mut rls = Rls::connect(&server).await;
-    for _ in 0..6 {
-        rls.one(descriptor(&[("checkout", "x")]), 1).await;
-    }
-    assert_eq!(reqwest::get(&url).await.unwrap().status().as_u16(), 500);
 }
 
 /// `POST /json`, as its handler's tests expect: no body or no JSON is 400; a request answers

@@ -4,7 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::algorithm::Decide;
-use crate::rule::{Label, Policy, Rule};
+use crate::rule::{Label, Rule};
 
 /// One tier's answer, in microseconds; what an algorithm returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -257,17 +257,20 @@ impl Decision {
         self.shadowed
     }
 
-    /// The binding tier's advertised policy (see [`Policy`]).
-    pub(crate) fn policy(&self) -> &'static Policy {
+    /// The binding tier's advertised policy (see [`crate::rule::Policy`]).
+    #[cfg(feature = "tower")]
+    pub(crate) fn policy(&self) -> &'static crate::rule::Policy {
         &self.rule.policies[self.tier as usize]
     }
 
     /// Every tier's advertised policy, in the rule's order.
-    pub(crate) fn policies(&self) -> &'static [Policy] {
+    #[cfg(feature = "tower")]
+    pub(crate) fn policies(&self) -> &'static [crate::rule::Policy] {
         &self.rule.policies
     }
 
     /// Whether both decisions are of the same rule (one label per rule).
+    #[cfg(feature = "tower")]
     pub(crate) fn same_rule(&self, other: &Decision) -> bool {
         std::ptr::eq(self.rule, other.rule)
     }

@@ -141,6 +141,51 @@ async fn tls_verified_against_a_private_ca() {
     assert!(untrusted.ping().await.is_err());
 }
 
+/// Mutual TLS: a server that asks clients for a certificate admits the store that presents
+/// one its CA signed, and no other.
+#[tokio::test]
+async fn mutual_tls_with_a_client_certificate() {
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+    let signed = |name: &str| {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(vec![name.to_string()]).unwrap();
+        // A name of its own: OpenSSL takes a certificate named as its issuer for self-signed.
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        let cert = params.signed_by(&key, &ca).unwrap();
+        (cert.pem(), key.serialize_pem())
+    };
+    let (server_cert, server_key) = signed("127.0.0.1");
+    let (client_cert, client_key) = signed("tollgate");
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, pem: &str| {
+        let path = dir.path().join(name);
+        fs::write(&path, pem).unwrap();
+        path.to_string_lossy().into_owned()
+    };
+    let server = RedisServer::start_tls_with(
+        &write("server.crt", &server_cert),
+        &write("server.key", &server_key),
+        &write("ca.crt", &ca.pem()),
+        true,
+    );
+    let url = format!("rediss://127.0.0.1:{}", server.port);
+    let trusted = || RedisStore::builder(&url).root_certificate(ca.pem().into_bytes());
+    checked_by_redis(
+        trusted().client_certificate(client_cert.into_bytes(), client_key.into_bytes()),
+    )
+    .await;
+    let anonymous = trusted().build().await.unwrap();
+    assert!(
+        anonymous.ping().await.is_err(),
+        "a client without a certificate"
+    );
+}
+
 /// Runs `n` checks of different keys at once, each in its own task spawned by one task (as a
 /// server's connections are), and asserts that Redis decided them all.
 async fn at_once(limiter: &Arc<Limiter<RedisStore>>, n: usize) {

@@ -349,3 +349,84 @@ async fn instances_whose_clocks_disagree_agree_on_the_server_time() {
     let ttl: u64 = server.cli(&["pttl", &key]).parse().unwrap();
     assert!(ttl > 0 && ttl <= 3_600_000, "{ttl}");
 }
+
+/// Two deployments on one Redis, each with its key prefix: every key each writes starts with
+/// its prefix, strict, hybrid and lease alike, and neither sees the other's counts.
+#[tokio::test]
+async fn key_prefixes_keep_deployments_apart() {
+    use tollgate::{HybridConfig, HybridStore, LeaseConfig, LeaseStore};
+    let server = RedisServer::start();
+    let rule = Rule::new("shared", Algorithm::FixedWindow, [Tier::per_minute(3)]).unwrap();
+    let store = |prefix: &'static str| {
+        RedisStore::builder(&server.url())
+            .key_prefix(prefix)
+            .timeout(Duration::from_secs(5))
+            .build()
+    };
+    let (a, b) = (
+        store("blue_").await.unwrap(),
+        store("green_").await.unwrap(),
+    );
+    let blue = Limiter::builder(rule.clone())
+        .store(a.clone())
+        .build()
+        .unwrap();
+    let green = Limiter::builder(rule.clone()).store(b).build().unwrap();
+    for _ in 0..3 {
+        assert!(blue.check("k", 1).await.unwrap().allowed());
+    }
+    assert!(!blue.check("k", 1).await.unwrap().allowed());
+    assert!(
+        green.check("k", 1).await.unwrap().allowed(),
+        "green counts on its own"
+    );
+    let hybrid = HybridStore::new(&a, HybridConfig::default()).unwrap();
+    let hybrid = Limiter::builder(rule.clone())
+        .store(hybrid.clone())
+        .build()
+        .unwrap();
+    hybrid.check("h", 1).await.unwrap();
+    hybrid.store().sync().await.unwrap();
+    let lease = LeaseStore::new(&a, LeaseConfig::default()).unwrap();
+    let lease = Limiter::builder(rule).store(lease).build().unwrap();
+    lease.check("l", 1).await.unwrap();
+    let keys = server.cli(&["--scan"]);
+    assert!(keys.lines().count() >= 4, "{keys}");
+    for key in keys.lines() {
+        assert!(
+            key.starts_with("blue_tg:") || key.starts_with("green_tg:"),
+            "{key} is outside both prefixes"
+        );
+    }
+    assert!(keys.lines().any(|k| k.starts_with("blue_tg:c:")), "{keys}");
+}
+
+/// With an expiry jitter, keys outlive their state by up to the jitter, spread across keys,
+/// and decisions do not change.
+#[tokio::test]
+async fn expiry_jitter_spreads_the_ttls_of_a_windows_keys() {
+    let server = RedisServer::start();
+    let rule = Rule::new("jitter", Algorithm::FixedWindow, [Tier::per_minute(2)]).unwrap();
+    let store = RedisStore::builder(&server.url())
+        .expiry_jitter(Duration::from_secs(300))
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let limiter = Limiter::builder(rule).store(store).build().unwrap();
+    let mut ttls = Vec::new();
+    for i in 0..32 {
+        let key = format!("k{i}");
+        assert!(limiter.check(&key, 1).await.unwrap().allowed());
+        assert!(limiter.check(&key, 1).await.unwrap().allowed());
+        assert!(!limiter.check(&key, 1).await.unwrap().allowed());
+        let name = String::from_utf8(support::redis_keys(&limiter, &key).remove(0)).unwrap();
+        ttls.push(server.cli(&["pttl", &name]).parse::<u64>().unwrap());
+    }
+    // A window of a minute: its keys live at most a minute and a second without jitter.
+    let longest = ttls.iter().max().unwrap();
+    assert!(*longest <= 61_000 + 300_000, "{ttls:?}");
+    assert!(*longest > 61_000, "no key outlived its window: {ttls:?}");
+    let spread: std::collections::HashSet<u64> = ttls.iter().map(|t| t / 18_750).collect();
+    assert!(spread.len() >= 8, "TTLs not spread: {ttls:?}");
+}

@@ -5,10 +5,11 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use super::{
-    ConfigError, DEFAULT_REDIS_TIMEOUT, DEFAULT_SYNC_INTERVAL, GrpcTls, RedisMode, ServerConfig,
-    StoreConfig,
+    ConfigError, DEFAULT_REDIS_TIMEOUT, DEFAULT_SYNC_INTERVAL, GrpcTls, RedisMode, RedisOptions,
+    ServerConfig, StoreConfig,
 };
 
 /// TLS on the gRPC listener from the environment (see [`GrpcTls`]).
@@ -65,6 +66,66 @@ pub struct EnvoySettings {
     /// Answers carry dynamic metadata: the request, and the `metadata` of the limits that
     /// passed: `RESPONSE_DYNAMIC_METADATA`.
     pub dynamic_metadata: bool,
+    /// Bytes of a cache of descriptors over their limit, answered without the store until
+    /// their window ends (0: none): `LOCAL_CACHE_SIZE_IN_BYTES`.
+    pub local_cache_bytes: usize,
+    /// The statistics of Envoy domains are kept (`DISABLE_STATS` unset or false).
+    pub stats: bool,
+    /// Where the statistics are pushed, besides `/metrics`: `USE_STATSD` or `USE_DOG_STATSD`.
+    pub statsd: Option<Statsd>,
+    /// The debug listener (`/rlconfig`, `/stats`): `DEBUG_HOST` and `DEBUG_PORT`.
+    pub debug: Option<SocketAddr>,
+    /// gRPC connections are asked to go away after this long, and closed this much later:
+    /// `GRPC_MAX_CONNECTION_AGE` and `GRPC_MAX_CONNECTION_AGE_GRACE`.
+    pub grpc_max_connection_age: Option<(Duration, Duration)>,
+    /// `serve` starts with no rule file, and serves the files when they appear:
+    /// `FORCE_START_WITHOUT_INITIAL_CONFIG`.
+    pub force_start: bool,
+    /// `/healthcheck` follows Redis after start (by default it waits for Redis to answer
+    /// once at start, and then no longer depends on it): `REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`.
+    pub health_follows_redis: bool,
+    /// How `serve` waits for Redis to answer at start: `REDIS_STARTUP_INITIAL_INTERVAL`,
+    /// `REDIS_STARTUP_MAX_INTERVAL` and `REDIS_STARTUP_MAX_ELAPSED_TIME`.
+    pub redis_startup: Startup,
+}
+
+/// A statsd sink, as the Envoy service pushes its statistics: counters' increases every
+/// flush interval, named `ratelimit.service.rate_limit.DOMAIN.KEY.total_hits`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Statsd {
+    /// `STATSD_HOST` (`localhost`) and `STATSD_PORT` (8125).
+    pub host: String,
+    /// The port.
+    pub port: u16,
+    /// DogStatsD over UDP, tags as `|#key:value` (`USE_DOG_STATSD`); else statsd over TCP,
+    /// tags in the name as `.__key=value`, as the Envoy service's statsd sink writes them.
+    pub dog: bool,
+    /// `STATS_FLUSH_INTERVAL` (10 s).
+    pub flush: Duration,
+    /// `EXTRA_TAGS` (`key:value,key:value`), on every statistic.
+    pub tags: Vec<(String, String)>,
+}
+
+/// Waiting for Redis to answer at start: first after `initial`, the waits doubling up to
+/// `max`; `serve` stops if it has not answered within `give_up` (`None`: it waits for ever).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Startup {
+    /// The first wait.
+    pub initial: Duration,
+    /// The longest wait.
+    pub max: Duration,
+    /// When to stop trying.
+    pub give_up: Option<Duration>,
+}
+
+impl Default for Startup {
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_secs(1),
+            max: Duration::from_secs(30),
+            give_up: None,
+        }
+    }
 }
 
 impl Default for EnvoySettings {
@@ -77,61 +138,142 @@ impl Default for EnvoySettings {
             response_headers: None,
             near_ratio: 0.8,
             dynamic_metadata: false,
+            local_cache_bytes: 0,
+            stats: true,
+            statsd: None,
+            debug: None,
+            grpc_max_connection_age: None,
+            force_start: false,
+            health_follows_redis: false,
+            redis_startup: Startup::default(),
         }
     }
 }
 
-/// The settings the Envoy ratelimit service reads from its environment that tollgate does not
-/// (yet) read; [`EnvoySettings::from_env`] reads the others.
-pub(super) const ENVOY_SETTINGS_NOT_READ: &[&str] = &[
-    "DEBUG_HOST",
-    "DEBUG_PORT",
-    "GRPC_MAX_CONNECTION_AGE",
-    "GRPC_MAX_CONNECTION_AGE_GRACE",
-    "LOG_FORMAT",
-    "CONFIG_TYPE",
-    "FORCE_START_WITHOUT_INITIAL_CONFIG",
-    "USE_DOG_STATSD",
-    "USE_STATSD",
-    "STATSD_HOST",
-    "STATSD_PORT",
-    "EXTRA_TAGS",
-    "STATS_FLUSH_INTERVAL",
-    "DISABLE_STATS",
-    "PROMETHEUS_MAPPER_YAML",
-    "EXPIRATION_JITTER_MAX_SECONDS",
-    "LOCAL_CACHE_SIZE_IN_BYTES",
-    "CACHE_KEY_PREFIX",
-    "REDIS_POOL_SIZE",
-    "REDIS_TLS_CLIENT_CERT",
-    "REDIS_TLS_CLIENT_KEY",
-    "REDIS_TLS_CACERT",
-    "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
-    "REDIS_PIPELINE_WINDOW",
-    "REDIS_PIPELINE_LIMIT",
-    "REDIS_PERSECOND",
-    "REDIS_PERSECOND_URL",
-    "REDIS_TIMEOUT",
-    "MEMCACHE_HOST_PORT",
-    "TRACING_ENABLED",
+/// The Envoy ratelimit service's settings whose purpose tollgate meets without them: set,
+/// `serve` says so at start, in these words.
+const MET_BY_DESIGN: &[(&str, &str)] = &[
+    (
+        "REDIS_PIPELINE_WINDOW",
+        "tollgate writes every check queued while a write is in flight together, without \
+         waiting",
+    ),
+    (
+        "REDIS_PIPELINE_LIMIT",
+        "tollgate writes every check queued while a write is in flight together, without \
+         waiting",
+    ),
+    (
+        "REDIS_CLUSTER_PIPELINE_PARALLELISM",
+        "tollgate sends the checks of a cluster's nodes at once",
+    ),
+    (
+        "RUNTIME_WATCH_ROOT",
+        "tollgate watches the runtime directory and follows RUNTIME_ROOT when it is swapped",
+    ),
 ];
 
-/// The Envoy ratelimit service's settings that are set in the environment and that tollgate
-/// does not read, so that `serve` can say so at start rather than ignore them silently.
-pub fn envoy_settings_not_read() -> Vec<&'static str> {
-    ENVOY_SETTINGS_NOT_READ
+/// The Envoy ratelimit service's settings that ask for what tollgate does not do: `serve`
+/// and `validate` refuse them, with what to do instead, when they are set to anything but
+/// the value that asks for nothing (the second element; `None`: any value is refused).
+const REFUSED: &[(&str, Option<&str>, &str)] = &[
+    (
+        "CONFIG_TYPE",
+        Some("FILE"),
+        "tollgate reads its rules from files (CONFIG_TYPE=FILE), not from an xDS server",
+    ),
+    (
+        "TRACING_ENABLED",
+        Some("false"),
+        "tollgate does not export traces; it logs with LOG_LEVEL and LOG_FORMAT",
+    ),
+    (
+        "PROMETHEUS_MAPPER_YAML",
+        None,
+        "tollgate names its statistics as the default mapping does; a mapping of your own \
+         does not apply",
+    ),
+    (
+        "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
+        Some("false"),
+        "tollgate reports response times in seconds",
+    ),
+    (
+        "USE_DOG_STATSD_MOGRIFIERS",
+        None,
+        "tollgate sends DogStatsD names as statsd names, with EXTRA_TAGS as tags, and does not \
+         rewrite them",
+    ),
+    (
+        "REDIS_PERSECOND",
+        Some("false"),
+        "tollgate keeps every limit in one store: unset it, and per-second limits live in \
+         REDIS_URL's server",
+    ),
+    (
+        "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+        Some("false"),
+        "tollgate verifies the Redis server's certificate and name; give its CA with \
+         REDIS_TLS_CACERT",
+    ),
+    (
+        "REDIS_POOL_ON_EMPTY_BEHAVIOR",
+        Some("WAIT"),
+        "tollgate's connections are multiplexed and never run out: only WAIT applies",
+    ),
+    (
+        "REDIS_SENTINEL_AUTH",
+        None,
+        "tollgate connects to a single server or a cluster, not through Sentinel",
+    ),
+    (
+        "MEMCACHE_HOST_PORT",
+        None,
+        "memcache is not a store of tollgate's (redis is)",
+    ),
+    (
+        "MEMCACHE_SRV",
+        None,
+        "memcache is not a store of tollgate's (redis is)",
+    ),
+];
+
+/// The Envoy ratelimit service's settings set in the environment whose purpose tollgate
+/// meets by design, with why: `serve` logs each at start.
+pub fn envoy_settings_met_by_design() -> Vec<(&'static str, &'static str)> {
+    MET_BY_DESIGN
         .iter()
         .copied()
-        .filter(|name| std::env::var_os(name).is_some_and(|v| !v.is_empty()))
+        .filter(|(name, _)| env(name).is_some())
         .collect()
+}
+
+/// The first setting of [`REFUSED`] set to a value that asks for what tollgate does not do.
+fn refused() -> Result<(), ConfigError> {
+    for (name, harmless, why) in REFUSED {
+        if let Some(value) = env(name) {
+            let asks = match harmless {
+                None => true,
+                Some("false") => env_flag(name)?,
+                Some(harmless) => !value.eq_ignore_ascii_case(harmless),
+            };
+            if asks {
+                return Err(env_error(name, format!("`{value}`: {why}")));
+            }
+        }
+    }
+    Ok(())
 }
 
 impl EnvoySettings {
     /// The settings the environment gives.
     ///
     /// # Errors
-    /// A setting that is not a boolean, naming it.
+    /// A setting that is not of its kind (a boolean, a number, a duration, an address),
+    /// or one that asks for what tollgate does not do, naming it.
     pub fn from_env() -> Result<Self, ConfigError> {
+        refused()?;
+        log_json()?;
         Ok(Self {
             stop_when_over: env_flag("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")?,
             shadow_mode: env_flag("SHADOW_MODE")?,
@@ -147,6 +289,26 @@ impl EnvoySettings {
                 None
             },
             dynamic_metadata: env_flag("RESPONSE_DYNAMIC_METADATA")?,
+            local_cache_bytes: env_number("LOCAL_CACHE_SIZE_IN_BYTES")?.unwrap_or(0),
+            stats: !env_flag("DISABLE_STATS")?,
+            statsd: statsd_from_env()?,
+            debug: debug_from_env()?,
+            grpc_max_connection_age: match env_duration("GRPC_MAX_CONNECTION_AGE")? {
+                None => None,
+                Some(age) => Some((
+                    age,
+                    env_duration("GRPC_MAX_CONNECTION_AGE_GRACE")?
+                        .unwrap_or(Duration::from_secs(3_600)),
+                )),
+            },
+            force_start: env_flag("FORCE_START_WITHOUT_INITIAL_CONFIG")?,
+            health_follows_redis: env_flag("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION")?,
+            redis_startup: Startup {
+                initial: env_duration("REDIS_STARTUP_INITIAL_INTERVAL")?
+                    .unwrap_or(Duration::from_secs(1)),
+                max: env_duration("REDIS_STARTUP_MAX_INTERVAL")?.unwrap_or(Duration::from_secs(30)),
+                give_up: env_duration("REDIS_STARTUP_MAX_ELAPSED_TIME")?.filter(|d| !d.is_zero()),
+            },
             near_ratio: match env("NEAR_LIMIT_RATIO") {
                 None => 0.8,
                 Some(ratio) => ratio
@@ -227,6 +389,142 @@ pub fn log_level() -> &'static str {
     }
 }
 
+/// Whether logs are JSON lines (`LOG_FORMAT=json`) rather than text (`text`, the default).
+///
+/// # Errors
+/// Any other format, naming the setting.
+pub fn log_json() -> Result<bool, ConfigError> {
+    match env("LOG_FORMAT").map(|f| f.to_ascii_lowercase()).as_deref() {
+        None | Some("text") => Ok(false),
+        Some("json") => Ok(true),
+        Some(other) => Err(env_error(
+            "LOG_FORMAT",
+            format!("`{other}`: expected text or json"),
+        )),
+    }
+}
+
+/// A whole number from the environment setting `name`.
+fn env_number<T: std::str::FromStr>(name: &str) -> Result<Option<T>, ConfigError> {
+    env(name)
+        .map(|v| {
+            v.parse()
+                .map_err(|_| env_error(name, format!("`{v}` is not a whole number")))
+        })
+        .transpose()
+}
+
+/// A duration from the environment setting `name`, as Go writes one (`10s`, `1m30s`,
+/// `500ms`, `1.5h`).
+fn env_duration(name: &str) -> Result<Option<Duration>, ConfigError> {
+    env(name)
+        .map(|v| {
+            go_duration(&v).ok_or_else(|| {
+                env_error(
+                    name,
+                    format!("`{v}` is not a duration (`10s`, `1m30s`, `500ms`)"),
+                )
+            })
+        })
+        .transpose()
+}
+
+/// A duration as Go's `time.ParseDuration` reads it: signed decimal numbers, each with a
+/// unit (`ns`, `us`, `µs`, `ms`, `s`, `m`, `h`); `0` alone. Negative ones are refused.
+pub(super) fn go_duration(text: &str) -> Option<Duration> {
+    if text == "0" {
+        return Some(Duration::ZERO);
+    }
+    let mut rest = text.strip_prefix('+').unwrap_or(text);
+    let mut total = 0.0_f64;
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let number_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let number: f64 = rest[..number_end].parse().ok()?;
+        rest = &rest[number_end..];
+        let unit_end = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let seconds = match &rest[..unit_end] {
+            "ns" => 1e-9,
+            "us" | "µs" | "μs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3_600.0,
+            _ => return None,
+        };
+        rest = &rest[unit_end..];
+        total += number * seconds;
+    }
+    Duration::try_from_secs_f64(total).ok()
+}
+
+/// A statsd sink from `USE_STATSD` or `USE_DOG_STATSD`, with `STATSD_HOST`, `STATSD_PORT`,
+/// `STATS_FLUSH_INTERVAL` and `EXTRA_TAGS`. Unlike the Envoy service, tollgate pushes to
+/// statsd only when asked (`USE_STATSD=true`): it serves Prometheus's `/metrics` anyway.
+///
+/// # Errors
+/// A setting that is not of its kind, or two sinks at once, naming it.
+fn statsd_from_env() -> Result<Option<Statsd>, ConfigError> {
+    let (plain, dog) = (env_flag("USE_STATSD")?, env_flag("USE_DOG_STATSD")?);
+    if plain && dog {
+        return Err(env_error(
+            "USE_DOG_STATSD",
+            "unable to use more than one stats sink at the same time: set one of \
+             USE_DOG_STATSD, USE_STATSD",
+        ));
+    }
+    if !(plain || dog) || env_flag("DISABLE_STATS")? {
+        return Ok(None);
+    }
+    let tags = match env("EXTRA_TAGS") {
+        None => Vec::new(),
+        Some(tags) => tags
+            .split(',')
+            .map(|pair| {
+                pair.split_once(':')
+                    .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+                    .filter(|(k, v)| !k.is_empty() && !v.is_empty())
+                    .ok_or_else(|| env_error("EXTRA_TAGS", format!("`{pair}`: expected key:value")))
+            })
+            .collect::<Result<_, _>>()?,
+    };
+    Ok(Some(Statsd {
+        host: env("STATSD_HOST").unwrap_or_else(|| "localhost".into()),
+        port: env_number("STATSD_PORT")?.unwrap_or(8125),
+        dog,
+        flush: env_duration("STATS_FLUSH_INTERVAL")?
+            .filter(|d| !d.is_zero())
+            .unwrap_or(Duration::from_secs(10)),
+        tags,
+    }))
+}
+
+/// The debug listener's address, when `DEBUG_PORT` or `DEBUG_HOST` is set (`0.0.0.0` and
+/// 6070 by default, as the Envoy service's, which always opens it).
+///
+/// # Errors
+/// A host or port that is not one, naming the setting.
+fn debug_from_env() -> Result<Option<SocketAddr>, ConfigError> {
+    if env("DEBUG_PORT").is_none() && env("DEBUG_HOST").is_none() {
+        return Ok(None);
+    }
+    let host = env("DEBUG_HOST").unwrap_or_else(|| "0.0.0.0".into());
+    let port: u16 = env_number("DEBUG_PORT")?.unwrap_or(6070);
+    use std::net::ToSocketAddrs;
+    (host.as_str(), port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut found| found.next())
+        .map(Some)
+        .ok_or_else(|| env_error("DEBUG_HOST", format!("`{host}` is not an address")))
+}
+
 /// A setting of the environment, `None` when unset or empty.
 pub(super) fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
@@ -272,7 +570,10 @@ pub(super) fn server_from_env() -> Result<ServerConfig, ConfigError> {
 
 /// A strict Redis store from the Envoy service's settings, when `REDIS_URL` is set:
 /// `REDIS_SOCKET_TYPE` (`tcp` or `unix`), `REDIS_TYPE` (`SINGLE`, or `CLUSTER` with the nodes
-/// separated by commas), `REDIS_AUTH` (`password` or `user:password`) and `REDIS_TLS`.
+/// separated by commas), `REDIS_AUTH` (`password` or `user:password`), `REDIS_TLS` with
+/// `REDIS_TLS_CACERT`, `REDIS_TLS_CLIENT_CERT` and `REDIS_TLS_CLIENT_KEY`, `REDIS_POOL_SIZE`
+/// (connections), `REDIS_TIMEOUT` (before the failure policy decides; tollgate's 20 ms when
+/// unset), `CACHE_KEY_PREFIX` and `EXPIRATION_JITTER_MAX_SECONDS` (when set).
 /// `BACKEND_TYPE` other than `redis` is refused: memcache is not a store of tollgate's.
 ///
 /// # Errors
@@ -326,14 +627,52 @@ pub(super) fn store_from_env() -> Result<Option<StoreConfig>, ConfigError> {
             ));
         }
     };
+    let options = RedisOptions {
+        connections: env_number("REDIS_POOL_SIZE")?
+            .filter(|&n| n > 0)
+            .unwrap_or(1),
+        key_prefix: env("CACHE_KEY_PREFIX").unwrap_or_default(),
+        expiry_jitter: Duration::from_secs(
+            env_number("EXPIRATION_JITTER_MAX_SECONDS")?.unwrap_or(0),
+        ),
+        tls_ca: env("REDIS_TLS_CACERT").map(PathBuf::from),
+        tls_cert: env("REDIS_TLS_CLIENT_CERT").map(PathBuf::from),
+        tls_key: env("REDIS_TLS_CLIENT_KEY").map(PathBuf::from),
+    };
+    match (&options.tls_cert, &options.tls_key) {
+        (Some(_), None) => {
+            return Err(env_error(
+                "REDIS_TLS_CLIENT_KEY",
+                "REDIS_TLS_CLIENT_CERT needs it: the certificate's private key (PEM file)",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(env_error(
+                "REDIS_TLS_CLIENT_CERT",
+                "REDIS_TLS_CLIENT_KEY needs it: the client's certificate (PEM file)",
+            ));
+        }
+        _ => {}
+    }
+    if let Err(problem) = options.certificates() {
+        let name = match problem.split(' ').next() {
+            Some("tls_ca") => "REDIS_TLS_CACERT",
+            Some("tls_key") => "REDIS_TLS_CLIENT_KEY",
+            _ => "REDIS_TLS_CLIENT_CERT",
+        };
+        return Err(env_error(name, problem));
+    }
     Ok(Some(StoreConfig::Redis {
         url,
         cluster,
         mode: RedisMode::Strict,
-        timeout: DEFAULT_REDIS_TIMEOUT,
+        timeout: env_duration("REDIS_TIMEOUT")?
+            .filter(|d| !d.is_zero())
+            .unwrap_or(DEFAULT_REDIS_TIMEOUT),
         instances: 1,
         sync_interval: DEFAULT_SYNC_INTERVAL,
         max_unclaimed: None,
+        options: Box::new(options),
     }))
 }
 

@@ -19,7 +19,9 @@ use crate::connections::Limits;
 use tollgate::engine::{Domain, Engine, Node, Route};
 
 pub use duration::parse_duration;
-pub use environment::{EnvoySettings, env_flag, envoy_settings_not_read, log_level};
+pub use environment::{
+    EnvoySettings, Startup, Statsd, env_flag, envoy_settings_met_by_design, log_json, log_level,
+};
 use environment::{
     env, env_flag_set, grpc_tls_from_env, prometheus_from_env, server_from_env, store_from_env,
 };
@@ -117,7 +119,73 @@ pub enum StoreConfig {
         /// Hybrid: the most permits of a key one instance admits per window beyond its
         /// claim (`None`: the store's default).
         max_unclaimed: Option<u64>,
+        /// Connections, keys and TLS.
+        options: Box<RedisOptions>,
     },
+}
+
+/// How the service reaches Redis and names its keys, beyond the address.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RedisOptions {
+    /// Pipelined connections to a single server (1).
+    pub connections: usize,
+    /// In front of every key (none: keys start with `tg:`).
+    pub key_prefix: String,
+    /// Keys live up to this much longer than their state, spread (none).
+    pub expiry_jitter: Duration,
+    /// The CA (PEM file) that `rediss://` servers' certificates must chain to, instead of
+    /// the system's roots.
+    pub tls_ca: Option<PathBuf>,
+    /// A client certificate chain (PEM file) for servers that ask for one, with `tls_key`.
+    pub tls_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM file).
+    pub tls_key: Option<PathBuf>,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        Self {
+            connections: 1,
+            key_prefix: String::new(),
+            expiry_jitter: Duration::ZERO,
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
+        }
+    }
+}
+
+impl RedisOptions {
+    /// The TLS certificates these options name, read from their files; `None` when they
+    /// name none.
+    ///
+    /// # Errors
+    /// A file that cannot be read, or a certificate without its key (or a key without its
+    /// certificate).
+    pub fn certificates(&self) -> Result<Option<redis::TlsCertificates>, String> {
+        let read = |what: &str, path: &Path| {
+            std::fs::read(path).map_err(|e| format!("{what} `{}`: {e}", path.display()))
+        };
+        let client_tls = match (&self.tls_cert, &self.tls_key) {
+            (None, None) => None,
+            (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+                client_cert: read("tls_cert", cert)?,
+                client_key: read("tls_key", key)?,
+            }),
+            (Some(_), None) => return Err("tls_cert needs tls_key, its private key".into()),
+            (None, Some(_)) => return Err("tls_key needs tls_cert, its certificate".into()),
+        };
+        let root_cert = match &self.tls_ca {
+            Some(ca) => Some(read("tls_ca", ca)?),
+            None => None,
+        };
+        Ok(
+            (client_tls.is_some() || root_cert.is_some()).then_some(redis::TlsCertificates {
+                client_tls,
+                root_cert,
+            }),
+        )
+    }
 }
 
 /// How long a check waits for Redis when a file sets no `timeout`.
@@ -400,6 +468,20 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Config, ConfigError> {
     if texts.is_empty() {
         return Err(ConfigError::new(Path::new("-"), None, "no rule file given"));
     }
+    assemble(texts)
+}
+
+/// A configuration of no rule file: the environment's settings and no rules, which
+/// `FORCE_START_WITHOUT_INITIAL_CONFIG` serves until the files load.
+///
+/// # Errors
+/// A setting of the environment, as [`load`] refuses it.
+pub fn without_files() -> Result<Config, ConfigError> {
+    assemble(&[])
+}
+
+/// The configuration of `texts`, merged, with the environment's settings.
+fn assemble(texts: &[(PathBuf, String)]) -> Result<Config, ConfigError> {
     let (mut server, mut store) = (None, None);
     let mut specs: Vec<RuleSpec> = Vec::new();
     let mut routes: Vec<Route> = Vec::new();
@@ -407,7 +489,7 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Config, ConfigError> {
     let mut domains: Vec<(String, Vec<Node>, Domain)> = Vec::new();
     let merge = env_flag("MERGE_DOMAIN_CONFIG")?;
     let mut places = Places {
-        first: Some(texts[0].0.clone()),
+        first: texts.first().map(|(file, _)| file.clone()),
         ..Places::default()
     };
     let place = |file: &Path, at| Place {

@@ -16,7 +16,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -28,7 +28,8 @@ use tollgate::{
 
 use super::duration::{self, parse_duration};
 use super::{
-    ConfigError, DEFAULT_MAX_BYTES, DEFAULT_MAX_KEYS, Parsed, RedisMode, ServerConfig, StoreConfig,
+    ConfigError, DEFAULT_MAX_BYTES, DEFAULT_MAX_KEYS, Parsed, RedisMode, RedisOptions,
+    ServerConfig, StoreConfig,
 };
 use crate::connections::Limits;
 
@@ -77,6 +78,13 @@ struct StoreSection {
     #[serde(default, deserialize_with = "duration::deserialize_option")]
     sync_interval: Option<Duration>,
     max_unclaimed: Option<u64>,
+    connections: Option<usize>,
+    key_prefix: Option<String>,
+    #[serde(default, deserialize_with = "duration::deserialize_option")]
+    expiry_jitter: Option<Duration>,
+    tls_ca: Option<PathBuf>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
@@ -102,6 +110,12 @@ impl StoreSection {
             ("instances", self.instances.is_some()),
             ("sync_interval", self.sync_interval.is_some()),
             ("max_unclaimed", self.max_unclaimed.is_some()),
+            ("connections", self.connections.is_some()),
+            ("key_prefix", self.key_prefix.is_some()),
+            ("expiry_jitter", self.expiry_jitter.is_some()),
+            ("tls_ca", self.tls_ca.is_some()),
+            ("tls_cert", self.tls_cert.is_some()),
+            ("tls_key", self.tls_key.is_some()),
         ];
         let other: &[_] = match kind {
             StoreKind::Memory => &redis,
@@ -129,6 +143,14 @@ impl StoreSection {
                 instances: self.instances.unwrap_or(1),
                 sync_interval: self.sync_interval.unwrap_or(super::DEFAULT_SYNC_INTERVAL),
                 max_unclaimed: self.max_unclaimed,
+                options: Box::new(RedisOptions {
+                    connections: self.connections.unwrap_or(1),
+                    key_prefix: self.key_prefix.unwrap_or_default(),
+                    expiry_jitter: self.expiry_jitter.unwrap_or_default(),
+                    tls_ca: self.tls_ca,
+                    tls_cert: self.tls_cert,
+                    tls_key: self.tls_key,
+                }),
             },
         }
     }

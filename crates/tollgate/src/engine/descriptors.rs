@@ -410,6 +410,30 @@ impl Domain {
         names
     }
 
+    /// Its limits, one line each in the order configured, as the Envoy service's debug
+    /// listener prints them (`/rlconfig`): `shop.cart: unit=MINUTE requests_per_unit=10,
+    /// shadow_mode: false, quota_mode: false`; an unlimited limit's unit is `UNKNOWN`.
+    pub fn dump(&self) -> String {
+        fn walk(level: &Level, out: &mut String) {
+            for node in &level.nodes {
+                if let Some(limit) = &node.limit {
+                    let unit = match limit.unlimited {
+                        true => "UNKNOWN".to_string(),
+                        false => limit.unit.0.to_ascii_uppercase(),
+                    };
+                    out.push_str(&format!(
+                        "{}: unit={unit} requests_per_unit={}, shadow_mode: {}, quota_mode: {}\n",
+                        node.stats, limit.requests_per_unit, limit.shadow, limit.quota
+                    ));
+                }
+                walk(&node.children, out);
+            }
+        }
+        let mut out = String::new();
+        walk(&self.top, &mut out);
+        out
+    }
+
     /// How many of its nodes have a limit that is checked (neither `unlimited` nor 0).
     pub fn limits(&self) -> usize {
         self.rules.len() - self.overrides.len()

@@ -65,6 +65,17 @@ impl AnyStore {
         }
     }
 
+    /// The Redis store under a shared store; `None` for process memory.
+    #[cfg(feature = "redis")]
+    pub fn redis(&self) -> Option<&RedisStore> {
+        match self {
+            Self::Memory(_) => None,
+            Self::Redis(r) => Some(r),
+            Self::Hybrid(h) => Some(h.redis()),
+            Self::Lease(l) => Some(l.redis()),
+        }
+    }
+
     /// Whether a shared store's failure policies decide now, because its backend keeps
     /// failing; never for process memory.
     #[cfg(feature = "redis")]

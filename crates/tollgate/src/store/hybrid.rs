@@ -31,7 +31,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use super::guard::{GuardPlan, Guarded, StoreFailures};
-use super::redis::{CounterItem, RedisStore, StoreTime, counter_key, counter_prefix, packed};
+use super::redis::{CounterItem, RedisStore, StoreTime, counter_key, packed};
 use super::slots::{Slots, Versions};
 use super::table::{Access, Bounds, Score, Table, WhenFull};
 use super::{LocalStore, Planned, Store};
@@ -218,7 +218,7 @@ const TIER_WORDS: usize = 12;
 const QUEUED: u64 = 1;
 
 /// The sorted set of running instances, by when each last synced.
-const INSTANCES_KEY: &[u8] = b"tg:c:instances";
+const INSTANCES_KEY: &[u8] = b"tg:c:instances"; // after the store's key prefix
 
 impl fmt::Debug for HybridStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -300,6 +300,11 @@ impl HybridStore {
     /// Keys held in this process now.
     pub fn keys(&self) -> usize {
         self.inner.table.len()
+    }
+
+    /// The Redis store it syncs with: its connections, breaker and key prefix.
+    pub fn redis(&self) -> &RedisStore {
+        &self.inner.redis
     }
 
     /// Whether syncs have failed for so long that each rule's failure policy decides.
@@ -595,7 +600,7 @@ impl Inner {
         });
         // First, this instance as running (a key of its own: on a cluster, a call of its own).
         let presence = CounterItem {
-            keys: vec![INSTANCES_KEY.to_vec()],
+            keys: vec![self.redis.key(INSTANCES_KEY)],
             args: packed([
                 3.0,
                 0.0,
@@ -908,7 +913,7 @@ impl Store for HybridStore {
             slot: self.inner.slots.slot(rule)?,
             words: KEY_WORDS + TIER_WORDS * rule.tiers().len(),
             sliding,
-            prefix: counter_prefix(rule),
+            prefix: self.inner.redis.counter_prefix(rule),
             retry: self.inner.min_gap().as_micros() as u64,
         };
         Ok(HybridPlan {

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, RwLockReadGuard};
 use std::time::Duration;
 
 use super::guard::{GuardPlan, Guarded, StoreFailures};
-use super::redis::{CounterItem, RedisStore, StoreTime, counter_key, counter_prefix, packed};
+use super::redis::{CounterItem, RedisStore, StoreTime, counter_key, packed};
 use super::slots::{Slots, Versions};
 use super::table::{Access, Bounds, Score, Table, WhenFull};
 use super::{Planned, Store};
@@ -249,6 +249,11 @@ impl LeaseStore {
                 returned: AtomicU64::new(0),
             }),
         })
+    }
+
+    /// The Redis store it leases from: its connections, breaker and key prefix.
+    pub fn redis(&self) -> &RedisStore {
+        &self.inner.redis
     }
 
     /// Whether Redis is being kept away now: checks spend what is leased, then each rule's
@@ -600,7 +605,7 @@ impl Store for LeaseStore {
         let shape = Shape {
             slot: self.inner.slots.slot(rule)?,
             words: KEY_WORDS + TIER_WORDS * rule.tiers().len(),
-            prefix: counter_prefix(rule),
+            prefix: self.inner.redis.counter_prefix(rule),
         };
         Ok(LeasePlan {
             shape: Arc::new(shape),

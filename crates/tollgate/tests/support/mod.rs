@@ -48,6 +48,12 @@ impl RedisServer {
 
     /// Starts a server that only speaks TLS, on `port`, with these certificate files.
     pub fn start_tls(cert: &str, key: &str, ca: &str) -> Self {
+        Self::start_tls_with(cert, key, ca, false)
+    }
+
+    /// As [`Self::start_tls`]; with `clients_too`, clients must present a certificate that
+    /// `ca` signed (mutual TLS).
+    pub fn start_tls_with(cert: &str, key: &str, ca: &str, clients_too: bool) -> Self {
         let args = [
             "--tls-cert-file",
             cert,
@@ -55,8 +61,10 @@ impl RedisServer {
             key,
             "--tls-ca-cert-file",
             ca,
+            "--tls-auth-clients",
+            if clients_too { "yes" } else { "no" },
         ];
-        Self::spawned(&[&args[..], &["--tls-auth-clients", "no"]].concat(), true)
+        Self::spawned(&args, true)
     }
 
     fn spawned(args: &[&str], tls: bool) -> Self {

@@ -71,6 +71,12 @@ pub struct RedisStore {
     library: Arc<Library>,
     time: StoreTime,
     guard: Arc<Guard>,
+    /// In front of every key the store writes (see [`RedisStoreBuilder::key_prefix`]).
+    key_prefix: Arc<[u8]>,
+    /// The most a key's TTL is lengthened by, in ms (see [`RedisStoreBuilder::expiry_jitter`]).
+    expiry_jitter_ms: u64,
+    /// Counts checks, to spread their TTLs over the jitter.
+    jitter_turn: Arc<AtomicU64>,
 }
 
 /// Loads of the function library, one at a time: after a restart, every check in flight finds
@@ -154,9 +160,12 @@ const CONNECTION_TIMEOUT: Duration = Duration::from_millis(500);
 pub struct RedisStoreBuilder {
     target: Target,
     root_certificate: Option<Vec<u8>>,
+    client_certificate: Option<(Vec<u8>, Vec<u8>)>,
     connections: usize,
     time: StoreTime,
     guard: GuardConfig,
+    key_prefix: Vec<u8>,
+    expiry_jitter: Duration,
 }
 
 #[derive(Clone)]
@@ -175,7 +184,10 @@ impl fmt::Debug for RedisStoreBuilder {
         f.debug_struct("RedisStoreBuilder")
             .field("target", &target)
             .field("root_certificate", &self.root_certificate.is_some())
+            .field("client_certificate", &self.client_certificate.is_some())
             .field("connections", &self.connections)
+            .field("key_prefix", &String::from_utf8_lossy(&self.key_prefix))
+            .field("expiry_jitter", &self.expiry_jitter)
             .field("time", &self.time)
             .field("guard", &self.guard)
             .finish()
@@ -187,9 +199,12 @@ impl RedisStoreBuilder {
         Self {
             target,
             root_certificate: None,
+            client_certificate: None,
             connections: DEFAULT_CONNECTIONS,
             time: StoreTime::Server,
             guard: GuardConfig::default(),
+            key_prefix: Vec::new(),
+            expiry_jitter: Duration::ZERO,
         }
     }
 
@@ -228,6 +243,31 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Presents `cert` (a PEM certificate chain) and `key` (its PEM private key) to
+    /// `rediss://` servers that ask clients for a certificate (mutual TLS).
+    pub fn client_certificate(mut self, cert: Vec<u8>, key: Vec<u8>) -> Self {
+        self.client_certificate = Some((cert, key));
+        self
+    }
+
+    /// Bytes put in front of every key the store writes (none by default; keys start with
+    /// `tg:`), so that deployments sharing one Redis keep apart. Stores with different
+    /// prefixes share nothing; a cluster hashes only the braces' part, so a prefix never
+    /// moves a key to another slot.
+    pub fn key_prefix(mut self, prefix: impl Into<Vec<u8>>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// Lengthens the TTL of the keys checks write by a spread of up to `jitter` (none by
+    /// default), so that the keys of a window that many clients share do not all expire in
+    /// the same instant. Decisions do not change: a key's state is read for what it says at
+    /// the time of the check, however long the key outlives it.
+    pub fn expiry_jitter(mut self, jitter: Duration) -> Self {
+        self.expiry_jitter = jitter;
+        self
+    }
+
     /// Checks the URLs and settings without connecting: what [`build`](Self::build) would
     /// refuse before it tries to reach Redis.
     ///
@@ -253,6 +293,9 @@ impl RedisStoreBuilder {
         }
         if self.connections == 0 {
             return Err(invalid("connections: must be at least 1".into()));
+        }
+        if self.expiry_jitter > Duration::from_secs(86_400) {
+            return Err(invalid("expiry jitter: must be at most a day".into()));
         }
         let urls = match &self.target {
             Target::Server(url) => std::slice::from_ref(url),
@@ -285,15 +328,23 @@ impl RedisStoreBuilder {
             });
         }
         install_tls_provider();
-        let certificates = |pem: &Vec<u8>| redis::TlsCertificates {
-            client_tls: None,
-            root_cert: Some(pem.clone()),
-        };
+        let certificates = (self.root_certificate.is_some() || self.client_certificate.is_some())
+            .then(|| redis::TlsCertificates {
+                client_tls: self.client_certificate.as_ref().map(|(cert, key)| {
+                    redis::ClientTlsConfig {
+                        client_cert: cert.clone(),
+                        client_key: key.clone(),
+                    }
+                }),
+                root_cert: self.root_certificate.clone(),
+            });
         let connection = match &self.target {
             Target::Server(url) => {
-                let client = match &self.root_certificate {
+                let client = match &certificates {
                     None => redis::Client::open(url.as_str()),
-                    Some(pem) => redis::Client::build_with_tls(url.as_str(), certificates(pem)),
+                    Some(certificates) => {
+                        redis::Client::build_with_tls(url.as_str(), certificates.clone())
+                    }
                 }
                 .map_err(store_error)?;
                 let pool = Pool::new(&client, self.connections).map_err(store_error)?;
@@ -304,8 +355,8 @@ impl RedisStoreBuilder {
                     .connection_timeout(CONNECTION_TIMEOUT)
                     .response_timeout(Duration::from_secs(2))
                     .retries(2);
-                if let Some(pem) = &self.root_certificate {
-                    builder = builder.certs(certificates(pem));
+                if let Some(certificates) = certificates {
+                    builder = builder.certs(certificates);
                 }
                 let client = builder.build().map_err(store_error)?;
                 let connection = client.get_async_connection().await.map_err(store_error)?;
@@ -318,6 +369,9 @@ impl RedisStoreBuilder {
             library: Arc::new(Library::default()),
             time: self.time,
             guard: Arc::new(Guard::new(self.guard, "redis")),
+            key_prefix: self.key_prefix.into(),
+            expiry_jitter_ms: u64::try_from(self.expiry_jitter.as_millis()).unwrap_or(u64::MAX),
+            jitter_turn: Arc::new(AtomicU64::new(0)),
         })
     }
 }
@@ -515,15 +569,45 @@ impl RedisStore {
     /// `TIME`.
     fn header(&self, now: u64, cost: u64, max_delay: Option<u64>) -> Vec<u8> {
         let (at, padding) = match self.time {
-            StoreTime::Server => (-1.0, 0.0),
-            StoreTime::Local => (now as f64, CALLER_TIME_TTL_PADDING_MS as f64),
+            StoreTime::Server => (-1.0, 0),
+            StoreTime::Local => (now as f64, CALLER_TIME_TTL_PADDING_MS),
         };
+        let padding = (padding + self.jitter()) as f64;
         packed([
             at,
             cost as f64,
             max_delay.map_or(-1.0, |d| d as f64),
             padding,
         ])
+    }
+
+    /// This check's share of the expiry jitter (ms): one of 16 steps up to the jitter, in
+    /// turn, so that the functions' cache of parsed arguments stays small.
+    fn jitter(&self) -> u64 {
+        if self.expiry_jitter_ms == 0 {
+            return 0;
+        }
+        let turn = self.jitter_turn.fetch_add(1, Ordering::Relaxed);
+        // The steps' order scrambled (a multiplicative hash), so that neighbours differ.
+        let step = (turn.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 60) + 1;
+        self.expiry_jitter_ms * step / 16
+    }
+
+    /// The bytes in front of every key this store writes (see
+    /// [`RedisStoreBuilder::key_prefix`]).
+    pub fn key_prefix(&self) -> &[u8] {
+        &self.key_prefix
+    }
+
+    /// `name` with the store's key prefix in front.
+    pub(crate) fn key(&self, name: &[u8]) -> Vec<u8> {
+        [&self.key_prefix[..], name].concat()
+    }
+
+    /// The prefix of a rule's window counters (hybrid and lease):
+    /// `<key prefix>tg:c:<rule>:<fingerprint>:`.
+    pub(crate) fn counter_prefix(&self, rule: &Rule) -> Vec<u8> {
+        self.key(format!("tg:c:{}:{:08x}:", rule.name(), rule.fingerprint()).as_bytes())
     }
 
     /// Decides `items` on Redis, with no failure policy: the guard calls this.
@@ -747,7 +831,11 @@ impl super::Store for RedisStore {
     type Plan = RedisPlan;
 
     fn plan(&self, rule: &Rule) -> Result<RedisPlan, Error> {
-        Ok(RedisPlan::new(rule, self.guard.plan(rule)?))
+        Ok(RedisPlan::new(
+            rule,
+            &self.key_prefix,
+            self.guard.plan(rule)?,
+        ))
     }
 
     async fn check(
@@ -838,11 +926,6 @@ fn by_slot(slots: impl Iterator<Item = u16>) -> Vec<Vec<usize>> {
         }
     }
     groups.into_iter().map(|(_, group)| group).collect()
-}
-
-/// The prefix of a rule's window counters (hybrid and lease): `tg:c:<rule>:<fingerprint>:`.
-pub(crate) fn counter_prefix(rule: &Rule) -> Vec<u8> {
-    format!("tg:c:{}:{:08x}:", rule.name(), rule.fingerprint()).into_bytes()
 }
 
 /// A window counter's name: `<prefix><key length>:{k<key>}:<tier>:<window>`, the window being
@@ -941,13 +1024,14 @@ impl Guarded for RedisPlan {
 }
 
 impl RedisPlan {
-    fn new(rule: &Rule, guard: GuardPlan) -> Self {
+    fn new(rule: &Rule, key_prefix: &[u8], guard: GuardPlan) -> Self {
         let algorithm = rule.algorithm();
         let entry = script::entry(algorithm);
+        let name = format!("tg:{}:{:08x}:", rule.name(), rule.fingerprint());
         Self {
             entry,
             algorithm: script::index(algorithm),
-            prefix: format!("tg:{}:{:08x}:", rule.name(), rule.fingerprint()).into_bytes(),
+            prefix: [key_prefix, name.as_bytes()].concat(),
             tiers: rule.tiers().len(),
             tier_args: tier_args(rule),
             guard,
@@ -1044,7 +1128,7 @@ mod tests {
             [Tier::per_second(5), Tier::per_minute(50)],
         )
         .unwrap();
-        let plan = RedisPlan::new(&rule, GuardPlan::none());
+        let plan = RedisPlan::new(&rule, b"", GuardPlan::none());
         for key in [&b"tenant-1"[..], b"", b"}{weird}", b"\xff\x00"] {
             let keys = plan.keys(key);
             assert_eq!(keys.len(), 2);
@@ -1066,7 +1150,12 @@ mod tests {
             [Tier::per_second(5), Tier::per_minute(9)],
         )
         .unwrap();
-        assert_eq!(RedisPlan::new(&rule, GuardPlan::none()).keys(b"k").len(), 1);
+        assert_eq!(
+            RedisPlan::new(&rule, b"", GuardPlan::none())
+                .keys(b"k")
+                .len(),
+            1
+        );
     }
 
     #[test]
@@ -1077,7 +1166,7 @@ mod tests {
             [Tier::per_second(3)],
         )
         .unwrap();
-        let plan = RedisPlan::new(&rule, GuardPlan::none());
+        let plan = RedisPlan::new(&rule, b"", GuardPlan::none());
         assert_eq!(plan.tier_args.len(), 11 * 8);
         let double =
             |i: usize| f64::from_le_bytes(plan.tier_args[8 * i..8 * i + 8].try_into().unwrap());

@@ -7,7 +7,7 @@
 --          the server's TIME); the cost in permits (0 looks without consuming); the longest
 --          delay the caller accepts from a shaper in µs (-1 for none); milliseconds added to
 --          every TTL (0 on the server's time; more on the caller's, whose clock says when
---          state expires while Redis expires keys by its own)
+--          state expires while Redis expires keys by its own; plus the store's expiry jitter)
 -- args[2]  eleven little-endian doubles per tier: limit, period (µs), burst, per_permit,
 --          per_micro, state words, and five algorithm parameters
 -- Returns one string of six little-endian doubles per tier, in order: allowed (1/0), limit,

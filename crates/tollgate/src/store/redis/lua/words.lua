@@ -35,7 +35,7 @@ local function write(key, stored, tiers, w, a, expires, kept)
       call('SET', key, state, 'KEEPTTL')
     elseif a.server_time then
       -- One time for every key written within a second: its text is formatted once.
-      call('SET', key, state, 'PXAT', decimal(at / 1000))
+      call('SET', key, state, 'PXAT', decimal(at / 1000 + a.ttl_padding))
     else
       call('SET', key, state, 'PX', decimal(floor((at - a.now + 999) / 1000) + a.ttl_padding))
     end

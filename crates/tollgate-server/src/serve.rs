@@ -1,0 +1,441 @@
+//! `tollgate serve`: the one entry point of the service. It loads the rule files, opens the
+//! store, serves HTTP and gRPC (and, when the Envoy service's settings ask, the metrics on
+//! their own listener, the debug listener and a statsd sink), reloads the files when they
+//! change or on SIGHUP, and on SIGTERM drains the requests in flight, then hands the store's
+//! pending counts and leases back.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use notify::{RecursiveMode, Watcher};
+
+use crate::service::Service;
+use crate::{config, connections, debug, grpc, http, metrics, statsd};
+
+/// What `tollgate serve` was asked for on its command line.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Rule files or directories; none: the Envoy service's runtime directory.
+    pub files: Vec<PathBuf>,
+    /// The HTTP address, instead of the files' `server.http`.
+    pub http: Option<SocketAddr>,
+    /// The gRPC address, instead of the files' `server.grpc`.
+    pub grpc: Option<SocketAddr>,
+    /// The admin API's bearer token.
+    pub admin_token: Option<String>,
+    /// gRPC answers carry the rate limit fields.
+    pub grpc_response_headers: bool,
+}
+
+/// Serves until SIGTERM or SIGINT, then drains.
+///
+/// # Errors
+/// A file, setting or listener that stops the service before it serves, or a listener
+/// that fails while serving.
+pub async fn run(options: Options) -> anyhow::Result<()> {
+    let Options {
+        files,
+        http,
+        grpc,
+        admin_token,
+        grpc_response_headers,
+    } = options;
+    // The Envoy service's settings are read (and refused) before anything starts.
+    let envoy = config::EnvoySettings::from_env()?;
+    let files = if files.is_empty() {
+        let dir = config::runtime_directory();
+        if !dir.is_dir() && !envoy.force_start {
+            anyhow::bail!(
+                "no rule files: give --config FILE (or a directory), or set RUNTIME_ROOT, \
+                 RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY to where the files are ({} \
+                 is not a directory)",
+                dir.display()
+            );
+        }
+        tracing::info!(dir = %dir.display(), "serving the rule files of the runtime directory");
+        vec![dir]
+    } else {
+        files
+    };
+    // Installed first: the service registers its counters when it loads the rules.
+    let handle = metrics::install()?;
+    tokio::spawn(metrics::upkeep(handle.clone()));
+    let service = match Service::start(files.clone()).await {
+        Ok(service) => service,
+        Err(e) if envoy.force_start => {
+            tracing::error!(
+                error = %format!("{e:#}"),
+                "no rules yet (FORCE_START_WITHOUT_INITIAL_CONFIG): serving none until the \
+                 files load"
+            );
+            Service::start_without_rules(files.clone()).await?
+        }
+        Err(e) => return Err(e),
+    };
+    let service = Arc::new(service);
+    for (name, why) in config::envoy_settings_met_by_design() {
+        tracing::info!("{name} is set: {why}; it is not needed");
+    }
+    let loaded = service.loaded();
+    if loaded
+        .config
+        .places
+        .store
+        .as_ref()
+        .is_some_and(|p| p.file != Path::new("environment"))
+        && std::env::var_os("REDIS_URL").is_some()
+    {
+        tracing::warn!(
+            "REDIS_URL and the other REDIS_* settings are not read: a rule file sets `store`"
+        );
+    }
+    drop(loaded);
+    if let Some(sink) = envoy.statsd.clone() {
+        tokio::spawn(statsd::push(sink));
+    }
+    if let Some(addr) = envoy.debug {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr} (DEBUG_HOST, DEBUG_PORT)"))?;
+        tracing::info!(addr = %listener.local_addr()?, "debug listening");
+        let app = debug::router(service.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+    }
+    // Redis is asked at once; while it does not answer, the service serves (the failure
+    // policies decide) and says it is unhealthy, asking again as the Envoy service does.
+    let (redis_gone_tx, redis_gone) = tokio::sync::oneshot::channel::<anyhow::Error>();
+    {
+        let service = service.clone();
+        let startup = envoy.redis_startup;
+        tokio::spawn(async move {
+            if let Err(e) = service.wait_for_redis(startup).await {
+                let _ = redis_gone_tx.send(e);
+            }
+        });
+    }
+    let server = service.loaded().config.server.clone();
+    if let Some((addr, path)) = server.prometheus.clone() {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr} (PROMETHEUS_ADDR)"))?;
+        tracing::info!(addr = %listener.local_addr()?, %path, "metrics listening");
+        let (service, handle) = (service.clone(), handle.clone());
+        let render = move || {
+            let (service, handle) = (service.clone(), handle.clone());
+            async move {
+                service.observe();
+                handle.render()
+            }
+        };
+        let app = axum::Router::new().route(&path, axum::routing::get(render));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+    }
+    let http_addr = http.unwrap_or(server.http);
+    let grpc_addr = grpc.or(server.grpc);
+    let grpc_response_headers = grpc_response_headers || server.grpc_response_headers;
+    let limits = server
+        .connections
+        .within(connections::raise_descriptor_limit());
+    let registry = connections::Registry::new(limits);
+    let state = http::AppState {
+        service: service.clone(),
+        metrics: Some(handle),
+        admin_token: admin_token.filter(|t| !t.is_empty()).map(Into::into),
+        max_body_bytes: server.max_body_bytes,
+        connections: Some(registry.clone()),
+    };
+    tracing::info!(
+        max_connections = limits.max_connections,
+        header_timeout = ?limits.header_timeout,
+        idle_timeout = ?limits.idle_timeout,
+        "connections bounded"
+    );
+    let listener = tokio::net::TcpListener::bind(http_addr)
+        .await
+        .with_context(|| format!("cannot listen on {http_addr}"))?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let grpc_task = match (grpc_addr, server.grpc_uds.clone()) {
+        (None, None) => None,
+        (addr, uds) => {
+            let svc = grpc::server(
+                service.clone(),
+                grpc_response_headers,
+                server.max_body_bytes,
+            );
+            let shutdown = stopped(stop_rx.clone());
+            let (reporter, health) = tonic_health::server::health_reporter();
+            tokio::spawn(grpc::report_health(service.clone(), reporter));
+            let mut builder = tonic::transport::Server::builder();
+            if let Some((age, grace)) = envoy.grpc_max_connection_age {
+                builder = builder
+                    .max_connection_age(age)
+                    .max_connection_age_grace(grace);
+            }
+            if let Some(tls) = &server.grpc_tls {
+                builder = builder.tls_config(grpc::tls(tls)?)?;
+                let mutual = if tls.client_ca.is_some() {
+                    "mutual TLS"
+                } else {
+                    "TLS"
+                };
+                tracing::info!("gRPC over {mutual}");
+            }
+            let router = builder
+                .layer(grpc::GuardsLayer)
+                .add_service(health)
+                .add_service(svc);
+            match (uds, addr) {
+                (Some(path), _) => {
+                    // A socket file left by a process that ended is in the way.
+                    let _ = std::fs::remove_file(&path);
+                    let listener = tokio::net::UnixListener::bind(&path)
+                        .with_context(|| format!("cannot listen on {}", path.display()))?;
+                    let addr = format!("unix:{}", path.display());
+                    tracing::info!(%addr, "gRPC (Envoy rate limit service) listening");
+                    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+                    Some(tokio::spawn(async move {
+                        router
+                            .serve_with_incoming_shutdown(incoming, shutdown)
+                            .await
+                    }))
+                }
+                (None, Some(addr)) => {
+                    let grpc_listener = tokio::net::TcpListener::bind(addr)
+                        .await
+                        .with_context(|| format!("cannot listen on {addr}"))?;
+                    let addr = grpc_listener.local_addr()?;
+                    tracing::info!(%addr, "gRPC (Envoy rate limit service) listening");
+                    let incoming = connections::incoming(registry.clone(), grpc_listener);
+                    Some(tokio::spawn(async move {
+                        router
+                            .serve_with_incoming_shutdown(incoming, shutdown)
+                            .await
+                    }))
+                }
+                (None, None) => None,
+            }
+        }
+    };
+    let terminated = terminated()?;
+    let hangups = hangups(service.clone())?;
+    watch(&files, service.clone());
+    tokio::spawn(hangups);
+    tokio::spawn(service.clone().follow_shared());
+    tracing::info!(addr = %listener.local_addr()?, "HTTP listening");
+    let stopping = service.clone();
+    let (failed_tx, failed) = tokio::sync::oneshot::channel::<anyhow::Error>();
+    tokio::spawn(async move {
+        tokio::select! {
+            () = terminated => {}
+            Ok(e) = redis_gone => {
+                tracing::error!(error = %format!("{e:#}"), "stopping");
+                let _ = failed_tx.send(e);
+            }
+        }
+        stopping.terminate();
+        tracing::info!("shutting down: draining requests in flight");
+        let _ = stop_tx.send(true);
+    });
+    let drain = server.drain;
+    let http_task = tokio::spawn(http::serve(listener, state, registry, stopped(stop_rx)));
+    let finished = async {
+        let http = http_task.await;
+        let grpc = match grpc_task {
+            Some(task) => Some(task.await),
+            None => None,
+        };
+        (http, grpc)
+    };
+    let (http, grpc) = finished.await;
+    http?;
+    if let Some(grpc) = grpc {
+        grpc??;
+    }
+    // Pending hybrid counts and unused leases go back to Redis.
+    if tokio::time::timeout(drain, service.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("the store did not finish its shutdown within {drain:?}");
+    }
+    tracing::info!("stopped");
+    let mut failed = failed;
+    match failed.try_recv() {
+        Ok(e) => Err(e),
+        Err(_) => Ok(()),
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT; the handlers are installed when this is called, not when
+/// the future is first polled, so a signal right after start is not lost.
+fn terminated() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
+}
+
+/// Reloads the rules on every SIGHUP (the handler is installed when this is called).
+fn hangups(service: Arc<Service>) -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hup = signal(SignalKind::hangup())?;
+    Ok(async move {
+        while hup.recv().await.is_some() {
+            tracing::info!("SIGHUP: reloading the rule files");
+            let _ = service.reload();
+        }
+    })
+}
+
+/// What a watched event touched: a rule file (or a file of a rule directory), or a symbolic
+/// link on the way to one (a deployment that swaps `current` to a new directory).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Change {
+    File,
+    Link,
+}
+
+/// Watches the rule files' directories and reloads, a moment after the last change, when one
+/// of the files changed (editors and config maps replace files rather than write them). A
+/// symbolic link on the way to them (`RUNTIME_ROOT` pointing at a deployment's directory) is
+/// watched too: when it is swapped, the rules reload from its new target, which is watched
+/// from then on. Lives for as long as the process.
+fn watch(files: &[PathBuf], service: Arc<Service>) {
+    let files = files.to_vec();
+    // The first watcher is in place before this returns (before the service says it listens),
+    // so that no change after start is missed.
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Change>();
+    let initial = watcher(&files, tx).map(|w| (w, rx));
+    tokio::spawn(async move {
+        let mut relinked = false;
+        let mut next = initial;
+        loop {
+            let Some((watching, mut rx)) = next.take() else {
+                return;
+            };
+            if relinked {
+                // A file written between the reload and this watcher is read now.
+                tracing::info!("watching the new rule directory: reloading");
+                let _ = service.reload();
+            }
+            // A path not there yet (a runtime directory a deployment has not written, under
+            // FORCE_START_WITHOUT_INITIAL_CONFIG) cannot be watched: it is looked for every
+            // second, and watched once it appears.
+            let missing = files.iter().any(|f| !f.exists());
+            let mut looking = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                let first = tokio::select! {
+                    change = rx.recv() => match change {
+                        Some(change) => change,
+                        None => return,
+                    },
+                    _ = looking.tick(), if missing => {
+                        if files.iter().any(|f| !f.exists()) {
+                            continue;
+                        }
+                        Change::Link
+                    }
+                };
+                // Let a burst of events (write, rename, chmod) settle into one reload.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                relinked = first == Change::Link;
+                while let Ok(change) = rx.try_recv() {
+                    relinked |= change == Change::Link;
+                }
+                tracing::info!("a rule file changed: reloading");
+                let _ = service.reload();
+                if relinked {
+                    break;
+                }
+            }
+            // Watched again, where the paths lead now.
+            drop(watching);
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Change>();
+            next = watcher(&files, tx).map(|w| (w, rx));
+        }
+    });
+}
+
+/// A watcher of `files` as they resolve now, telling `tx` of each change.
+fn watcher(
+    files: &[PathBuf],
+    tx: tokio::sync::mpsc::UnboundedSender<Change>,
+) -> Option<notify::RecommendedWatcher> {
+    let targets: Vec<PathBuf> = files
+        .iter()
+        .map(|f| std::fs::canonicalize(f).unwrap_or_else(|_| f.clone()))
+        .collect();
+    let names: Vec<_> = targets
+        .iter()
+        .filter(|t| !t.is_dir())
+        .filter_map(|t| t.file_name().map(|n| n.to_owned()))
+        .collect();
+    // A directory's every file is a rule file, those added later included.
+    let whole: Vec<PathBuf> = targets.iter().filter(|t| t.is_dir()).cloned().collect();
+    // The symbolic links on the way to the files, as written.
+    let links: Vec<PathBuf> = files
+        .iter()
+        .flat_map(|f| f.ancestors())
+        .filter(|a| a.is_symlink())
+        .map(Path::to_path_buf)
+        .collect();
+    let watched_links = links.clone();
+    let handler = move |event: notify::Result<notify::Event>| {
+        let Ok(event) = event else { return };
+        if event.kind.is_access() {
+            return;
+        }
+        let link = event
+            .paths
+            .iter()
+            .any(|p| watched_links.iter().any(|l| l == p));
+        let file = event.paths.iter().any(|p| {
+            p.file_name().is_some_and(|n| names.iter().any(|m| m == n))
+                || whole.iter().any(|d| p.starts_with(d))
+        });
+        if link {
+            let _ = tx.send(Change::Link);
+        } else if file {
+            let _ = tx.send(Change::File);
+        }
+    };
+    let mut watcher = match notify::recommended_watcher(handler) {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch the rule files; reload with SIGHUP");
+            return None;
+        }
+    };
+    let mut dirs: Vec<(PathBuf, RecursiveMode)> = targets
+        .iter()
+        .filter_map(|t| match t.is_dir() {
+            true => Some((t.clone(), RecursiveMode::Recursive)),
+            false => t
+                .parent()
+                .map(|p| (PathBuf::from(p), RecursiveMode::NonRecursive)),
+        })
+        .chain(links.iter().filter_map(|l| {
+            l.parent()
+                .map(|p| (p.to_path_buf(), RecursiveMode::NonRecursive))
+        }))
+        .collect();
+    dirs.sort_by(|a, b| a.0.cmp(&b.0));
+    dirs.dedup_by(|a, b| a.0 == b.0);
+    for (dir, mode) in &dirs {
+        if let Err(e) = watcher.watch(dir, *mode) {
+            tracing::warn!(error = %e, dir = %dir.display(), "cannot watch; reload with SIGHUP");
+        }
+    }
+    Some(watcher)
+}
