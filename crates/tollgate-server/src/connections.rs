@@ -243,11 +243,28 @@ impl Registry {
         listener: &TcpListener,
         http1: bool,
     ) -> Watched<TcpStream> {
+        let (tcp, peer, admitted) = self.accept_admitted(listener).await;
+        self.watched(tcp, peer, admitted, http1)
+    }
+
+    /// Accepts the next connection of `listener` that the registry admits, as
+    /// [`accept`](Self::accept) does, not yet watched: for a TLS handshake first, whose
+    /// stream is then watched.
+    pub async fn accept_admitted(
+        self: &Arc<Self>,
+        listener: &TcpListener,
+    ) -> (TcpStream, SocketAddr, Admitted) {
         loop {
             match listener.accept().await {
                 Ok((tcp, peer)) => {
-                    if let Some(watched) = self.watch(tcp, peer, http1) {
-                        return watched;
+                    if let Err(e) = tcp.set_nodelay(true) {
+                        tracing::debug!(error = %e, "cannot turn Nagle's algorithm off");
+                    }
+                    match self.admit() {
+                        Some(admitted) => return (tcp, peer, admitted),
+                        None => {
+                            tracing::debug!(%peer, "every connection has a request in flight: refused");
+                        }
                     }
                 }
                 Err(e) => {
@@ -273,10 +290,22 @@ impl Registry {
             tracing::debug!(%peer, "every connection has a request in flight: refused");
             return None;
         };
+        Some(self.watched(tcp, peer, admitted, http1))
+    }
+
+    /// `io`, from `peer`, in the place `admitted` holds, watched from now (its HTTP/1 heads
+    /// followed with `http1`).
+    pub fn watched<IO>(
+        self: &Arc<Self>,
+        io: IO,
+        peer: SocketAddr,
+        admitted: Admitted,
+        http1: bool,
+    ) -> Watched<IO> {
         let limits = self.limits;
         let now = tokio::time::Instant::now();
-        Some(Watched {
-            io: tcp,
+        Watched {
+            io,
             peer,
             timer: Box::pin(tokio::time::sleep(
                 limits.idle_timeout.min(limits.header_timeout),
@@ -286,7 +315,7 @@ impl Registry {
             head_started: None,
             admitted,
             framing: http1.then(Framing::default),
-        })
+        }
     }
 }
 

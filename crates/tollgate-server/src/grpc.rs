@@ -141,7 +141,7 @@ where
 ///
 /// # Errors
 /// A file that cannot be read, named.
-pub fn tls(tls: &crate::config::GrpcTls) -> anyhow::Result<tonic::transport::ServerTlsConfig> {
+pub fn tls(tls: &crate::config::TlsFiles) -> anyhow::Result<tonic::transport::ServerTlsConfig> {
     use anyhow::Context as _;
     let read = |path: &std::path::Path| {
         std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))

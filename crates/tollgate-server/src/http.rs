@@ -81,62 +81,92 @@ fn router(state: AppState) -> Router {
 /// Serves the HTTP API on `listener` until `shutdown` resolves, then lets the requests in
 /// flight finish. Each connection is admitted and watched by `registry` (see
 /// [`crate::connections`]): HTTP/1 request heads must arrive within its header timeout, and
-/// a client that half-closes its side after its request still gets the answer.
+/// a client that half-closes its side after its request still gets the answer. With `tls`,
+/// each connection's TLS handshake must end within the header timeout; the decrypted stream
+/// is watched.
 pub async fn serve(
     listener: TcpListener,
     state: AppState,
     registry: Arc<Registry>,
+    tls: Option<Arc<rustls::ServerConfig>>,
     shutdown: impl Future<Output = ()>,
 ) {
     let router = router(state.clone());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     // Each connection's task holds a sender: when all are dropped, every connection ended.
     let (done_tx, mut done_rx) = tokio::sync::mpsc::channel::<()>(1);
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+    let handshake_timeout = registry.limits().header_timeout;
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
-        let watched = tokio::select! {
-            watched = registry.accept(&listener, true) => watched,
+        let (tcp, peer, admitted) = tokio::select! {
+            accepted = registry.accept_admitted(&listener) => accepted,
             () = &mut shutdown => break,
         };
-        let connection = Connection {
-            state: state.clone(),
-            router: router.clone(),
-            peer: watched.peer(),
-            tracked: Some(watched.tracked().clone()),
-        };
-        let (mut stop, done) = (stop_rx.clone(), done_tx.clone());
+        let (state, router, registry) = (state.clone(), router.clone(), registry.clone());
+        let (stop, done, acceptor) = (stop_rx.clone(), done_tx.clone(), acceptor.clone());
         tokio::spawn(async move {
-            // The header timeout is the watched IO's, with no timer per request.
-            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            builder
-                .http1()
-                .header_read_timeout(None)
-                .max_buf_size(crate::framing::MAX_HEAD)
-                .half_close(true);
-            let service = tower::ServiceExt::map_request(
-                connection,
-                |request: axum::http::Request<hyper::body::Incoming>| request.map(Body::new),
-            );
-            let served =
-                builder.serve_connection(TokioIo::new(watched), TowerToHyperService::new(service));
-            let mut served = std::pin::pin!(served);
-            tokio::select! {
-                result = served.as_mut() => {
-                    if let Err(e) = result {
-                        tracing::debug!(error = %e, "connection ended");
-                    }
+            let Some(acceptor) = acceptor else {
+                let watched = registry.watched(tcp, peer, admitted, true);
+                return serve_connection(watched, state, router, stop, done).await;
+            };
+            let handshake = tokio::time::timeout(handshake_timeout, acceptor.accept(tcp));
+            match handshake.await {
+                Ok(Ok(tls)) => {
+                    let watched = registry.watched(tls, peer, admitted, true);
+                    serve_connection(watched, state, router, stop, done).await;
                 }
-                () = async { drop(stop.wait_for(|stop| *stop).await) } => {
-                    served.as_mut().graceful_shutdown();
-                    let _ = served.await;
-                }
+                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                Err(_) => tracing::debug!(%peer, "TLS handshake did not end in time"),
             }
-            drop(done);
         });
     }
     let _ = stop_tx.send(true);
     drop(done_tx);
     let _ = done_rx.recv().await;
+}
+
+/// Serves one watched connection until it ends, or gracefully once `stop` says so.
+async fn serve_connection<IO>(
+    watched: crate::connections::Watched<IO>,
+    state: AppState,
+    router: Router,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    done: tokio::sync::mpsc::Sender<()>,
+) where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let connection = Connection {
+        state,
+        router,
+        peer: watched.peer(),
+        tracked: Some(watched.tracked().clone()),
+    };
+    // The header timeout is the watched IO's, with no timer per request.
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .header_read_timeout(None)
+        .max_buf_size(crate::framing::MAX_HEAD)
+        .half_close(true);
+    let service = tower::ServiceExt::map_request(
+        connection,
+        |request: axum::http::Request<hyper::body::Incoming>| request.map(Body::new),
+    );
+    let served = builder.serve_connection(TokioIo::new(watched), TowerToHyperService::new(service));
+    let mut served = std::pin::pin!(served);
+    tokio::select! {
+        result = served.as_mut() => {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "connection ended");
+            }
+        }
+        () = async { drop(stop.wait_for(|stop| *stop).await) } => {
+            served.as_mut().graceful_shutdown();
+            let _ = served.await;
+        }
+    }
+    drop(done);
 }
 
 /// The HTTP API on one connection. The two checks, asked on every request of a service or

@@ -19,3 +19,4 @@ pub mod service;
 pub mod shared;
 pub mod simulate;
 pub mod statsd;
+pub mod tls;

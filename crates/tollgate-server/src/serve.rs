@@ -13,7 +13,7 @@ use anyhow::Context;
 use notify::{RecursiveMode, Watcher};
 
 use crate::service::Service;
-use crate::{config, connections, debug, grpc, http, metrics, statsd};
+use crate::{config, connections, debug, grpc, http, metrics, statsd, tls};
 
 /// What `tollgate serve` was asked for on its command line.
 #[derive(Debug, Clone, Default)]
@@ -153,6 +153,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         idle_timeout = ?limits.idle_timeout,
         "connections bounded"
     );
+    let http_tls = server.tls.as_ref().map(tls::server_config).transpose()?;
     let listener = tokio::net::TcpListener::bind(http_addr)
         .await
         .with_context(|| format!("cannot listen on {http_addr}"))?;
@@ -227,7 +228,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     watch(&files, service.clone());
     tokio::spawn(hangups);
     tokio::spawn(service.clone().follow_shared());
-    tracing::info!(addr = %listener.local_addr()?, "HTTP listening");
+    tracing::info!(addr = %listener.local_addr()?, tls = http_tls.is_some(), "HTTP listening");
     let stopping = service.clone();
     let (failed_tx, failed) = tokio::sync::oneshot::channel::<anyhow::Error>();
     tokio::spawn(async move {
@@ -243,7 +244,13 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         let _ = stop_tx.send(true);
     });
     let drain = server.drain;
-    let http_task = tokio::spawn(http::serve(listener, state, registry, stopped(stop_rx)));
+    let http_task = tokio::spawn(http::serve(
+        listener,
+        state,
+        registry,
+        http_tls,
+        stopped(stop_rx),
+    ));
     let finished = async {
         let http = http_task.await;
         let grpc = match grpc_task {

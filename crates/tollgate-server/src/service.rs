@@ -936,6 +936,16 @@ pub fn check(config: &Config) -> Result<(), ConfigError> {
     if let Some(problem) = problem {
         return Err(config.places.server().error(problem));
     }
+    for (name, files) in [("tls", &server.tls), ("grpc_tls", &server.grpc_tls)] {
+        if let Some(files) = files {
+            crate::tls::server_config(files).map_err(|e| {
+                config
+                    .places
+                    .server()
+                    .error(format!("server.{name}: {e:#}"))
+            })?;
+        }
+    }
     let store = StoreSettings::of(&config.store)
         .and_then(|store| store.validate().map(|()| store))
         .map_err(|e| config.places.store().error(e.to_string()))?;

@@ -8,16 +8,16 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::{
-    ConfigError, DEFAULT_REDIS_TIMEOUT, DEFAULT_SYNC_INTERVAL, GrpcTls, RedisMode, RedisOptions,
-    ServerConfig, StoreConfig,
+    ConfigError, DEFAULT_REDIS_TIMEOUT, DEFAULT_SYNC_INTERVAL, RedisMode, RedisOptions,
+    ServerConfig, StoreConfig, TlsFiles,
 };
 
-/// TLS on the gRPC listener from the environment (see [`GrpcTls`]).
+/// TLS on the gRPC listener from the environment (see [`TlsFiles`]).
 ///
 /// # Errors
 /// `GRPC_SERVER_USE_TLS` without a certificate or key, or `GRPC_CLIENT_TLS_SAN`, which
 /// tollgate does not check (a client allowed by its CA is not refused for its name).
-pub(super) fn grpc_tls_from_env() -> Result<Option<GrpcTls>, ConfigError> {
+pub(super) fn grpc_tls_from_env() -> Result<Option<TlsFiles>, ConfigError> {
     if env("GRPC_CLIENT_TLS_SAN").is_some() {
         return Err(env_error(
             "GRPC_CLIENT_TLS_SAN",
@@ -34,7 +34,7 @@ pub(super) fn grpc_tls_from_env() -> Result<Option<GrpcTls>, ConfigError> {
             .map(PathBuf::from)
             .ok_or_else(|| env_error(name, "GRPC_SERVER_USE_TLS needs it"))
     };
-    Ok(Some(GrpcTls {
+    Ok(Some(TlsFiles {
         cert: file("GRPC_SERVER_TLS_CERT")?,
         key: file("GRPC_SERVER_TLS_KEY")?,
         client_ca: env("GRPC_CLIENT_TLS_CACERT").map(PathBuf::from),

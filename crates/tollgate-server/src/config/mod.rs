@@ -49,8 +49,11 @@ pub struct ServerConfig {
     /// How Envoy domains are answered: the Envoy ratelimit service's settings, read from
     /// the environment under its names.
     pub envoy: EnvoySettings,
-    /// TLS on the gRPC listener, when set.
-    pub grpc_tls: Option<GrpcTls>,
+    /// TLS on the HTTP listener, when set (`server.tls`).
+    pub tls: Option<TlsFiles>,
+    /// TLS on the gRPC listener, when set (`server.grpc_tls`, or the Envoy service's
+    /// settings).
+    pub grpc_tls: Option<TlsFiles>,
     /// gRPC on this Unix socket instead of a TCP address: the Envoy service's `GRPC_UDS`.
     pub grpc_uds: Option<PathBuf>,
     /// The metrics served on a listener of their own too, at this address and path: the Envoy
@@ -59,12 +62,13 @@ pub struct ServerConfig {
     pub prometheus: Option<(SocketAddr, String)>,
 }
 
-/// TLS on the gRPC listener: the server's certificate chain and key (PEM files), and, for
-/// mutual TLS, the CA whose certificates clients must present. From the Envoy service's
-/// `GRPC_SERVER_USE_TLS`, `GRPC_SERVER_TLS_CERT`, `GRPC_SERVER_TLS_KEY` and
+/// TLS on a listener: the server's certificate chain and key (PEM files), and, for mutual
+/// TLS, the CA whose certificates clients must present. For gRPC, also from the Envoy
+/// service's `GRPC_SERVER_USE_TLS`, `GRPC_SERVER_TLS_CERT`, `GRPC_SERVER_TLS_KEY` and
 /// `GRPC_CLIENT_TLS_CACERT`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GrpcTls {
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsFiles {
     /// The certificate chain (PEM).
     pub cert: PathBuf,
     /// The private key (PEM).
@@ -83,6 +87,7 @@ impl Default for ServerConfig {
             grpc_response_headers: false,
             connections: Limits::default(),
             envoy: EnvoySettings::default(),
+            tls: None,
             grpc_tls: None,
             grpc_uds: None,
             prometheus: None,
@@ -569,7 +574,9 @@ fn assemble(texts: &[(PathBuf, String)]) -> Result<Config, ConfigError> {
         None => server_from_env()?,
     };
     server.envoy = EnvoySettings::from_env()?;
-    server.grpc_tls = grpc_tls_from_env()?;
+    if server.grpc_tls.is_none() {
+        server.grpc_tls = grpc_tls_from_env()?;
+    }
     server.grpc_uds = env("GRPC_UDS").map(PathBuf::from);
     server.prometheus = prometheus_from_env()?;
     let store = match store {

@@ -29,7 +29,7 @@ use tollgate::{
 use super::duration::{self, parse_duration};
 use super::{
     ConfigError, DEFAULT_MAX_BYTES, DEFAULT_MAX_KEYS, Parsed, RedisMode, RedisOptions,
-    ServerConfig, StoreConfig,
+    ServerConfig, StoreConfig, TlsFiles,
 };
 use crate::connections::Limits;
 
@@ -57,6 +57,8 @@ struct ServerSection {
     header_timeout: Option<Duration>,
     #[serde(default, deserialize_with = "duration::deserialize_option")]
     idle_timeout: Option<Duration>,
+    tls: Option<TlsFiles>,
+    grpc_tls: Option<TlsFiles>,
 }
 
 /// The `store` section: its `kind`, and the settings of that kind (a setting of the other
@@ -493,7 +495,7 @@ pub(super) fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
                 Some(addr) => Some(addr.parse().map_err(|_| {
                     ConfigError::new(
                         file,
-                        at,
+                        super::places::section_key_place(text, at, "grpc").or(at),
                         format!("server.grpc: `{addr}` is not an address or `off`"),
                     )
                 })?),
@@ -507,7 +509,8 @@ pub(super) fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
                     .grpc_response_headers
                     .unwrap_or(defaults.grpc_response_headers),
                 envoy: defaults.envoy.clone(),
-                grpc_tls: None,
+                tls: s.tls,
+                grpc_tls: s.grpc_tls,
                 grpc_uds: None,
                 prometheus: None,
                 connections: Limits {
