@@ -681,14 +681,27 @@ async fn envoy_json(State(state): State<AppState>, request: axum::extract::Reque
 }
 
 async fn ready(State(state): State<AppState>) -> Response {
-    if state.service.ready() {
-        (StatusCode::OK, "ready\n").into_response()
-    } else {
-        (
+    if !state.service.ready() {
+        return (
             StatusCode::SERVICE_UNAVAILABLE,
             "the shared store does not answer\n",
         )
-            .into_response()
+            .into_response();
+    }
+    match state.service.outage() {
+        None => (StatusCode::OK, "ready\n").into_response(),
+        Some(outage) => (
+            StatusCode::OK,
+            format!(
+                "ready, partly: {} of {} Redis masters failing ({}), {} of 16384 slots decided by \
+                 the rules' failure policies\n",
+                outage.failing.len(),
+                outage.nodes,
+                outage.failing.join(", "),
+                outage.slots
+            ),
+        )
+            .into_response(),
     }
 }
 

@@ -13,7 +13,10 @@
 //! - `tollgate_store_errors_total{store, kind}`: calls to Redis that failed, `kind` `error`
 //!   (an error answer or a lost connection) or `timeout` (no answer in time);
 //! - `tollgate_fallback_active`: 1 while the failure policy decides because Redis keeps
-//!   failing (strict and lease: the breaker keeps checks away; hybrid: syncs failed too long);
+//!   failing (strict and lease: the breaker keeps checks away; hybrid: syncs failed too long;
+//!   on a cluster, the checks of a failing master's slots);
+//! - on a Redis Cluster, `tollgate_redis_node_up{node}` (0 while that master's breaker keeps
+//!   its checks away), `tollgate_redis_node_slots{node}` and `tollgate_redis_slots_failing`;
 //! - `tollgate_reloads_total{result}`: `ok` or `error`;
 //! - `tollgate_keys`, `tollgate_bytes`: what the store holds in this process (bytes as the
 //!   memory store's `max_bytes` counts them: its tables' buckets and what lives outside);
@@ -454,7 +457,37 @@ pub fn store_failures(store: &'static str, failures: StoreFailures) {
     errors("timeout").absolute(failures.timeouts);
 }
 
-/// Records whether the failure policy is deciding for the Redis store.
+/// Records whether the failure policy is deciding for the Redis store (some checks: on a
+/// cluster, those of a failing master's slots).
 pub fn fallback_active(active: bool) {
     gauge!("tollgate_fallback_active").set(if active { 1.0 } else { 0.0 });
+}
+
+/// Records each master of a Redis Cluster: `tollgate_redis_node_up{node}` (0 while its
+/// breaker keeps its checks away), `tollgate_redis_node_slots{node}`, and
+/// `tollgate_redis_slots_failing`, the slots whose checks the failure policies decide now.
+/// A node no longer serving slots (a failed master replaced) reads 0 slots.
+pub fn redis_nodes(nodes: &[tollgate::NodeHealth]) {
+    static SEEN: LazyLock<RwLock<HashSet<String>>> = LazyLock::new(RwLock::default);
+    let mut seen = SEEN.write().unwrap_or_else(|e| e.into_inner());
+    for gone in seen
+        .iter()
+        .filter(|a| !nodes.iter().any(|n| &n.address == *a))
+    {
+        gauge!("tollgate_redis_node_slots", "node" => gone.clone()).set(0.0);
+    }
+    let mut failing = 0;
+    for node in nodes {
+        // Bounded: the masters a cluster ever had, each named once.
+        if seen.len() < MAX_DETAILED_LABELS {
+            seen.insert(node.address.clone());
+        }
+        let up = if node.failing { 0.0 } else { 1.0 };
+        gauge!("tollgate_redis_node_up", "node" => node.address.clone()).set(up);
+        gauge!("tollgate_redis_node_slots", "node" => node.address.clone()).set(node.slots as f64);
+        if node.failing {
+            failing += node.slots;
+        }
+    }
+    gauge!("tollgate_redis_slots_failing").set(failing as f64);
 }

@@ -692,12 +692,29 @@ impl Service {
         }
     }
 
-    /// Whether the service can decide: rules are loaded and the shared store, if any, answers.
+    /// Whether the service can decide: rules are loaded and the shared store, if any, answers
+    /// some checks (one server that answers; a cluster with a node that answers: a partial
+    /// outage, which [`outage`](Self::outage) describes, leaves the service ready).
     pub fn ready(&self) -> bool {
         match &self.store {
-            AnyStore::Redis(redis) => !redis.degraded(),
+            AnyStore::Redis(redis) => !redis.down(),
             AnyStore::Hybrid(_) | AnyStore::Lease(_) | AnyStore::Memory(_) => true,
         }
+    }
+
+    /// On a Redis Cluster some of whose masters keep failing: how many, of how many, and how
+    /// many of the 16384 slots their checks' failure policies decide now.
+    pub fn outage(&self) -> Option<Outage> {
+        let AnyStore::Redis(redis) = &self.store else {
+            return None;
+        };
+        let nodes = redis.nodes();
+        let failing: Vec<_> = nodes.iter().filter(|n| n.failing).collect();
+        (!failing.is_empty()).then(|| Outage {
+            failing: failing.iter().map(|n| n.address.clone()).collect(),
+            nodes: nodes.len(),
+            slots: failing.iter().map(|n| n.slots).sum(),
+        })
     }
 
     /// Records the store's gauges (keys held, calls saved, failures) for the metrics endpoint.
@@ -723,12 +740,26 @@ impl Service {
             metrics::store_failures(self.store.kind(), failures);
             metrics::fallback_active(self.store.degraded());
         }
+        if let AnyStore::Redis(redis) = &self.store {
+            metrics::redis_nodes(&redis.nodes());
+        }
     }
 
     /// Finishes the store's shared business: pushes hybrid counts, returns unused leases.
     pub async fn shutdown(&self) {
         self.store.shutdown().await;
     }
+}
+
+/// A partial outage of a Redis Cluster: see [`Service::outage`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outage {
+    /// The addresses of the masters failing.
+    pub failing: Vec<String>,
+    /// The masters serving slots.
+    pub nodes: usize,
+    /// The slots of the failing masters, whose checks the failure policies decide.
+    pub slots: usize,
 }
 
 /// The rules of the files' `config` with the admin API's `overlay` applied, on `store`.

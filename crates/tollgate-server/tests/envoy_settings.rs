@@ -585,6 +585,8 @@ async fn health_and_start_up_against_redis() {
     let following: Vec<&str> = following.iter().map(String::as_str).collect();
     let server = serve(&following, &[("shop.yaml", SHOP)]);
     eventually("healthy", || async { health(&server).await == 200 }).await;
+    // A check answered: Redis is past its start-up allowance.
+    hit(&server, "y").await;
     let _ = redis.kill();
     let _ = redis.wait();
     for _ in 0..6 {

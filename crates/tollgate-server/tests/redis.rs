@@ -265,3 +265,77 @@ async fn hybrid_instances_stay_within_the_stated_bound() {
     println!("admitted {admitted} of 1000");
     assert!((1_000..=1_000 + 3 * 10).contains(&admitted), "{admitted}");
 }
+
+/// A Redis Cluster with a master down: `/readyz` stays ready and says which master fails and
+/// how many slots the failure policies decide; `/metrics` says the same, node by node; both
+/// clear once the master's replica has taken over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partial_cluster_outage_is_said_by_readiness_and_metrics() {
+    let mut cluster = support::Cluster::start();
+    let nodes: Vec<String> = cluster.urls().iter().map(|u| format!("'{u}'")).collect();
+    let file = format!(
+        "store: {{ kind: redis, cluster: [{}], timeout: 100ms }}\nrules:\n  - id: api\n    key: [header:x-tenant]\n    on_failure: closed\n    tiers: [{{ limit: 1000000, period: 1h }}]\n",
+        nodes.join(", ")
+    );
+    let server = Server::start(&[("cluster.yaml", &file)], &[]);
+    let client = reqwest::Client::new();
+    let ask = |tenant: String| {
+        let body = serde_json::json!({"request": {"method": "GET", "path": "/x",
+            "headers": {"x-tenant": tenant}}});
+        support::check(&client, &server.http, body)
+    };
+    // Tenants on every master, each master answered once.
+    for i in 0..60 {
+        assert_eq!(ask(format!("t{i}")).await.0, 200);
+    }
+    let ready = || async {
+        let answer = reqwest::get(format!("{}/readyz", server.http))
+            .await
+            .unwrap();
+        (answer.status().as_u16(), answer.text().await.unwrap())
+    };
+    assert_eq!(ready().await, (200, "ready\n".to_string()));
+    let dead = cluster.masters()[0];
+    cluster.kill(dead);
+    // Checks of the dead master's tenants fail until its breaker opens.
+    support::eventually("the dead master's breaker opens", || async {
+        for i in 0..60 {
+            ask(format!("t{i}")).await;
+        }
+        ready().await.1.contains("partly")
+    })
+    .await;
+    let (status, text) = ready().await;
+    assert_eq!(status, 200, "{text}");
+    assert!(
+        text.contains(&format!("1 of 3 Redis masters failing (127.0.0.1:{dead})")),
+        "{text}"
+    );
+    let metrics = support::metrics(&server.http).await;
+    assert!(
+        metrics.contains(&format!(
+            "tollgate_redis_node_up{{node=\"127.0.0.1:{dead}\"}} 0"
+        )),
+        "{metrics}"
+    );
+    assert!(metrics.contains("tollgate_fallback_active 1"));
+    let failing = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("tollgate_redis_slots_failing "))
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap();
+    assert!((5_000.0..6_000.0).contains(&failing), "{failing}");
+    // The replica takes over: every check decided by Redis again.
+    support::eventually("the replica takes over", || async {
+        for i in 0..60 {
+            ask(format!("t{i}")).await;
+        }
+        ready().await.1 == "ready\n"
+    })
+    .await;
+    let metrics = support::metrics(&server.http).await;
+    assert!(
+        metrics.contains("tollgate_redis_slots_failing 0"),
+        "{metrics}"
+    );
+}

@@ -63,5 +63,5 @@ pub use store::{
 #[cfg(feature = "redis")]
 pub use store::{
     HybridConfig, HybridPlan, HybridStats, HybridStore, LeaseConfig, LeasePlan, LeaseStats,
-    LeaseStore, RedisPlan, RedisStore, RedisStoreBuilder, StoreFailures, StoreTime,
+    LeaseStore, NodeHealth, RedisPlan, RedisStore, RedisStoreBuilder, StoreFailures, StoreTime,
 };

@@ -352,3 +352,133 @@ pub fn descriptor(
         ..RateLimitDescriptor::default()
     }
 }
+
+/// A Redis Cluster of three masters and a replica each, a master failed over when unreachable
+/// for a second; the slots of a dead master do not stop the others'.
+pub struct Cluster {
+    pub nodes: Vec<Child>,
+    pub ports: Vec<u16>,
+    _dirs: Vec<tempfile::TempDir>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            let _ = node.kill();
+            let _ = node.wait();
+        }
+    }
+}
+
+impl Cluster {
+    pub fn start() -> Self {
+        let ports: Vec<u16> = std::iter::repeat_with(|| {
+            loop {
+                let port = free_port();
+                if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+                    break port;
+                }
+            }
+        })
+        .take(6)
+        .collect();
+        let mut dirs = Vec::new();
+        let nodes: Vec<Child> = ports
+            .iter()
+            .map(|port| {
+                let dir = tempfile::tempdir().unwrap();
+                let child = Command::new("redis-server")
+                    .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+                    .args(["--save", "", "--appendonly", "no"])
+                    .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
+                    .args(["--cluster-require-full-coverage", "no"])
+                    .args(["--repl-diskless-sync-delay", "0"])
+                    .arg("--dir")
+                    .arg(dir.path())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("redis-server is installed");
+                dirs.push(dir);
+                child
+            })
+            .collect();
+        let cluster = Self {
+            nodes,
+            ports,
+            _dirs: dirs,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for port in &cluster.ports {
+            while !cluster.cli(*port, &["ping"]).contains("PONG") {
+                assert!(Instant::now() < deadline, "a node did not start");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let addresses: Vec<String> = cluster
+            .ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        let created = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(created.success(), "redis-cli --cluster create failed");
+        for port in &cluster.ports {
+            loop {
+                let info = cluster.cli(*port, &["cluster", "info"]);
+                let replication = cluster.cli(*port, &["info", "replication"]);
+                if info.contains("cluster_state:ok")
+                    && (replication.contains("role:master")
+                        || replication.contains("master_link_status:up"))
+                {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "the cluster did not settle");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        cluster
+    }
+
+    pub fn cli(&self, port: u16, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli is installed");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The node URLs, for a `cluster:` store.
+    pub fn urls(&self) -> Vec<String> {
+        self.ports
+            .iter()
+            .map(|p| format!("redis://127.0.0.1:{p}"))
+            .collect()
+    }
+
+    /// The ports of the masters now.
+    pub fn masters(&self) -> Vec<u16> {
+        self.ports
+            .iter()
+            .copied()
+            .filter(|p| {
+                self.cli(*p, &["info", "replication"])
+                    .contains("role:master")
+            })
+            .collect()
+    }
+
+    /// Kills the node on `port` (SIGKILL).
+    pub fn kill(&mut self, port: u16) {
+        let i = self.ports.iter().position(|p| *p == port).expect("a node");
+        let _ = self.nodes[i].kill();
+        let _ = self.nodes[i].wait();
+    }
+}

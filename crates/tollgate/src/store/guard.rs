@@ -1,15 +1,17 @@
 //! What a remote store does when its backend fails or is slow: each rule's
 //! [`FailurePolicy`] decides, the time a check may wait for the backend is bounded, and a
-//! circuit breaker, one per backend, keeps checks away from a backend that keeps failing.
+//! circuit breaker, one per backend (a server, or each node of a cluster), keeps checks away
+//! from a backend that keeps failing, and only from it.
 //!
 //! Every remote store (Redis strict, hybrid, lease) holds one guard and sends its backend
 //! calls through [`Guard::decide`]; the guard never returns a backend error to the caller.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
-use super::breaker::{Breaker, Gate};
+use super::breaker::{Breaker, Gate, Probe};
 use super::memory::{MemoryPlan, MemoryStore};
 use super::{LocalStore, Planned, Store};
 use crate::decision::{Decision, Decisions, Source, Verdict};
@@ -25,6 +27,9 @@ pub(crate) struct GuardConfig {
     pub(crate) failures: u32,
     /// How long an open breaker keeps checks away before one probes.
     pub(crate) cooldown: Duration,
+    /// How long after a backend is first asked a check may wait for its first answer (a
+    /// connection being made, the function library being loaded), its failures not counted.
+    pub(crate) startup: Duration,
 }
 
 impl Default for GuardConfig {
@@ -33,22 +38,205 @@ impl Default for GuardConfig {
             timeout: Duration::from_millis(20),
             failures: 5,
             cooldown: Duration::from_secs(1),
+            startup: Duration::from_secs(2),
         }
     }
 }
 
-/// The failure policy of one backend's rules; see the module documentation.
+/// The failure policy of one store's rules; see the module documentation.
 #[derive(Debug)]
 pub(crate) struct Guard {
     config: GuardConfig,
-    breaker: Breaker,
+    /// The backend of a single server, and of the calls not bound to a node of a cluster.
+    single: Arc<Backend>,
     /// Where rules that fall back to a local share keep their state.
     fallback: MemoryStore,
-    /// Names the backend in logs.
-    backend: &'static str,
-    /// Backend calls that failed with an error, and that did not answer within the timeout.
+}
+
+/// One backend of a guard, with a circuit breaker of its own: a server, or a node of a
+/// cluster (the master of some slots), so that a dead node keeps only the checks of its own
+/// slots away. Until it first answers, and for at most the start-up allowance after it was
+/// first asked, a check may wait longer for it and its failures do not count: a connection
+/// being made or a function library being loaded is not a failure of the backend.
+#[derive(Debug)]
+pub(crate) struct Backend {
+    /// Names it in logs and metrics: `redis`, or a node's address.
+    name: String,
+    breaker: Breaker,
     errors: AtomicU64,
     timeouts: AtomicU64,
+    answered: AtomicBool,
+    born: Instant,
+}
+
+impl Backend {
+    pub(crate) fn new(name: impl Into<String>, config: &GuardConfig) -> Self {
+        let cooldown = u64::try_from(config.cooldown.as_micros()).unwrap_or(u64::MAX);
+        Self {
+            name: name.into(),
+            breaker: Breaker::new(config.failures, cooldown),
+            errors: AtomicU64::new(0),
+            timeouts: AtomicU64::new(0),
+            answered: AtomicBool::new(false),
+            born: Instant::now(),
+        }
+    }
+
+    /// Its name: `redis`, or a node's address.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether checks are kept away from it now (its breaker is open).
+    pub(crate) fn failing(&self) -> bool {
+        self.breaker.is_open()
+    }
+
+    /// Its calls that failed so far.
+    pub(crate) fn failures(&self) -> StoreFailures {
+        StoreFailures {
+            errors: self.errors.load(Ordering::Relaxed),
+            timeouts: self.timeouts.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Whether it is still within its start-up allowance, never having answered.
+    fn warming(&self, allowance: Duration) -> bool {
+        !self.answered.load(Ordering::Relaxed) && self.born.elapsed() < allowance
+    }
+
+    /// Records an answer, with the probe if the check was one.
+    fn success(&self, probe: Option<Probe<'_>>) {
+        if !self.answered.load(Ordering::Relaxed) {
+            self.answered.store(true, Ordering::Relaxed);
+        }
+        if self.breaker.success(probe) {
+            tracing::info!(backend = self.name, "store answers again; limiting resumed");
+        }
+    }
+
+    /// Records a failure at `now` (a timeout, or an error), with the probe if the check was
+    /// one; within the start-up allowance the breaker does not count it.
+    fn failure(
+        &self,
+        now: u64,
+        why: &dyn std::fmt::Display,
+        timeout: bool,
+        probe: Option<Probe<'_>>,
+        startup: Duration,
+    ) {
+        let counter = if timeout {
+            &self.timeouts
+        } else {
+            &self.errors
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        if self.warming(startup) {
+            tracing::debug!(backend = self.name, error = %why, "not answering yet, starting");
+            return;
+        }
+        if self.breaker.failure(now, probe) {
+            tracing::warn!(
+                backend = self.name,
+                error = %why,
+                "store is failing; rules decide by their failure policy until it answers again"
+            );
+        }
+    }
+
+    /// Records the outcome of a call made outside a guarded check (a write that goes on after
+    /// its check was answered).
+    pub(crate) fn record(&self, now: u64, outcome: Result<(), &Error>, config: &GuardConfig) {
+        match outcome {
+            Ok(()) => self.success(None),
+            Err(e) => self.failure(now, e, false, None, config.startup),
+        }
+    }
+}
+
+/// The backends one check asks (a single server's; on a cluster, the nodes its slots are on),
+/// and which of them answered: the guard gates the check on each one's breaker and records
+/// each one's outcome.
+#[derive(Debug)]
+pub(crate) struct Route<'a> {
+    backends: Backends<'a>,
+    /// Bit `i`: backend `i` answered.
+    answered: AtomicU64,
+    /// The decisions, once they are known while writes are still under way: a timeout after
+    /// that does not let the failure policy decide again.
+    settled: std::sync::OnceLock<Decisions>,
+}
+
+#[derive(Debug)]
+enum Backends<'a> {
+    One(&'a Backend),
+    Many(Vec<Arc<Backend>>),
+}
+
+impl<'a> Route<'a> {
+    /// A check that asks `backend` alone.
+    pub(crate) fn one(backend: &'a Backend) -> Self {
+        Self {
+            backends: Backends::One(backend),
+            answered: AtomicU64::new(0),
+            settled: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// A check that asks each of `backends` (at most 64; more share the last's fate).
+    pub(crate) fn many(backends: Vec<Arc<Backend>>) -> Self {
+        Self {
+            backends: Backends::Many(backends),
+            answered: AtomicU64::new(0),
+            settled: std::sync::OnceLock::new(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match &self.backends {
+            Backends::One(_) => 1,
+            Backends::Many(many) => many.len(),
+        }
+    }
+
+    fn get(&self, i: usize) -> &Backend {
+        match &self.backends {
+            Backends::One(one) => one,
+            Backends::Many(many) => &many[i],
+        }
+    }
+
+    /// Tells the guard that backend `i` answered.
+    pub(crate) fn answered(&self, i: usize) {
+        self.answered.fetch_or(1 << i.min(63), Ordering::Relaxed);
+    }
+
+    /// Says that the check is decided (`decisions`) though its writes are under way: from
+    /// then on the guard answers with these, whatever the writes' timing.
+    pub(crate) fn settle(&self, decisions: Decisions) {
+        let _ = self.settled.set(decisions);
+    }
+
+    fn has_answered(&self, i: usize) -> bool {
+        self.answered.load(Ordering::Relaxed) & (1 << i.min(63)) != 0
+    }
+}
+
+/// Why a guarded call failed: the error, and the backend of the route at fault (`None`: each
+/// one that did not answer).
+#[derive(Debug)]
+pub(crate) struct Failure {
+    pub(crate) error: Error,
+    pub(crate) backend: Option<usize>,
+}
+
+impl From<Error> for Failure {
+    fn from(error: Error) -> Self {
+        Self {
+            error,
+            backend: None,
+        }
+    }
 }
 
 /// Calls to a shared store's backend that failed, since the store was opened (its clones
@@ -60,6 +248,16 @@ pub struct StoreFailures {
     pub errors: u64,
     /// Calls not answered within the store's timeout.
     pub timeouts: u64,
+}
+
+impl std::ops::Add for StoreFailures {
+    type Output = Self;
+    fn add(self, other: Self) -> Self {
+        Self {
+            errors: self.errors + other.errors,
+            timeouts: self.timeouts + other.timeouts,
+        }
+    }
 }
 
 /// What a rule needs of the guard: its local share, planned on the fallback store.
@@ -81,16 +279,27 @@ pub(crate) trait Guarded {
     fn guard(&self) -> &GuardPlan;
 }
 
+/// The probes of a route's backends, one each.
+enum Probes<'a> {
+    One(Option<Probe<'a>>),
+    Many(Vec<Option<Probe<'a>>>),
+}
+
+impl<'a> Probes<'a> {
+    fn take(&mut self, i: usize) -> Option<Probe<'a>> {
+        match self {
+            Self::One(one) => one.take(),
+            Self::Many(many) => many[i].take(),
+        }
+    }
+}
+
 impl Guard {
     pub(crate) fn new(config: GuardConfig, backend: &'static str) -> Self {
-        let cooldown = u64::try_from(config.cooldown.as_micros()).unwrap_or(u64::MAX);
         Self {
             config,
-            breaker: Breaker::new(config.failures, cooldown),
+            single: Arc::new(Backend::new(backend, &config)),
             fallback: MemoryStore::new(),
-            backend,
-            errors: AtomicU64::new(0),
-            timeouts: AtomicU64::new(0),
         }
     }
 
@@ -98,17 +307,25 @@ impl Guard {
         self.config
     }
 
-    /// Whether the backend is being kept away now (the failure policy decides every check).
-    pub(crate) fn degraded(&self) -> bool {
-        self.breaker.is_open()
+    /// The backend of a single server (and of calls not bound to a cluster's node).
+    pub(crate) fn single(&self) -> &Backend {
+        &self.single
     }
 
-    /// The backend calls that failed so far.
+    /// The same, shared.
+    pub(crate) fn single_shared(&self) -> Arc<Backend> {
+        self.single.clone()
+    }
+
+    /// Whether the single backend is being kept away now (the failure policy decides its
+    /// checks).
+    pub(crate) fn degraded(&self) -> bool {
+        self.single.failing()
+    }
+
+    /// The single backend's calls that failed so far.
     pub(crate) fn failures(&self) -> StoreFailures {
-        StoreFailures {
-            errors: self.errors.load(Ordering::Relaxed),
-            timeouts: self.timeouts.load(Ordering::Relaxed),
-        }
+        self.single.failures()
     }
 
     /// Whether the guard can hold `rule`'s local share (as [`plan`](Self::plan) would say).
@@ -127,53 +344,75 @@ impl Guard {
         Ok(GuardPlan { local })
     }
 
-    /// Decides `items` by `remote()`, the backend's answer, unless the breaker keeps the
-    /// backend away; when the backend fails or does not answer within the timeout, by each
-    /// rule's failure policy. Cancelling the returned future is safe at any point.
+    /// Decides `items` by `remote()`, the backends' answer, unless a breaker of `route` keeps
+    /// its backend away; when a backend fails or does not answer within the timeout (longer
+    /// within a backend's start-up allowance), by each rule's failure policy. Each backend's
+    /// breaker counts its own outcome: one that answered is not blamed for another's failure.
+    /// Cancelling the returned future is safe at any point.
     pub(crate) async fn decide<P: Guarded, F, Fut>(
         &self,
         items: &[Planned<'_, P>],
         now: u64,
         max_delay: Option<u64>,
+        route: &Route<'_>,
         remote: F,
     ) -> Decisions
     where
         F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<Decisions, Error>>,
+        Fut: Future<Output = Result<Decisions, Failure>>,
     {
-        let probe = match self.breaker.gate(now) {
-            Gate::Open { retry_after } => {
-                return self.by_policy(items, now, max_delay, retry_after);
+        let mut probes = match &route.backends {
+            Backends::One(backend) => match backend.breaker.gate(now) {
+                Gate::Open { retry_after } => {
+                    return self.by_policy(items, now, max_delay, retry_after);
+                }
+                Gate::Pass(probe) => Probes::One(probe),
+            },
+            Backends::Many(backends) => {
+                let mut probes = Vec::with_capacity(backends.len());
+                for backend in backends {
+                    match backend.breaker.gate(now) {
+                        Gate::Open { retry_after } => {
+                            return self.by_policy(items, now, max_delay, retry_after);
+                        }
+                        Gate::Pass(probe) => probes.push(probe),
+                    }
+                }
+                Probes::Many(probes)
             }
-            Gate::Pass(probe) => probe,
         };
-        let failure = match tokio::time::timeout(self.config.timeout, remote()).await {
+        let startup = self.config.startup;
+        let warming = (0..route.len()).any(|i| route.get(i).warming(startup));
+        let timeout = match warming {
+            true => self.config.timeout.max(startup),
+            false => self.config.timeout,
+        };
+        let (blamed, why, timed_out) = match tokio::time::timeout(timeout, remote()).await {
             Ok(Ok(decisions)) => {
-                if self.breaker.success(probe) {
-                    tracing::info!(
-                        backend = self.backend,
-                        "store answers again; limiting resumed"
-                    );
+                for i in 0..route.len() {
+                    route.get(i).success(probes.take(i));
                 }
                 return decisions;
             }
-            Ok(Err(err)) => {
-                self.errors.fetch_add(1, Ordering::Relaxed);
-                err.to_string()
-            }
-            Err(_) => {
-                self.timeouts.fetch_add(1, Ordering::Relaxed);
-                format!("no answer within {:?}", self.config.timeout)
-            }
+            Ok(Err(failure)) => (failure.backend, failure.error.to_string(), false),
+            Err(_) => (None, format!("no answer within {timeout:?}"), true),
         };
-        if self.breaker.failure(now, probe) {
-            tracing::warn!(
-                backend = self.backend,
-                error = failure,
-                "store is failing; rules decide by their failure policy until it answers again"
-            );
+        for i in 0..route.len() {
+            let backend = route.get(i);
+            let at_fault = match blamed {
+                Some(j) => i == j,
+                None => !route.has_answered(i),
+            };
+            if at_fault {
+                backend.failure(now, &why, timed_out, probes.take(i), startup);
+            } else if route.has_answered(i) {
+                backend.success(probes.take(i));
+            }
         }
-        self.by_policy(items, now, max_delay, self.breaker.cooldown())
+        if let Some(settled) = route.settled.get() {
+            return settled.clone();
+        }
+        self.by_policy(items, now, max_delay, self.single.breaker.cooldown())
     }
 
     /// The decisions of the failure policies; `retry_after` (µs) is when the backend is asked

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLockReadGuard};
 use std::time::Duration;
 
-use super::guard::{GuardPlan, Guarded, StoreFailures};
+use super::guard::{GuardPlan, Guarded, Route, StoreFailures};
 use super::redis::{CounterItem, RedisStore, StoreTime, counter_key, packed};
 use super::slots::{Slots, Versions};
 use super::table::{Access, Bounds, Score, Table, WhenFull};
@@ -646,11 +646,9 @@ impl Store for LeaseStore {
                 .spend(items, at, true)
                 .unwrap_or_else(|_| unreachable!("a last spend asks for nothing")))
         };
-        Ok(inner
-            .redis
-            .guard()
-            .decide(items, now, max_delay, remote)
-            .await)
+        let guard = inner.redis.guard();
+        let route = Route::one(guard.single());
+        Ok(guard.decide(items, now, max_delay, &route, remote).await)
     }
 
     async fn shutdown(&self) {

@@ -32,7 +32,7 @@ pub use hybrid::{HybridConfig, HybridPlan, HybridStats, HybridStore};
 pub use lease::{LeaseConfig, LeasePlan, LeaseStats, LeaseStore};
 pub use memory::{MIN_MAX_BYTES, MemoryPlan, MemoryStore, MemoryStoreBuilder, WhenFull};
 #[cfg(feature = "redis")]
-pub use redis::{RedisPlan, RedisStore, RedisStoreBuilder, StoreTime};
+pub use redis::{NodeHealth, RedisPlan, RedisStore, RedisStoreBuilder, StoreTime};
 
 use crate::decision::{Decision, Decisions};
 use crate::error::Error;

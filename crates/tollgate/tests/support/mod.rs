@@ -196,14 +196,23 @@ impl Drop for RedisServer {
     }
 }
 
-/// A Redis Cluster of three masters, no replicas.
+/// A Redis Cluster of three masters, with or without a replica each.
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
 }
 
 impl RedisCluster {
+    /// Three masters, no replicas.
     pub fn start() -> Self {
-        let nodes: Vec<RedisServer> = (0..3)
+        Self::start_with(0, 2000)
+    }
+
+    /// Three masters with `replicas` replicas each; a master unreachable for `timeout_ms` is
+    /// failed over. Slots of a dead master do not stop the others'
+    /// (`cluster-require-full-coverage no`).
+    pub fn start_with(replicas: usize, timeout_ms: u32) -> Self {
+        let timeout = timeout_ms.to_string();
+        let nodes: Vec<RedisServer> = (0..3 * (1 + replicas))
             .map(|_| {
                 RedisServer::start_with(&[
                     "--cluster-enabled",
@@ -211,7 +220,13 @@ impl RedisCluster {
                     "--cluster-config-file",
                     "nodes.conf",
                     "--cluster-node-timeout",
-                    "2000",
+                    &timeout,
+                    "--cluster-require-full-coverage",
+                    "no",
+                    // A replica syncs at once (not 5 s later): until it has, it cannot fail
+                    // over.
+                    "--repl-diskless-sync-delay",
+                    "0",
                 ])
             })
             .collect();
@@ -222,7 +237,7 @@ impl RedisCluster {
         let status = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&addresses)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
@@ -235,11 +250,71 @@ impl RedisCluster {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
+        // Replicas hold their master's data before anything is asked of them.
+        for node in &nodes {
+            loop {
+                let replication = node.cli(&["info", "replication"]);
+                if replication.contains("role:master")
+                    || replication.contains("master_link_status:up")
+                {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "a replica did not sync");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
         Self { nodes }
     }
 
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The node serving `key`'s slot now, by its place in `nodes`.
+    pub fn owner(&self, key: &[u8]) -> usize {
+        let key = String::from_utf8_lossy(key).into_owned();
+        let slot: u16 = self.nodes[0]
+            .cli(&["cluster", "keyslot", &key])
+            .parse()
+            .expect("a slot");
+        self.owner_of_slot(slot)
+    }
+
+    /// The node serving `slot` now, by its place in `nodes`, as a node still up sees it.
+    pub fn owner_of_slot(&self, slot: u16) -> usize {
+        let up = self
+            .nodes
+            .iter()
+            .find(|n| n.child.is_some())
+            .expect("a node is up");
+        let slots = up.cli(&["cluster", "slots"]);
+        // redis-cli prints each range as start, end, then the master's ip, port and id, one a line.
+        let lines: Vec<&str> = slots.lines().map(str::trim).collect();
+        for (i, window) in lines.windows(4).enumerate() {
+            let (Ok(start), Ok(end)) = (window[0].parse::<u16>(), window[1].parse::<u16>()) else {
+                continue;
+            };
+            if window[2] == "127.0.0.1" && (start..=end).contains(&slot) {
+                let port: u16 = lines[i + 3].parse().expect("a port");
+                return self
+                    .nodes
+                    .iter()
+                    .position(|n| n.port == port)
+                    .expect("a node of this cluster");
+            }
+        }
+        panic!("no node serves slot {slot}: {slots}");
+    }
+
+    /// Waits until every node up says the cluster is `ok`.
+    pub fn wait_ok(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        for node in self.nodes.iter().filter(|n| n.child.is_some()) {
+            while !node.cli(&["cluster", "info"]).contains("cluster_state:ok") {
+                assert!(Instant::now() < deadline, "cluster did not become ok");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
     }
 }
 

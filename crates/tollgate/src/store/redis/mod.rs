@@ -11,9 +11,10 @@
 //! setting one; the sliding log's sets expire exactly).
 //!
 //! On a Redis Cluster, keys of different slots cannot meet in one call: a batch whose keys
-//! span slots is first asked slot by slot without writing, and only if every slot admits is
-//! it written, slot by slot. A check that races it between the two may make a later slot deny
-//! after an earlier one consumed: never more than a limit, at worst a little less.
+//! span slots asks every slot at once without writing, and only if every slot admits is it
+//! written, every slot at once (see [`RedisStore`]'s `check_many` for what holds across
+//! slots). Each master has its own circuit breaker ([`topology`]), so a dead master keeps
+//! away only the checks of its slots.
 //!
 //! Key names: `tg:<rule>:<fingerprint>:<key length>:{k<key>}` (and `:<tier>` for the sliding
 //! log's one sorted set per tier). The braces make the key's bytes the hash tag, so all keys of
@@ -22,6 +23,7 @@
 
 mod queue;
 mod script;
+mod topology;
 
 use std::fmt;
 use std::io::Write as _;
@@ -36,8 +38,12 @@ use redis::cluster_async::ClusterConnection;
 
 use self::queue::Queue;
 pub(crate) use self::script::Entry;
+pub use self::topology::NodeHealth;
+use self::topology::Topology;
 use super::Planned;
-use super::guard::{Guard, GuardConfig, GuardPlan, Guarded, StoreFailures};
+use super::guard::{
+    Backend, Failure, Guard, GuardConfig, GuardPlan, Guarded, Route, StoreFailures,
+};
 use crate::decision::{Decision, Decisions, Source, Verdict};
 use crate::error::Error;
 use crate::rule::Rule;
@@ -77,6 +83,8 @@ pub struct RedisStore {
     expiry_jitter_ms: u64,
     /// Counts checks, to spread their TTLs over the jitter.
     jitter_turn: Arc<AtomicU64>,
+    /// On a cluster, the node of each slot, each with its own breaker.
+    topology: Option<Arc<Topology>>,
 }
 
 /// Loads of the function library, one at a time: after a restart, every check in flight finds
@@ -236,6 +244,14 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// How long after a server (or a cluster's node) is first asked a check may wait for
+    /// its first answer, while its connection is made and the function library loaded; its
+    /// failures meanwhile do not count towards its circuit breaker (default 2 s; 0: none).
+    pub fn startup_allowance(mut self, allowance: Duration) -> Self {
+        self.guard.startup = allowance;
+        self
+    }
+
     /// Verifies `rediss://` servers against `pem` (a PEM CA certificate) instead of the
     /// system's roots.
     pub fn root_certificate(mut self, pem: Vec<u8>) -> Self {
@@ -351,16 +367,33 @@ impl RedisStoreBuilder {
                 Connection::Single(Arc::new(pool))
             }
             Target::Cluster(nodes) => {
+                // While slots migrate, a call meets MOVED, ASK and TRYAGAIN answers in a row:
+                // followed again and again, a millisecond or two apart, until the slot
+                // settles or the check's timeout lets its policy decide.
                 let mut builder = ClusterClientBuilder::new(nodes.clone())
                     .connection_timeout(CONNECTION_TIMEOUT)
                     .response_timeout(Duration::from_secs(2))
-                    .retries(2);
+                    .retries(CLUSTER_RETRIES)
+                    .min_retry_wait(1)
+                    .max_retry_wait(10)
+                    .retry_wait_formula(1, 2);
                 if let Some(certificates) = certificates {
                     builder = builder.certs(certificates);
                 }
                 let client = builder.build().map_err(store_error)?;
                 let connection = client.get_async_connection().await.map_err(store_error)?;
                 Connection::Cluster(connection)
+            }
+        };
+        let topology = match &connection {
+            Connection::Single(_) => None,
+            Connection::Cluster(cluster) => {
+                let topology = Topology::new(self.guard);
+                if let Err(e) = topology.refresh(cluster).await {
+                    tracing::warn!(error = %e, "cannot read the cluster's slots yet");
+                }
+                Topology::follow(&topology, cluster.clone());
+                Some(topology)
             }
         };
         Ok(RedisStore {
@@ -372,9 +405,13 @@ impl RedisStoreBuilder {
             key_prefix: self.key_prefix.into(),
             expiry_jitter_ms: u64::try_from(self.expiry_jitter.as_millis()).unwrap_or(u64::MAX),
             jitter_turn: Arc::new(AtomicU64::new(0)),
+            topology,
         })
     }
 }
+
+/// How many times a cluster call follows redirections and retries.
+const CLUSTER_RETRIES: u32 = 16;
 
 /// A URL with its password, if any, replaced by `***`, for errors and logs.
 fn redacted(url: &str) -> String {
@@ -431,16 +468,44 @@ impl RedisStore {
         Guard::holds(rule)
     }
 
-    /// Whether Redis is being kept away now, every check decided by its rule's failure
-    /// policy.
+    /// Whether Redis is being kept away now from some checks, decided by their rule's
+    /// failure policy: on one server, every check; on a cluster, those of the slots of a node
+    /// that keeps failing (see [`nodes`](Self::nodes)).
     pub fn degraded(&self) -> bool {
-        self.guard.degraded()
+        self.guard.degraded() || self.nodes().iter().any(|n| n.failing)
+    }
+
+    /// Whether Redis is being kept away from every check: one server that keeps failing, or
+    /// every node of a cluster.
+    pub fn down(&self) -> bool {
+        match &self.topology {
+            None => self.guard.degraded(),
+            Some(_) => {
+                let nodes = self.nodes();
+                !nodes.is_empty() && nodes.iter().all(|n| n.failing)
+            }
+        }
+    }
+
+    /// On a cluster, each master that serves slots: its address, how many slots, whether its
+    /// breaker keeps its checks away now, and its failures. Empty for one server.
+    pub fn nodes(&self) -> Vec<NodeHealth> {
+        self.topology
+            .as_ref()
+            .map(|t| t.health())
+            .unwrap_or_default()
     }
 
     /// The calls to Redis that failed or timed out so far, by this store and its clones, and
-    /// by the hybrid and lease stores built on it when they decide through Redis.
+    /// by the hybrid and lease stores built on it when they decide through Redis; on a
+    /// cluster, every node's.
     pub fn failures(&self) -> StoreFailures {
-        self.guard.failures()
+        let nodes = self
+            .topology
+            .as_ref()
+            .map(|t| t.failures())
+            .unwrap_or_default();
+        self.guard.failures() + nodes
     }
 
     /// Whose clock the functions decide at.
@@ -610,45 +675,134 @@ impl RedisStore {
         self.key(format!("tg:c:{}:{:08x}:", rule.name(), rule.fingerprint()).as_bytes())
     }
 
-    /// Decides `items` on Redis, with no failure policy: the guard calls this.
+    /// The backends `items` ask: the single server's, or, on a cluster, the node of each
+    /// slot their keys are on (the store-wide backend for a slot no node is known for yet),
+    /// with each item's place among them.
+    fn route(&self, items: &[Planned<'_, RedisPlan>]) -> (Route<'_>, Vec<usize>) {
+        let Some(topology) = &self.topology else {
+            return (Route::one(self.guard.single()), Vec::new());
+        };
+        let mut nodes: Vec<Arc<Backend>> = Vec::with_capacity(1);
+        let mut places = Vec::with_capacity(items.len());
+        for item in items {
+            let node = topology
+                .node(slot(&item.plan.keys(item.key)[0]))
+                .unwrap_or_else(|| self.guard.single_shared());
+            let place = match nodes.iter().position(|n| Arc::ptr_eq(n, &node)) {
+                Some(place) => place,
+                None => {
+                    nodes.push(node);
+                    nodes.len() - 1
+                }
+            };
+            places.push(place);
+        }
+        (Route::many(nodes), places)
+    }
+
+    /// Decides `items` on Redis, with no failure policy: the guard calls this. Tells `route`
+    /// which backends answered; a failure names the one at fault (`places[i]`: item `i`'s
+    /// backend in the route; none on one server).
     async fn remote(
         &self,
         items: &[Planned<'_, RedisPlan>],
         now: u64,
         max_delay: Option<u64>,
-    ) -> Result<Decisions, Error> {
+        route: &Route<'_>,
+        places: &[usize],
+    ) -> Result<Decisions, Failure> {
+        let place = |i: usize| places.get(i).copied().unwrap_or(0);
         if let [item] = items {
-            let decision = self.check_one(item, now, max_delay).await?;
+            let decision = self
+                .check_one(item, now, max_delay)
+                .await
+                .map_err(|error| Failure {
+                    error,
+                    backend: Some(place(0)),
+                })?;
+            route.answered(place(0));
             return Ok(Decisions::one(decision.shadow(item.rule.is_shadow())));
         }
         // Boxed: inline, it would make the future of every check larger.
-        Box::pin(self.check_many(items, now, max_delay)).await
+        Box::pin(self.check_many(items, now, max_delay, route, places)).await
     }
 
-    /// Decides several items, all-or-nothing, by the batch function.
+    /// Decides several items, all-or-nothing. On one server, or when every key is in one
+    /// slot, one call of the batch function. Across slots, every slot is first asked at once
+    /// without writing; if every one admits, the check is admitted, and each slot is written
+    /// at once, each write a task of its own, and answered once written: a write that fails or
+    /// is slow never turns the admission into a denial (its failure counts against its node,
+    /// and a timeout answers the admission while the write goes on), and a denied check wrote
+    /// nothing. A check racing for a key's last permits between the look and the write may
+    /// find none left at the write, which then takes nothing: across slots, a limit can be
+    /// exceeded by the checks caught in such a race.
     async fn check_many(
         &self,
         items: &[Planned<'_, RedisPlan>],
         now: u64,
         max_delay: Option<u64>,
-    ) -> Result<Decisions, Error> {
+        route: &Route<'_>,
+        places: &[usize],
+    ) -> Result<Decisions, Failure> {
         let groups = match &self.connection {
             Connection::Single(_) => vec![(0..items.len()).collect()],
             Connection::Cluster(_) => slot_groups(items),
         };
+        let place = |group: &[usize]| places.get(group[0]).copied().unwrap_or(0);
         let mut decisions: Vec<Option<Decision>> = vec![None; items.len()];
         if let [group] = &groups[..] {
-            self.batch(items, group, now, max_delay, false, &mut decisions)
-                .await?;
+            let call = self.batch_call(items, group, now, max_delay, false);
+            let reply = self.run(call).await.map_err(|error| Failure {
+                error,
+                backend: Some(place(group)),
+            })?;
+            route.answered(place(group));
+            read_batch(items, group, &reply, &mut decisions)?;
         } else {
-            for group in &groups {
-                self.batch(items, group, now, max_delay, true, &mut decisions)
-                    .await?;
+            let asks = groups.iter().map(|group| {
+                let call = self.batch_call(items, group, now, max_delay, true);
+                async move {
+                    let reply = self.run(call).await.map_err(|error| Failure {
+                        error,
+                        backend: Some(place(group)),
+                    })?;
+                    route.answered(place(group));
+                    Ok::<_, Failure>(reply)
+                }
+            });
+            let replies = futures_join(asks).await;
+            for (group, reply) in groups.iter().zip(replies) {
+                read_batch(items, group, &reply?, &mut decisions)?;
             }
             if decisions.iter().flatten().all(Decision::allowed) {
-                for group in &groups {
-                    self.batch(items, group, now, max_delay, false, &mut decisions)
-                        .await?;
+                let decided = decisions.iter().map(|d| d.expect("every item decided"));
+                route.settle(Decisions::many(decided.collect()));
+                // Each write is a task of its own: it goes on if this check is dropped or
+                // its timeout passes, and its outcome counts for its node.
+                let writes: Vec<_> = groups
+                    .iter()
+                    .map(|group| {
+                        let call = self.batch_call(items, group, now, max_delay, false);
+                        let node = self
+                            .topology
+                            .as_ref()
+                            .and_then(|t| t.node(slot(&call.keys[0])));
+                        let store = self.clone();
+                        tokio::spawn(async move {
+                            let outcome = store.run(call).await;
+                            if let Err(e) = &outcome {
+                                tracing::debug!(error = %e, "a write across slots failed");
+                            }
+                            if let Some(node) = node {
+                                let outcome = outcome.as_ref().map(drop);
+                                node.record(now, outcome, &store.guard.config());
+                            }
+                        })
+                    })
+                    .collect();
+                // Answered once written, so that the caller's next check sees these writes.
+                for write in writes {
+                    let _ = write.await;
                 }
             }
         }
@@ -677,21 +831,19 @@ impl RedisStore {
         Ok(verdicts.decision(item.rule))
     }
 
-    /// Decides `items[group]` in one call of the batch function, all-or-nothing; a `dry` call
-    /// writes nothing. Puts each item's decision in `decisions`.
-    async fn batch(
+    /// The call of the batch function that decides `items[group]`, all-or-nothing; a `dry`
+    /// one writes nothing.
+    fn batch_call(
         &self,
         items: &[Planned<'_, RedisPlan>],
         group: &[usize],
         now: u64,
         max_delay: Option<u64>,
         dry: bool,
-        decisions: &mut [Option<Decision>],
-    ) -> Result<(), Error> {
+    ) -> Call {
         let header = self.header(now, 0, max_delay);
         let mut described = packed([f64::from(u8::from(dry))]);
         let mut keys = Vec::new();
-        let mut tiers = 0;
         for &i in group {
             let Planned {
                 rule,
@@ -707,20 +859,18 @@ impl RedisStore {
                 names.len() as f64,
             ]));
             keys.extend(names);
-            tiers += plan.tiers;
         }
-        let mut args: Vec<&[u8]> = vec![&header, &described];
-        args.extend(group.iter().map(|&i| &items[i].plan.tier_args[..]));
-        let reply = self
-            .invoke(&script::BATCH_ENTRY, &keys, &args)
+        let mut args = vec![header, described];
+        args.extend(group.iter().map(|&i| items[i].plan.tier_args.clone()));
+        Call { keys, args }
+    }
+
+    /// Runs a call of the batch function; its reply.
+    async fn run(&self, call: Call) -> Result<Vec<u8>, Error> {
+        let args: Vec<&[u8]> = call.args.iter().map(Vec::as_slice).collect();
+        self.invoke(&script::BATCH_ENTRY, &call.keys, &args)
             .await
-            .map_err(store_error)?;
-        let mut verdicts = Verdicts::new(&reply, tiers)?;
-        for &i in group {
-            let rule = items[i].rule;
-            decisions[i] = Some(verdicts.decision(rule).shadow(rule.is_shadow()));
-        }
-        Ok(())
+            .map_err(store_error)
     }
 
     /// Calls `entry`'s function with `keys` and `args`, in one round trip. A server that lacks
@@ -844,8 +994,12 @@ impl super::Store for RedisStore {
         now: u64,
         max_delay: Option<u64>,
     ) -> Result<Decisions, Error> {
-        let remote = || self.remote(items, now, max_delay);
-        Ok(self.guard.decide(items, now, max_delay, remote).await)
+        let (route, places) = self.route(items);
+        let remote = || self.remote(items, now, max_delay, &route, &places);
+        Ok(self
+            .guard
+            .decide(items, now, max_delay, &route, remote)
+            .await)
     }
 
     async fn shutdown(&self) {}
@@ -882,6 +1036,56 @@ impl<'a> Verdicts<'a> {
         self.at += 6 * 8 * rule.tiers().len();
         Decision::merge(rule, verdict).with_source(Source::Redis)
     }
+}
+
+/// A call of the batch function, its keys and arguments owned, so that a write can go on
+/// after its check was answered.
+struct Call {
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+/// Reads the verdicts of `items[group]` from a batch `reply` into `decisions`.
+fn read_batch(
+    items: &[Planned<'_, RedisPlan>],
+    group: &[usize],
+    reply: &[u8],
+    decisions: &mut [Option<Decision>],
+) -> Result<(), Error> {
+    let tiers = group.iter().map(|&i| items[i].plan.tiers).sum();
+    let mut verdicts = Verdicts::new(reply, tiers)?;
+    for &i in group {
+        let rule = items[i].rule;
+        decisions[i] = Some(verdicts.decision(rule).shadow(rule.is_shadow()));
+    }
+    Ok(())
+}
+
+/// Runs `futures` at once; their outputs in order.
+async fn futures_join<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let mut pending: Vec<std::pin::Pin<Box<F>>> = futures.map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut done = true;
+        for (future, output) in pending.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none() {
+                match future.as_mut().poll(cx) {
+                    std::task::Poll::Ready(value) => *output = Some(value),
+                    std::task::Poll::Pending => done = false,
+                }
+            }
+        }
+        if done {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    outputs
+        .into_iter()
+        .map(|o| o.expect("every future ran"))
+        .collect()
 }
 
 /// One item of a counters call: its keys (in one slot) and its packed arguments.

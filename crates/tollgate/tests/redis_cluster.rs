@@ -1,0 +1,283 @@
+//! A Redis Cluster as users outgrow one Redis, under the faults it meets: a dead master keeps
+//! away only the checks of its own slots (each node has its own circuit breaker) and the
+//! store says which nodes are failing; a cold cluster (no function library yet) is waited for,
+//! never answered by the failure policy; slots migrating under load are followed; and a check
+//! across slots is never denied after it took permits.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use support::RedisCluster;
+use tollgate::{Algorithm, FailurePolicy, Item, Limiter, RedisStore, Rule, Source, Tier};
+
+/// Keys whose state lives on each master: `keys[m]` on `cluster.nodes[m]` (masters first).
+fn keys_by_master(cluster: &RedisCluster, limiter: &Limiter<RedisStore>) -> Vec<Vec<String>> {
+    let mut by_master = vec![Vec::new(); 3];
+    for i in 0.. {
+        let key = format!("tenant-{i}");
+        let name = support::redis_keys(limiter, &key).remove(0);
+        let owner = cluster.owner(&name);
+        if owner < 3 && by_master[owner].len() < 8 {
+            by_master[owner].push(key);
+        }
+        if by_master.iter().all(|k| k.len() == 8) {
+            return by_master;
+        }
+    }
+    unreachable!()
+}
+
+async fn store(cluster: &RedisCluster, timeout: Duration) -> RedisStore {
+    let urls = cluster.urls();
+    let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
+    RedisStore::cluster_builder(&nodes)
+        .timeout(timeout)
+        .build()
+        .await
+        .unwrap()
+}
+
+/// One master killed: its tenants are decided by their policy until its replica takes over;
+/// every other tenant is decided by Redis all along, and the store says which node fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_master_keeps_away_only_the_checks_of_its_slots() {
+    let mut cluster = RedisCluster::start_with(1, 1000);
+    let store = store(&cluster, Duration::from_millis(100)).await;
+    let rule = Rule::new(
+        "tenants",
+        Algorithm::FixedWindow,
+        [Tier::per_hour(1_000_000)],
+    )
+    .unwrap()
+    .on_failure(FailurePolicy::Closed)
+    .unwrap();
+    let limiter = Limiter::builder(rule).store(store.clone()).build().unwrap();
+    let keys = keys_by_master(&cluster, &limiter);
+    // Every master has answered once: its start-up allowance is over.
+    for key in keys.iter().flatten() {
+        assert_eq!(limiter.check(key, 1).await.unwrap().source(), Source::Redis);
+    }
+    assert_eq!(store.nodes().len(), 3);
+    assert!(!store.degraded());
+
+    cluster.nodes[0].kill();
+    let started = Instant::now();
+    let (mut healthy, mut by_redis, mut dead_by_policy) = (0, 0, 0);
+    let mut saw_failing = false;
+    // Until the dead master's replica decides its tenants again.
+    loop {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the replica never took over: {:?}\n{}",
+            store.nodes(),
+            cluster.nodes[1].cli(&["cluster", "nodes"])
+        );
+        for key in keys[1].iter().chain(&keys[2]) {
+            healthy += 1;
+            if limiter.check(key, 1).await.unwrap().source() == Source::Redis {
+                by_redis += 1;
+            }
+        }
+        let dead = limiter.check(&keys[0][0], 1).await.unwrap();
+        let nodes = store.nodes();
+        if nodes.iter().any(|n| n.failing) {
+            saw_failing = true;
+            assert!(store.degraded() && !store.down(), "{nodes:?}");
+            let failing: usize = nodes.iter().filter(|n| n.failing).map(|n| n.slots).sum();
+            assert!(
+                failing < 16_384 / 2,
+                "only the dead master's slots: {nodes:?}"
+            );
+        }
+        if dead.source() == Source::Redis {
+            break;
+        }
+        assert_eq!(dead.source(), Source::FailClosed);
+        dead_by_policy += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!(
+        "healthy masters' checks: {by_redis} of {healthy} by Redis; the dead master's: \
+         {dead_by_policy} by policy, Redis again after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        by_redis, healthy,
+        "every healthy master's check decided by Redis"
+    );
+    assert!(saw_failing, "the store said a node was failing");
+    assert!(dead_by_policy > 0);
+    // Its tenants keep their counts on the promoted replica.
+    let after = limiter.check(&keys[0][1], 0).await.unwrap();
+    assert_eq!(after.source(), Source::Redis);
+}
+
+/// A cluster that has never loaded tollgate's function library, asked by many checks at once
+/// the moment the store is built: every one is decided by Redis (each node loads the
+/// library within the start-up allowance), none by the failure policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_cluster_is_waited_for_not_failed_over() {
+    let cluster = RedisCluster::start();
+    let urls = cluster.urls();
+    let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let store = RedisStore::cluster_builder(&nodes)
+        .timeout(Duration::from_millis(20))
+        .build()
+        .await
+        .unwrap();
+    let rule = Rule::new("cold", Algorithm::Gcra, [Tier::per_second(1_000)]).unwrap();
+    let limiter = Arc::new(Limiter::builder(rule).store(store.clone()).build().unwrap());
+    let checks: Vec<_> = (0..300)
+        .map(|i| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move { limiter.check(&format!("k{i}"), 1).await.unwrap() })
+        })
+        .collect();
+    let mut by_policy = 0;
+    for check in checks {
+        if check.await.unwrap().source() != Source::Redis {
+            by_policy += 1;
+        }
+    }
+    assert_eq!(by_policy, 0, "checks answered by policy at a cold start");
+    assert!(!store.degraded());
+}
+
+/// Slots of busy keys migrate back and forth between two masters while checks run: the
+/// checks follow ASK, MOVED and TRYAGAIN until the slot settles, none is decided by the
+/// failure policy, and the limit holds exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_follow_slots_as_they_migrate() {
+    let cluster = RedisCluster::start();
+    let store = store(&cluster, Duration::from_millis(500)).await;
+    let rule = Rule::new("moving", Algorithm::FixedWindow, [Tier::per_hour(1_000)]).unwrap();
+    let limiter = Arc::new(Limiter::builder(rule).store(store).build().unwrap());
+    let key = "mover";
+    let name = String::from_utf8(support::redis_keys(&limiter, key).remove(0)).unwrap();
+    let slot = cluster.nodes[0].cli(&["cluster", "keyslot", &name]);
+    let id = |i: usize| cluster.nodes[i].cli(&["cluster", "myid"]);
+    let running = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let checker = {
+        let (limiter, running) = (limiter.clone(), running.clone());
+        tokio::spawn(async move {
+            let (mut admitted, mut by_policy) = (0u64, 0u64);
+            while running.load(std::sync::atomic::Ordering::Relaxed) {
+                let d = limiter.check(key, 1).await.unwrap();
+                if d.source() != Source::Redis {
+                    by_policy += 1;
+                } else if d.allowed() {
+                    admitted += 1;
+                }
+            }
+            (admitted, by_policy)
+        })
+    };
+    let mut owner = cluster.owner(name.as_bytes());
+    for _ in 0..40 {
+        let (from, to) = (owner, (owner + 1) % 3);
+        let (source, target) = (&cluster.nodes[from], &cluster.nodes[to]);
+        target.cli(&["cluster", "setslot", &slot, "importing", &id(from)]);
+        source.cli(&["cluster", "setslot", &slot, "migrating", &id(to)]);
+        let port = target.port.to_string();
+        source.cli(&[
+            "migrate",
+            "127.0.0.1",
+            &port,
+            "",
+            "0",
+            "5000",
+            "keys",
+            &name,
+        ]);
+        for node in [to, from, (to + 1) % 3] {
+            cluster.nodes[node].cli(&["cluster", "setslot", &slot, "node", &id(to)]);
+        }
+        owner = to;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    running.store(false, std::sync::atomic::Ordering::Relaxed);
+    let (admitted, by_policy) = checker.await.unwrap();
+    let look = limiter.check(key, 0).await.unwrap();
+    println!("{admitted} admitted while the slot moved 40 times; {by_policy} by policy");
+    assert_eq!(
+        by_policy, 0,
+        "checks answered by policy while the slot moved"
+    );
+    assert_eq!(look.remaining(), 1_000 - admitted.min(1_000));
+}
+
+/// A check across slots whose second master does not answer is decided by its policy, and
+/// takes nothing on the master that did answer: it was only asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_across_slots_takes_nothing_unless_admitted() {
+    let cluster = RedisCluster::start();
+    let store = store(&cluster, Duration::from_millis(200)).await;
+    let rule = |name: &str| {
+        Rule::new(name, Algorithm::FixedWindow, [Tier::per_hour(10)])
+            .unwrap()
+            .on_failure(FailurePolicy::Closed)
+            .unwrap()
+    };
+    let limiter = Limiter::builder(rule("tenant"))
+        .rule(rule("ip"))
+        .store(store)
+        .build()
+        .unwrap();
+    let keys = keys_by_master(&cluster, &limiter);
+    let (tenant, ip) = (&keys[1][0], &keys[2][0]);
+    let batch = [Item::new("tenant", tenant, 1), Item::new("ip", ip, 1)];
+    assert!(limiter.check_batch(&batch).await.unwrap().allowed());
+    cluster.nodes[2].pause();
+    for _ in 0..3 {
+        let denied = limiter.check_batch(&batch).await.unwrap();
+        assert!(!denied.allowed());
+        assert_eq!(denied[1].source(), Source::FailClosed);
+    }
+    cluster.nodes[2].resume();
+    let look = limiter
+        .check_batch(&[Item::new("tenant", tenant, 0)])
+        .await
+        .unwrap();
+    assert_eq!(look[0].remaining(), 9, "the denied checks took nothing");
+}
+
+/// How long checks take on a cluster when their keys share a slot and when they span two
+/// masters (each slot asked at once, then written at once), and how many of each miss a
+/// 20 ms timeout on this machine: printed for BENCHMARKS.md; every check is decided by Redis
+/// or, when late, by the policy, never an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_slot_and_cross_slot_checks_side_by_side() {
+    let cluster = RedisCluster::start();
+    let store = store(&cluster, Duration::from_millis(20)).await;
+    let rule =
+        |name: &str| Rule::new(name, Algorithm::FixedWindow, [Tier::per_hour(1 << 40)]).unwrap();
+    let limiter = Limiter::builder(rule("tenant"))
+        .rule(rule("ip"))
+        .store(store)
+        .build()
+        .unwrap();
+    let keys = keys_by_master(&cluster, &limiter);
+    let mut report = Vec::new();
+    for (label, other) in [("same slot", &keys[1][0]), ("two masters", &keys[2][0])] {
+        let tenant = &keys[1][0];
+        let batch = [Item::new("tenant", tenant, 1), Item::new("ip", other, 1)];
+        let mut took = Vec::new();
+        let mut late = 0;
+        for _ in 0..2_000 {
+            let started = Instant::now();
+            let decisions = limiter.check_batch(&batch).await.unwrap();
+            took.push(started.elapsed());
+            if decisions.iter().any(|d| d.source() != Source::Redis) {
+                late += 1;
+            }
+        }
+        took.sort();
+        report.push(format!(
+            "{label}: p50 {:?}, p99 {:?}, {late} of 2000 past 20 ms",
+            took[1_000], took[1_980]
+        ));
+    }
+    println!("{}", report.join("; "));
+}
