@@ -147,6 +147,25 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         Ok(batch.spread(decisions))
     }
 
+    /// Forgets `key`'s state under the rule named `rule` (its next check finds it new): an
+    /// operator lifting a limit on one key by hand.
+    ///
+    /// # Errors
+    /// [`Error::UnknownRule`], [`Error::KeyTooLong`], or [`Error::Store`] when a shared
+    /// store's backend did not take it.
+    pub async fn reset(&self, rule: &str, key: impl AsRef<[u8]>) -> Result<(), Error> {
+        let key = key.as_ref();
+        self.validate_key(key, 0)?;
+        let Some(&index) = self.by_name.get(rule) else {
+            return Err(Error::UnknownRule {
+                rule: rule.to_string(),
+            });
+        };
+        let item = self.rules[index].planned(key, 0);
+        let now = now(&self.clock);
+        self.store.reset(std::slice::from_ref(&item), now).await
+    }
+
     /// The rules of this limiter, in order.
     pub fn rules(&self) -> impl ExactSizeIterator<Item = &Rule> {
         self.rules.iter().map(|r| &r.rule)

@@ -303,6 +303,34 @@ async fn acquire_waits_for_the_next_window<B: Backend>(backend: B) {
     assert!(matches!(err, Err(Error::Timeout { .. })));
 }
 
+async fn a_reset_key_starts_afresh_and_others_keep_their_counts<B: Backend>(backend: B) {
+    let clock = ManualClock::new();
+    clock.advance(Duration::from_secs(5));
+    let limiter = limiter(
+        &backend,
+        &clock,
+        vec![window("reset", [Tier::per_minute(3)])],
+    );
+    for key in ["a", "b"] {
+        for _ in 0..3 {
+            assert!(limiter.check(key, 1).await.unwrap().allowed());
+        }
+        assert!(!limiter.check(key, 1).await.unwrap().allowed());
+    }
+    limiter.reset("reset", "a").await.unwrap();
+    let fresh = limiter.check("a", 1).await.unwrap();
+    assert!(fresh.allowed());
+    assert_eq!(fresh.remaining(), 2);
+    assert!(
+        !limiter.check("b", 1).await.unwrap().allowed(),
+        "b keeps its count"
+    );
+    assert!(matches!(
+        limiter.reset("nothing", "a").await,
+        Err(Error::UnknownRule { .. })
+    ));
+}
+
 macro_rules! behaviours {
     ($($behaviour:ident),* $(,)?) => {
         mod memory {
@@ -346,4 +374,5 @@ behaviours!(
     a_batch_across_rules_is_all_or_nothing,
     a_shadow_rule_counts_but_never_denies,
     acquire_waits_for_the_next_window,
+    a_reset_key_starts_afresh_and_others_keep_their_counts,
 );

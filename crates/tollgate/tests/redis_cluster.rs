@@ -207,7 +207,11 @@ async fn checks_follow_slots_as_they_migrate() {
         "checks answered by policy while the slot moved"
     );
     assert!(admitted > 0);
-    assert_eq!(look.remaining(), LIMIT - admitted, "every admission counted once");
+    assert_eq!(
+        look.remaining(),
+        LIMIT - admitted,
+        "every admission counted once"
+    );
 }
 
 /// A check across slots whose second master does not answer is decided by its policy, and

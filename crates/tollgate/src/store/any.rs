@@ -188,6 +188,47 @@ impl Store for AnyStore {
         }
     }
 
+    async fn reset(&self, items: &[Planned<'_, AnyPlan>], now: u64) -> Result<(), Error> {
+        match self {
+            Self::Memory(s) => {
+                let items = narrow(items, |p| match p {
+                    AnyPlan::Memory(p) => Some(p),
+                    #[cfg(feature = "redis")]
+                    _ => None,
+                })
+                .ok_or_else(foreign)?;
+                s.reset(&items, now).await
+            }
+            #[cfg(feature = "redis")]
+            Self::Redis(s) => {
+                let items = narrow(items, |p| match p {
+                    AnyPlan::Redis(p) => Some(p),
+                    _ => None,
+                })
+                .ok_or_else(foreign)?;
+                s.reset(&items, now).await
+            }
+            #[cfg(feature = "redis")]
+            Self::Hybrid(s) => {
+                let items = narrow(items, |p| match p {
+                    AnyPlan::Hybrid(p) => Some(p),
+                    _ => None,
+                })
+                .ok_or_else(foreign)?;
+                s.reset(&items, now).await
+            }
+            #[cfg(feature = "redis")]
+            Self::Lease(s) => {
+                let items = narrow(items, |p| match p {
+                    AnyPlan::Lease(p) => Some(p),
+                    _ => None,
+                })
+                .ok_or_else(foreign)?;
+                s.reset(&items, now).await
+            }
+        }
+    }
+
     async fn shutdown(&self) {
         match self {
             Self::Memory(s) => s.shutdown().await,

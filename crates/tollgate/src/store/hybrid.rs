@@ -938,6 +938,46 @@ impl Store for HybridStore {
             tracing::warn!(error = %err, "hybrid store could not push its last counts");
         }
     }
+
+    /// Forgets the keys here (their counts not pushed yet included) and deletes their
+    /// windows' counters in Redis (the window of now, and those either side of it).
+    async fn reset(&self, items: &[Planned<'_, HybridPlan>], now: u64) -> Result<(), Error> {
+        let inner = &*self.inner;
+        let now = inner.store_time(now);
+        let accesses: Vec<Access<'_>> = items
+            .iter()
+            .map(|i| Access {
+                slot: i.plan.shape.slot,
+                key: i.key,
+                words: i.plan.shape.words,
+            })
+            .collect();
+        inner
+            .table
+            .access(&accesses, now, &inner.scorer(), |words| {
+                for w in words {
+                    w.fill(0);
+                }
+            });
+        for item in items {
+            let names = window_counters(&item.plan.shape.prefix, item.key, item.rule, now);
+            inner.redis.delete(&names).await?;
+        }
+        Ok(())
+    }
+}
+
+/// The counters of `key` of `rule` in Redis around `now`: each tier's window of now and the
+/// windows either side of it, all in the key's slot.
+pub(crate) fn window_counters(prefix: &[u8], key: &[u8], rule: &Rule, now: u64) -> Vec<Vec<u8>> {
+    let mut names = Vec::new();
+    for (tier, t) in rule.tiers().iter().enumerate() {
+        let window = now / t.period_micros();
+        for w in window.saturating_sub(1)..=window + 1 {
+            names.push(counter_key(prefix, key, tier, w));
+        }
+    }
+    names
 }
 
 impl LocalStore for HybridStore {

@@ -658,6 +658,27 @@ impl Store for LeaseStore {
             tracing::warn!(error = %err, "lease store could not give back its unused permits");
         }
     }
+
+    /// Forgets the keys' leases here and deletes their windows' counters in Redis (the
+    /// window of now, and those either side of it). Other instances spend the leases they
+    /// hold, then lease from the new budget.
+    async fn reset(&self, items: &[Planned<'_, LeasePlan>], now: u64) -> Result<(), Error> {
+        let inner = &*self.inner;
+        let now = now.saturating_add_signed(inner.offset.load(Ordering::Relaxed));
+        inner
+            .table
+            .access(&Inner::accesses(items), now, &inner.scorer(), |words| {
+                for w in words {
+                    w.fill(0);
+                }
+            });
+        for item in items {
+            let names =
+                super::hybrid::window_counters(&item.plan.shape.prefix, item.key, item.rule, now);
+            inner.redis.delete(&names).await?;
+        }
+        Ok(())
+    }
 }
 
 /// Judges entries for the table: keys holding permits they have not spent stay (dropping

@@ -413,6 +413,19 @@ impl Store for MemoryStore {
     fn shutdown(&self) -> impl Future<Output = ()> + Send {
         ready(())
     }
+
+    fn reset(
+        &self,
+        items: &[Planned<'_, MemoryPlan>],
+        _now: u64,
+    ) -> impl Future<Output = Result<(), Error>> + Send {
+        for item in items {
+            self.inner
+                .table
+                .forget(item.plan.slot, item.key, item.plan.class);
+        }
+        ready(Ok(()))
+    }
 }
 
 impl LocalStore for MemoryStore {

@@ -123,6 +123,18 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// Finishes what the store holds for the shared state (pending counts, unused leases)
     /// before the process exits. Checks after it still work, from process memory.
     fn shutdown(&self) -> impl Future<Output = ()> + Send;
+
+    /// Forgets the state of each item's key under its rule (costs are unused) at `now` (µs,
+    /// as for [`check`](Self::check)): its next check finds it as a key never seen. For an
+    /// operator who lifts a limit on one key by hand.
+    ///
+    /// # Errors
+    /// [`Error::Store`] when a shared store's backend did not take it.
+    fn reset(
+        &self,
+        items: &[Planned<'_, Self::Plan>],
+        now: u64,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
 }
 
 /// A store that decides in this process without waiting: the memory store, and the hybrid

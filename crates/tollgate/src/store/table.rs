@@ -670,6 +670,21 @@ impl Table {
         }
     }
 
+    /// Forgets `key` of `slot`, whose words live in `class`: its next check finds it new.
+    pub(crate) fn forget(&self, slot: u32, key: &[u8], class: Class) {
+        fn of<W: Words>(table: &Table, shards: &Shards<W>, hash: u64, slot: u32, key: &[u8]) {
+            let mut shard = shards[table.shard(hash)].lock();
+            table.remove(&mut shard, hash, slot, key);
+        }
+        let hash = self.hash(slot, key);
+        match class {
+            Class::One => of(self, &self.one, hash, slot, key),
+            Class::Two => of(self, &self.two, hash, slot, key),
+            Class::Four => of(self, &self.four, hash, slot, key),
+            Class::Many => of(self, &self.many, hash, slot, key),
+        }
+    }
+
     /// Removes the entry of `key` of `slot`, if held.
     pub(crate) fn remove<W: Words>(&self, shard: &mut Shard<W>, hash: u64, slot: u32, key: &[u8]) {
         if let Ok(entry) = shard.entries.find_entry(hash, |e| e.key.is(slot, key)) {

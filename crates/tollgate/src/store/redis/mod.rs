@@ -621,6 +621,15 @@ impl RedisStore {
         Ok(answer)
     }
 
+    /// Deletes `keys` (of one slot).
+    pub(crate) async fn delete(&self, keys: &[Vec<u8>]) -> Result<(), Error> {
+        let mut del = redis::cmd("DEL");
+        for key in keys {
+            del.arg(key);
+        }
+        self.query::<u64>(del).await.map(drop).map_err(store_error)
+    }
+
     /// Checks that the store answers.
     ///
     /// # Errors
@@ -1003,6 +1012,13 @@ impl super::Store for RedisStore {
     }
 
     async fn shutdown(&self) {}
+
+    async fn reset(&self, items: &[Planned<'_, RedisPlan>], _now: u64) -> Result<(), Error> {
+        for item in items {
+            self.delete(&item.plan.keys(item.key)).await?;
+        }
+        Ok(())
+    }
 }
 
 /// The verdicts of a reply, six little-endian doubles per tier, read in order.
