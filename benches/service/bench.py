@@ -74,6 +74,17 @@ request = function()
 end
 """
 
+def tollgate_systems(redis_port):
+    """(name, store, extra arguments) of each `tollgate serve` under test: the memory store,
+    the same with the console on and not open (an admin token turns it on), Redis strict."""
+    return [
+        ("tollgate, memory store", "{ kind: memory }", []),
+        ("tollgate, memory store, console on", "{ kind: memory }", ["--admin-token", "bench"]),
+        ("tollgate, Redis strict",
+         f"{{ kind: redis, url: 'redis://127.0.0.1:{redis_port}', mode: strict, timeout: 1s }}", []),
+    ]
+
+
 TOLLGATE_BODY = '{"request": {"method": "POST", "path": "/v1/items", "headers": {"x-tenant": "t%d"}}}'
 CEILING_BODY = TOLLGATE_BODY
 PEER_BODY = '{"key": "t%d", "max_burst": 1000000000, "count_per_period": 1000000000, "period": 60}'
@@ -232,10 +243,7 @@ def main():
     # The ceiling's whole app wrapped in tollgate's layer from outside the router.
     systems.append(System("the ceiling's app wrapped in tollgate's layer", None, wrapped, "/v1/check",
                           "LAYERED"))
-    for name, store in [
-        ("tollgate, memory store", "{ kind: memory }"),
-        ("tollgate, Redis strict", f"{{ kind: redis, url: 'redis://127.0.0.1:{redis_port}', mode: strict, timeout: 1s }}"),
-    ]:
+    for name, store, extra in tollgate_systems(redis_port):
         port, grpc = free_port(), free_port()
         config = os.path.join(workdir, f"{port}.yaml")
         with open(config, "w") as f:
@@ -245,7 +253,7 @@ def main():
             f.write(ENVOY)
         env = dict(os.environ, RUST_LOG="warn")
         uses = redis.pid if "redis" in store else None
-        systems.append(System(name + ", /v1/check (JSON)", [TOLLGATE, "serve", "--config", config, envoy],
+        systems.append(System(name + ", /v1/check (JSON)", [TOLLGATE, "serve", "--config", config, envoy] + extra,
                               port, "/v1/check", TOLLGATE_BODY, env, grpc=grpc, redis=uses))
         # The same server's nginx auth_request endpoint: headers in, 204 and headers out.
         systems.append(System(name + ", /v1/auth (nginx)", None, port, "/v1/auth", "", redis=uses))

@@ -112,15 +112,12 @@ def main():
                       bare, [("the ceiling's handler without axum's router", "/v1/check", bench.CEILING_BODY)],
                       args.seconds, workdir)
         env = dict(os.environ, RUST_LOG="warn")
-        for name, store in [
-            ("tollgate, memory store", "{ kind: memory }"),
-            ("tollgate, Redis strict", f"{{ kind: redis, url: 'redis://127.0.0.1:{redis_port}', mode: strict, timeout: 1s }}"),
-        ]:
+        for name, store, extra in bench.tollgate_systems(redis_port):
             port, grpc = bench.free_port(), bench.free_port()
             config = os.path.join(workdir, f"{port}.yaml")
             with open(config, "w") as f:
                 f.write(bench.RULES.format(port=port, grpc=grpc, store=store))
-            rows += count([bench.TOLLGATE, "serve", "--config", config], port, [
+            rows += count([bench.TOLLGATE, "serve", "--config", config] + extra, port, [
                 (name + ", /v1/check (JSON)", "/v1/check", bench.TOLLGATE_BODY),
                 (name + ", /v1/auth (nginx)", "/v1/auth", ""),
             ], args.seconds, workdir, env)
@@ -130,10 +127,7 @@ def main():
         port, grpc = bench.free_port(), bench.free_port()
         grpc_rows = count_grpc([bench.TRIVIAL, f"127.0.0.1:{port}", f"127.0.0.1:{grpc}"], port, grpc,
                                "ceiling: tonic answering OK", args.seconds, workdir)
-        for name, store in [
-            ("tollgate, memory store", "{ kind: memory }"),
-            ("tollgate, Redis strict", f"{{ kind: redis, url: 'redis://127.0.0.1:{redis_port}', mode: strict, timeout: 1s }}"),
-        ]:
+        for name, store, extra in bench.tollgate_systems(redis_port):
             port, grpc = bench.free_port(), bench.free_port()
             config = os.path.join(workdir, f"{port}.yaml")
             with open(config, "w") as f:
@@ -141,7 +135,7 @@ def main():
             envoy = os.path.join(workdir, f"{port}-envoy.yaml")
             with open(envoy, "w") as f:
                 f.write(bench.ENVOY)
-            grpc_rows += count_grpc([bench.TOLLGATE, "serve", "--config", config, envoy], port, grpc, name,
+            grpc_rows += count_grpc([bench.TOLLGATE, "serve", "--config", config, envoy] + extra, port, grpc, name,
                                     args.seconds, workdir, env)
     finally:
         redis.terminate()

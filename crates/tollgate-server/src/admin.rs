@@ -7,7 +7,9 @@
 //! store they are shared with every instance (see [`crate::shared`]).
 
 use axum::Router;
-use axum::extract::{FromRequestParts, Path, State};
+use std::net::SocketAddr;
+
+use axum::extract::{ConnectInfo, FromRequestParts, Path, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -41,7 +43,7 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
 
 /// A call that carries the configured bearer token: extracted before anything else of the
 /// request (its body included) is read, and refused otherwise.
-struct Admin;
+pub(crate) struct Admin;
 
 impl FromRequestParts<AppState> for Admin {
     type Rejection = Response;
@@ -94,9 +96,23 @@ async fn show(State(state): State<AppState>, _: Admin, Path(id): Path<String>) -
     }
 }
 
+/// Adds an edit to the console's audit log, when the console is on.
+fn audited(state: &AppState, peer: SocketAddr, action: &str, id: &str) {
+    if let Some(console) = state.service.console() {
+        console.audit(crate::console::Audit {
+            at: crate::console::now_micros() / 1_000_000,
+            action: action.into(),
+            rule: id.into(),
+            key: None,
+            by: peer.ip().to_string(),
+        });
+    }
+}
+
 async fn put(
     State(state): State<AppState>,
     _: Admin,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path(id): Path<String>,
     body: String,
 ) -> Response {
@@ -111,18 +127,32 @@ async fn put(
         );
     }
     match state.service.edit(&id, Some(spec.clone())).await {
-        Ok(true) => axum::Json(spec).into_response(),
-        Ok(false) => (StatusCode::CREATED, axum::Json(spec)).into_response(),
+        Ok(true) => {
+            audited(&state, peer, "update", &id);
+            axum::Json(spec).into_response()
+        }
+        Ok(false) => {
+            audited(&state, peer, "create", &id);
+            (StatusCode::CREATED, axum::Json(spec)).into_response()
+        }
         Err(e) => edit_error(&e),
     }
 }
 
-async fn delete(State(state): State<AppState>, _: Admin, Path(id): Path<String>) -> Response {
+async fn delete(
+    State(state): State<AppState>,
+    _: Admin,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(id): Path<String>,
+) -> Response {
     if !state.service.loaded().specs.iter().any(|s| s.id == id) {
         return error(StatusCode::NOT_FOUND, format!("no rule `{id}`"));
     }
     match state.service.edit(&id, None).await {
-        Ok(_) => StatusCode::NO_CONTENT.into_response(),
+        Ok(_) => {
+            audited(&state, peer, "delete", &id);
+            StatusCode::NO_CONTENT.into_response()
+        }
         Err(e) => edit_error(&e),
     }
 }

@@ -68,14 +68,18 @@ const AUTH: &str = "/v1/auth";
 /// check handler bounds its own.
 fn router(state: AppState) -> Router {
     let limit = DefaultBodyLimit::max(state.max_body_bytes);
-    Router::new()
+    let mut router = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .route("/healthcheck", get(healthcheck))
         .route("/json", axum::routing::post(envoy_json))
         .route("/metrics", get(render_metrics))
-        .merge(admin::router().layer(limit))
-        .with_state(state)
+        .merge(admin::router().layer(limit));
+    // The console only where an admin token guards it.
+    if state.admin_token.is_some() && state.service.console().is_some() {
+        router = router.merge(crate::console::api::router().layer(limit));
+    }
+    router.with_state(state)
 }
 
 /// Serves the HTTP API on `listener` until `shutdown` resolves, then lets the requests in
@@ -233,6 +237,10 @@ impl tower::Service<axum::extract::Request> for Connection {
                 Ok(answer)
             })
         } else {
+            let mut request = request;
+            request
+                .extensions_mut()
+                .insert(axum::extract::ConnectInfo(self.peer));
             let answer = self.router.call(request);
             Box::pin(async move {
                 let answer = answer.await;
@@ -300,6 +308,12 @@ impl tollgate::engine::Headers for Headers<'_> {
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_bytes())
+    }
+
+    fn each(&self, f: &mut dyn FnMut(&str, &[u8])) {
+        for (name, value) in &self.0 {
+            f(name, value.as_bytes());
+        }
     }
 }
 

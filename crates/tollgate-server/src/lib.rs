@@ -7,6 +7,7 @@ pub mod admin;
 pub mod bench;
 pub mod config;
 pub mod connections;
+pub mod console;
 pub mod debug;
 pub mod envoy_json;
 mod framing;

@@ -140,10 +140,15 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         .connections
         .within(connections::raise_descriptor_limit());
     let registry = connections::Registry::new(limits);
+    let admin_token: Option<Arc<str>> = admin_token.filter(|t| !t.is_empty()).map(Into::into);
+    if admin_token.is_some() {
+        service.enable_console(server.console_record_bytes);
+        tracing::info!("console on /console (behind the admin token)");
+    }
     let state = http::AppState {
         service: service.clone(),
         metrics: Some(handle),
-        admin_token: admin_token.filter(|t| !t.is_empty()).map(Into::into),
+        admin_token,
         max_body_bytes: server.max_body_bytes,
         connections: Some(registry.clone()),
     };

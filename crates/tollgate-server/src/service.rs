@@ -18,6 +18,7 @@ use tollgate::{
 };
 
 use crate::config::{self, Config, ConfigError, EnvoySettings, RedisMode, RuleSpec, StoreConfig};
+use crate::console::Console;
 use crate::metrics::{self, EnvoyStats, Hits, RuleMetrics};
 use crate::over_cache::{self, OverCache};
 use crate::shared::{Overlay, SharedRules};
@@ -63,6 +64,22 @@ pub struct Service {
     over_cache: Option<OverCache>,
     /// Whether Redis has answered since start (`/healthcheck` waits for it).
     redis_confirmed: AtomicBool,
+    /// The console, when an admin token turned it on: what decisions and requests it keeps.
+    console: std::sync::OnceLock<Arc<Console>>,
+    /// How the rule files loaded, for the console.
+    status: Mutex<LoadStatus>,
+}
+
+/// How the rule files loaded: how many times (the version of the rules), when, and the last
+/// reload that failed, if any.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct LoadStatus {
+    /// Loads that succeeded (the first at start).
+    pub version: u64,
+    /// When the rules in use loaded (seconds since the epoch).
+    pub loaded_at: u64,
+    /// The last reload that failed since then: when, and why.
+    pub last_error: Option<(u64, String)>,
 }
 
 /// Why an admin edit was refused.
@@ -232,6 +249,12 @@ impl Service {
         Ok(Self {
             over_cache: (cache_bytes > 0).then(|| OverCache::new(cache_bytes)),
             redis_confirmed: AtomicBool::new(false),
+            console: std::sync::OnceLock::new(),
+            status: Mutex::new(LoadStatus {
+                version: 1,
+                loaded_at: crate::console::now_micros() / 1_000_000,
+                last_error: None,
+            }),
             current: ArcSwap::from_pointee(loaded),
             files,
             overlay: Mutex::new(overlay),
@@ -247,6 +270,59 @@ impl Service {
     /// The rules loaded now.
     pub fn loaded(&self) -> arc_swap::Guard<Arc<Loaded>> {
         self.current.load()
+    }
+
+    /// Turns the console on, its recorder keeping at most `record_bytes`; from then on every
+    /// check is recorded. On a Redis store, this instance publishes its summary there and
+    /// reads the others'. Once only: later calls return the console made first.
+    pub fn enable_console(&self, record_bytes: usize) -> Arc<Console> {
+        let mut made = false;
+        let console = self
+            .console
+            .get_or_init(|| {
+                made = true;
+                Arc::new(Console::new(record_bytes))
+            })
+            .clone();
+        if made && let Some(shared) = self.shared.clone() {
+            tokio::spawn(crate::console::instances::follow(console.clone(), shared));
+        }
+        console
+    }
+
+    /// The console, when it is on.
+    pub fn console(&self) -> Option<&Arc<Console>> {
+        self.console.get()
+    }
+
+    /// How the rule files loaded.
+    pub fn status(&self) -> LoadStatus {
+        self.status
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The rule files served, as listed now (a directory's every file).
+    pub fn files(&self) -> Vec<PathBuf> {
+        config::files_of(&self.files).unwrap_or_else(|_| self.files.clone())
+    }
+
+    /// The store: its kind, and a shared store's health.
+    pub fn store(&self) -> &AnyStore {
+        &self.store
+    }
+
+    /// Forgets `key` under the rule `rule` (an operator lifting a limit on one key).
+    ///
+    /// # Errors
+    /// An unknown rule, a bad key, or a shared store that did not take it.
+    pub async fn reset_key(&self, rule: &str, key: &[u8]) -> Result<(), CheckError> {
+        let loaded = self.loaded();
+        let Some(limiter) = &loaded.limiter else {
+            return Err(CheckError::Invalid(format!("unknown rule `{rule}`")));
+        };
+        limiter.reset(rule, key).await.map_err(CheckError::from)
     }
 
     /// Reads the files again and swaps the rules in when they are valid; otherwise keeps the
@@ -269,16 +345,23 @@ impl Service {
                 message,
             })
         });
+        let now = crate::console::now_micros() / 1_000_000;
         match result {
             Ok(loaded) => {
                 let rules = loaded.engine.rules().count();
                 self.current.store(Arc::new(loaded));
                 metrics::reload(true);
+                let mut status = self.status.lock().unwrap_or_else(|e| e.into_inner());
+                status.version += 1;
+                status.loaded_at = now;
+                status.last_error = None;
                 tracing::info!(rules, "rules reloaded");
                 Ok(())
             }
             Err(err) => {
                 metrics::reload(false);
+                let mut status = self.status.lock().unwrap_or_else(|e| e.into_inner());
+                status.last_error = Some((now, err.to_string()));
                 tracing::error!(error = %err, "rule files rejected; the previous rules keep serving");
                 Err(err)
             }
@@ -315,6 +398,32 @@ impl Service {
         overlay.insert(id.to_string(), spec);
         self.current.store(Arc::new(loaded));
         Ok(existed)
+    }
+
+    /// Whether `spec` would be taken by [`edit`](Self::edit), changing nothing: the rules
+    /// that would result, checked on this store.
+    ///
+    /// # Errors
+    /// Why the rules that would result are invalid.
+    pub fn try_rule(&self, spec: &RuleSpec) -> Result<(), String> {
+        let mut candidate = self
+            .overlay
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        candidate.insert(spec.id.clone(), Some(spec.clone()));
+        let old = self.current.load_full();
+        compose(old.config.clone(), &candidate, &self.store).map(drop)
+    }
+
+    /// The ids of the rules the admin API created or replaced (and not deleted).
+    pub fn admin_ids(&self) -> std::collections::HashSet<String> {
+        let overlay = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
+        overlay
+            .iter()
+            .filter(|(_, spec)| spec.is_some())
+            .map(|(id, _)| id.clone())
+            .collect()
     }
 
     /// Applies the shared admin rules when another instance changed them; called every
@@ -380,6 +489,9 @@ impl Service {
         request: &Request<'_, H>,
         cost: u64,
     ) -> Result<Outcome, CheckError> {
+        if let Some(console) = self.console.get() {
+            console.arrived(console.now(), request);
+        }
         let loaded = self.loaded();
         let hits = loaded.engine.hits(request);
         self.check_items(&loaded, &Items::of(&hits, cost), None)
@@ -420,7 +532,8 @@ impl Service {
         }
         let started = Instant::now();
         let decisions = limiter.check_batch(items).await?;
-        metrics::record_latency(&self.latency, started.elapsed());
+        let took = started.elapsed();
+        metrics::record_latency(&self.latency, took);
         for (i, decision) in decisions.iter().enumerate() {
             let name = named.and_then(|n| n[i].as_deref());
             match (name, loaded.metrics.get(decision.rule())) {
@@ -428,6 +541,12 @@ impl Service {
                 (Some(name), _) => metrics::decision(name, decision),
                 (None, None) => metrics::decision(decision.rule(), decision),
             }
+        }
+        if let Some(console) = self.console.get() {
+            let second = console.at(started) / 1_000_000;
+            // A batch's items in order, then its decisions (items of one rule and key merged).
+            let decided = items.iter().map(|item| item.key).zip(decisions.iter());
+            console.checked(second, took, decided);
         }
         Ok(Outcome { decisions })
     }
@@ -745,8 +864,15 @@ impl Service {
         }
     }
 
-    /// Finishes the store's shared business: pushes hybrid counts, returns unused leases.
+    /// Finishes the store's shared business: pushes hybrid counts, returns unused leases, and
+    /// takes this instance's console summary off the shared list.
     pub async fn shutdown(&self) {
+        if let (Some(console), Some(shared)) = (self.console.get(), &self.shared) {
+            console.retire();
+            if let Err(e) = shared.forget_instance(&console.instance).await {
+                tracing::debug!(error = %e, "cannot take this instance off the console's list");
+            }
+        }
         self.store.shutdown().await;
     }
 }

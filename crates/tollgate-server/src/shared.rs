@@ -24,6 +24,8 @@ pub struct SharedRules {
     connection: Connection,
     rules: String,
     version: String,
+    /// The console's summaries of the instances (see [`crate::console::instances`]).
+    instances: String,
 }
 
 #[derive(Clone)]
@@ -86,6 +88,7 @@ impl SharedRules {
             connection,
             rules: format!("{}{RULES}", options.key_prefix),
             version: format!("{}{VERSION}", options.key_prefix),
+            instances: format!("{}tg:console:{{instances}}", options.key_prefix),
         })
     }
 
@@ -140,6 +143,46 @@ impl SharedRules {
             overlay.insert(id, spec);
         }
         Ok((version.unwrap_or(0), overlay))
+    }
+
+    /// Publishes the summary (JSON) of the instance `id`; the hash lives a minute past the
+    /// last instance that publishes.
+    ///
+    /// # Errors
+    /// Redis did not answer.
+    pub async fn publish_instance(&self, id: &str, summary: &str) -> anyhow::Result<()> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("HSET")
+            .arg(&self.instances)
+            .arg(id)
+            .arg(summary)
+            .ignore()
+            .cmd("PEXPIRE")
+            .arg(&self.instances)
+            .arg(60_000)
+            .ignore();
+        self.pipe::<()>(&pipe).await?;
+        Ok(())
+    }
+
+    /// Every instance's summary, by name.
+    ///
+    /// # Errors
+    /// Redis did not answer.
+    pub async fn instances(&self) -> anyhow::Result<BTreeMap<String, String>> {
+        Ok(self
+            .query(redis::cmd("HGETALL").arg(&self.instances))
+            .await?)
+    }
+
+    /// Removes the summary of an instance gone.
+    ///
+    /// # Errors
+    /// Redis did not answer.
+    pub async fn forget_instance(&self, id: &str) -> anyhow::Result<()> {
+        self.query::<()>(redis::cmd("HDEL").arg(&self.instances).arg(id))
+            .await?;
+        Ok(())
     }
 
     /// Writes `spec` (or a deletion) for `id` and moves the version, in one transaction.

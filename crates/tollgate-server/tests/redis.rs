@@ -339,3 +339,64 @@ async fn a_partial_cluster_outage_is_said_by_readiness_and_metrics() {
         "{metrics}"
     );
 }
+
+/// Reads the console's JSON API at `path` of `server` with the admin token `tok`.
+async fn console(server: &str, path: &str) -> serde_json::Value {
+    reqwest::Client::new()
+        .get(format!("{server}/v1/console/{path}"))
+        .bearer_auth("tok")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_console_shows_every_instance_on_the_same_redis() {
+    let redis = Redis::start();
+    let rules = format!(
+        "store:\n  kind: redis\n  url: {}\n  timeout: 500ms\nrules:\n  - id: base\n    match: {{ path: /base }}\n    tiers: [{{ limit: 1000, period: 1h }}]\n",
+        redis.url()
+    );
+    let args = ["--admin-token", "tok"];
+    let (a, b) = (
+        Server::start(&[("rules.yaml", &rules)], &args),
+        Server::start(&[("rules.yaml", &rules)], &args),
+    );
+    let client = reqwest::Client::new();
+    let base = json!({ "request": { "method": "GET", "path": "/base" } });
+    for _ in 0..30 {
+        assert_eq!(check(&client, &a.http, base.clone()).await.0, 200);
+    }
+    // b, which decided nothing, sees a and its decisions.
+    eventually("b lists both instances, a with its rate", || async {
+        let overview = console(&b.http, "overview").await;
+        let instances = overview["instances"].as_array().unwrap().clone();
+        instances.len() == 2
+            && instances
+                .iter()
+                .any(|i| i["self"] == false && i["rate"].as_f64().unwrap() > 0.0)
+    })
+    .await;
+    eventually("b counts a's decisions under the rule", || async {
+        let listed = console(&b.http, "rules").await;
+        listed["rules"][0]["id"] == "base" && listed["rules"][0]["all_instances_per_minute"] == 30
+    })
+    .await;
+    // The store's health comes with Redis's round trip now.
+    let overview = console(&b.http, "overview").await;
+    assert_eq!(overview["store"]["kind"], "redis");
+    assert!(overview["store"]["ping"]["us"].is_u64(), "{overview}");
+    // An instance gone is dropped from the others' lists once its summary goes stale.
+    assert!(a.terminate());
+    eventually("a drops from b's list", || async {
+        console(&b.http, "overview").await["instances"]
+            .as_array()
+            .unwrap()
+            .len()
+            == 1
+    })
+    .await;
+}

@@ -25,7 +25,7 @@ pub use environment::{
 use environment::{
     env, env_flag_set, grpc_tls_from_env, prometheus_from_env, server_from_env, store_from_env,
 };
-pub use native::{RuleSpec, parse_algorithm, parse_rule_spec};
+pub use native::{RuleSpec, parse_algorithm, parse_rule_spec, parse_rule_text};
 use places::{field_place, key_at, plain, scalar_at};
 
 /// Where the service listens and what it accepts.
@@ -49,6 +49,9 @@ pub struct ServerConfig {
     /// How Envoy domains are answered: the Envoy ratelimit service's settings, read from
     /// the environment under its names.
     pub envoy: EnvoySettings,
+    /// The most bytes of requests the console keeps for its impact preview
+    /// (`server.console_record_bytes`); the console is on only with an admin token.
+    pub console_record_bytes: usize,
     /// TLS on the HTTP listener, when set (`server.tls`).
     pub tls: Option<TlsFiles>,
     /// TLS on the gRPC listener, when set (`server.grpc_tls`, or the Envoy service's
@@ -87,6 +90,7 @@ impl Default for ServerConfig {
             grpc_response_headers: false,
             connections: Limits::default(),
             envoy: EnvoySettings::default(),
+            console_record_bytes: crate::console::DEFAULT_RECORD_BYTES,
             tls: None,
             grpc_tls: None,
             grpc_uds: None,
@@ -596,6 +600,12 @@ fn assemble(texts: &[(PathBuf, String)]) -> Result<Config, ConfigError> {
         engine,
         places,
     })
+}
+
+/// Where the field that `error` (a rule's error, `rule `id`: tiers[1].period: ...`) names is
+/// written in `text`, a rule on its own (the console's editor).
+pub fn field_of_rule(text: &str, id: &str, error: &str) -> Option<(u64, u64)> {
+    places::field_place(text, places::content_start(text), id, error)
 }
 
 /// Parses one file: Envoy's format when it has a top-level `domain` or `descriptors`, else

@@ -59,6 +59,7 @@ struct ServerSection {
     idle_timeout: Option<Duration>,
     tls: Option<TlsFiles>,
     grpc_tls: Option<TlsFiles>,
+    console_record_bytes: Option<usize>,
 }
 
 /// The `store` section: its `kind`, and the settings of that kind (a setting of the other
@@ -351,11 +352,22 @@ impl RuleSpec {
 /// # Errors
 /// What is wrong and where.
 pub fn parse_rule_spec(text: &str) -> Result<RuleSpec, String> {
-    let spec: RuleSpec = serde_saphyr::from_str(text).map_err(|e| {
-        let err = ConfigError::yaml(Path::new("body"), text, &e);
-        err.to_string()
-    })?;
-    spec.route()?;
+    parse_rule_text(Path::new("body"), text).map_err(|e| e.to_string())
+}
+
+/// Parses one rule from YAML or JSON text, checked as a file's rule is, its errors at the
+/// line and column of the field at fault (named `file`).
+///
+/// # Errors
+/// The first error, placed.
+pub fn parse_rule_text(file: &Path, text: &str) -> Result<RuleSpec, ConfigError> {
+    let spec: RuleSpec =
+        serde_saphyr::from_str(text).map_err(|e| ConfigError::yaml(file, text, &e))?;
+    if let Err(e) = spec.route() {
+        let rule = super::places::content_start(text);
+        let at = super::places::field_place(text, rule, &spec.id, &e).unwrap_or(rule);
+        return Err(ConfigError::new(file, Some(at), e));
+    }
     Ok(spec)
 }
 
@@ -511,6 +523,9 @@ pub(super) fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
                 envoy: defaults.envoy.clone(),
                 tls: s.tls,
                 grpc_tls: s.grpc_tls,
+                console_record_bytes: s
+                    .console_record_bytes
+                    .unwrap_or(defaults.console_record_bytes),
                 grpc_uds: None,
                 prometheus: None,
                 connections: Limits {

@@ -52,6 +52,10 @@ pub trait Headers {
     /// The first value of the header `name` (given in lowercase; names compare without
     /// regard to case).
     fn get(&self, name: &str) -> Option<&[u8]>;
+
+    /// Calls `f` with each header's name and value, in order (to record a request). None by
+    /// default.
+    fn each(&self, _f: &mut dyn FnMut(&str, &[u8])) {}
 }
 
 impl Headers for [(&str, &[u8])] {
@@ -60,11 +64,21 @@ impl Headers for [(&str, &[u8])] {
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
             .map(|(_, v)| *v)
     }
+
+    fn each(&self, f: &mut dyn FnMut(&str, &[u8])) {
+        for (name, value) in self {
+            f(name, value);
+        }
+    }
 }
 
 impl<const N: usize> Headers for [(&str, &[u8]); N] {
     fn get(&self, name: &str) -> Option<&[u8]> {
         Headers::get(&self[..], name)
+    }
+
+    fn each(&self, f: &mut dyn FnMut(&str, &[u8])) {
+        Headers::each(&self[..], f);
     }
 }
 
@@ -72,12 +86,22 @@ impl Headers for Vec<(&str, &[u8])> {
     fn get(&self, name: &str) -> Option<&[u8]> {
         Headers::get(&self[..], name)
     }
+
+    fn each(&self, f: &mut dyn FnMut(&str, &[u8])) {
+        Headers::each(&self[..], f);
+    }
 }
 
 #[cfg(feature = "tower")]
 impl Headers for http::HeaderMap {
     fn get(&self, name: &str) -> Option<&[u8]> {
         http::HeaderMap::get(self, name).map(http::HeaderValue::as_bytes)
+    }
+
+    fn each(&self, f: &mut dyn FnMut(&str, &[u8])) {
+        for (name, value) in self {
+            f(name.as_str(), value.as_bytes());
+        }
     }
 }
 

@@ -1,0 +1,578 @@
+//! The console's page and JSON API, on the HTTP listener when an admin token is configured;
+//! every API call needs `Authorization: Bearer <token>`, as the admin API does.
+//!
+//! - `GET /console`: the page (and `/console/app.js`, `/console/app.css`); it asks for the
+//!   token and keeps it for the browser tab only.
+//! - `GET /v1/console/overview`: decisions per second (allowed, denied, denied in shadow) for
+//!   two minutes, the rate over 10 s, p50/p99 check latency over a minute, the store and its
+//!   health, the rule files and their load status, the instances on the same Redis, what the
+//!   recorder holds.
+//! - `GET /v1/console/rules`: every rule (native and Envoy) with what it matches, its key,
+//!   algorithm, tiers, shadow and failure policy, its rate, denials per minute and the largest
+//!   share of its limit a key uses; with the other instances' rates on a Redis store.
+//! - `GET /v1/console/rules/{id}`: one rule, its decisions per second (2 min) and per minute
+//!   (1 h), its hottest keys by hits and by denials, each with what it has left now.
+//! - `POST /v1/console/rules/{id}/reset` (`{"key": "..."}`): forgets one key's count; audited.
+//! - `POST /v1/console/validate` (a rule in YAML or JSON): the rule, or its error at the line
+//!   and column of the field.
+//! - `POST /v1/console/preview` (`{"rule": "<YAML>", "minutes": 5}`): the requests recorded
+//!   lately replayed through the rule (and through the rule of that id in use now, if any).
+//! - `POST /v1/console/explain` (`{"request": {...}, "cost": 1}` or `{"rule", "key"}`): the
+//!   rules that match, their keys and state, the decision and the headers, consuming nothing.
+//! - `GET /v1/console/audit`: the admin actions taken here, newest first.
+
+use std::net::SocketAddr;
+use std::path::Path as FilePath;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{ConnectInfo, Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tollgate::engine::{Hit, Request};
+use tollgate::{AnyStore, Decision, Item, Rule};
+
+use super::{Audit, Recent, RuleView};
+use crate::admin::Admin;
+use crate::config::{RuleSpec, parse_rule_text};
+use crate::http::AppState;
+
+const PAGE: &str = include_str!("assets/index.html");
+const SCRIPT: &str = include_str!("assets/app.js");
+const STYLE: &str = include_str!("assets/app.css");
+
+/// The console's routes.
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/console", get(page))
+        .route("/console/", get(page))
+        .route("/console/app.js", get(script))
+        .route("/console/app.css", get(style))
+        .route("/v1/console/overview", get(overview))
+        .route("/v1/console/rules", get(rules))
+        .route("/v1/console/rules/{id}", get(rule))
+        .route("/v1/console/rules/{id}/reset", post(reset))
+        .route("/v1/console/validate", post(validate))
+        .route("/v1/console/preview", post(preview))
+        .route("/v1/console/explain", post(explain))
+        .route("/v1/console/audit", get(audit))
+}
+
+/// The page's own files only: no inline script, nothing from elsewhere.
+const POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; \
+                      connect-src 'self'; img-src 'self' data:; base-uri 'none'; \
+                      frame-ancestors 'none'; form-action 'none'";
+
+fn asset(kind: &'static str, body: &'static str) -> Response {
+    let mut response = body.into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(kind));
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(POLICY),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
+
+async fn page() -> Response {
+    asset("text/html; charset=utf-8", PAGE)
+}
+
+async fn script() -> Response {
+    asset("text/javascript; charset=utf-8", SCRIPT)
+}
+
+async fn style() -> Response {
+    asset("text/css; charset=utf-8", STYLE)
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, axum::Json(json!({ "error": message.into() }))).into_response()
+}
+
+/// The console, or 404 when it is off.
+macro_rules! console {
+    ($state:expr) => {
+        match $state.service.console() {
+            Some(console) => console.clone(),
+            None => return error(StatusCode::NOT_FOUND, "the console is off"),
+        }
+    };
+}
+
+/// A period as rule files write it.
+fn span(d: Duration) -> String {
+    let s = d.as_secs();
+    match () {
+        _ if d.subsec_nanos() != 0 => format!("{}ms", d.as_millis()),
+        _ if s % 86_400 == 0 => format!("{}d", s / 86_400),
+        _ if s % 3_600 == 0 => format!("{}h", s / 3_600),
+        _ if s % 60 == 0 => format!("{}m", s / 60),
+        _ => format!("{s}s"),
+    }
+}
+
+async fn overview(State(state): State<AppState>, _: Admin) -> Response {
+    let console = console!(state);
+    let service = &state.service;
+    let now = console.now() / 1_000_000;
+    let last = console.last(now, 10);
+    let (p50, p99) = console.latency(now, 60);
+    let store = service.store();
+    let held = console.recorded();
+    let mut instances = vec![json!({
+        "id": console.instance,
+        "version": env!("CARGO_PKG_VERSION"),
+        "started": console.started,
+        "seen": now,
+        "rate": last.total() as f64 / 10.0,
+        "self": true,
+    })];
+    for peer in console.peers() {
+        instances.push(json!({
+            "id": peer.id,
+            "version": peer.version,
+            "started": peer.started,
+            "seen": peer.seen,
+            "rate": peer.rate,
+            "self": false,
+        }));
+    }
+    axum::Json(json!({
+        "instance": console.instance,
+        "version": env!("CARGO_PKG_VERSION"),
+        "started": console.started,
+        "now": now,
+        "rate": {
+            "allowed": last.allowed as f64 / 10.0,
+            "denied": last.denied as f64 / 10.0,
+            "shadow": last.shadow as f64 / 10.0,
+        },
+        "latency": { "p50_us": p50, "p99_us": p99 },
+        "seconds": console.seconds(now),
+        "store": store_health(store).await,
+        "files": service.files(),
+        "status": service.status(),
+        "instances": instances,
+        "recorder": {
+            "requests": held.requests,
+            "bytes": held.bytes,
+            "dropped": held.dropped,
+            "since": held.oldest.map(|at| at / 1_000_000),
+        },
+    }))
+    .into_response()
+}
+
+/// The store's kind and health; on Redis, the round trip of a `PING` now (at most a second).
+async fn store_health(store: &AnyStore) -> Value {
+    let mut health = json!({ "kind": store.kind() });
+    if let AnyStore::Memory(memory) = store {
+        health["keys"] = json!(memory.keys());
+        health["bytes"] = json!(memory.bytes());
+    }
+    if let Some(failures) = store.failures() {
+        health["degraded"] = json!(store.degraded());
+        health["failures"] = json!({ "errors": failures.errors, "timeouts": failures.timeouts });
+    }
+    if let Some(redis) = store.redis() {
+        let asked = std::time::Instant::now();
+        let pong = tokio::time::timeout(Duration::from_secs(1), redis.ping()).await;
+        health["ping"] = match pong {
+            Ok(Ok(())) => json!({ "us": asked.elapsed().as_micros() as u64 }),
+            Ok(Err(e)) => json!({ "error": e.to_string() }),
+            Err(_) => json!({ "error": "no answer within 1 s" }),
+        };
+    }
+    if let AnyStore::Redis(redis) = store {
+        health["down"] = json!(redis.down());
+        health["nodes"] = json!(
+            redis
+                .nodes()
+                .iter()
+                .map(|n| json!({ "address": n.address, "slots": n.slots, "failing": n.failing }))
+                .collect::<Vec<_>>()
+        );
+    }
+    health
+}
+
+/// What a rule is, for the list and the detail.
+fn describe(rule: &Rule, spec: Option<&RuleSpec>, admin: bool, store: &str) -> Value {
+    let tiers: Vec<Value> = rule
+        .tiers()
+        .iter()
+        .map(|t| {
+            let mut tier = json!({ "limit": t.limit(), "period": span(t.period()) });
+            if rule.algorithm().name() != "hit_counter" && t.burst() != t.limit() {
+                tier["burst"] = json!(t.burst());
+            }
+            tier
+        })
+        .collect();
+    let policy = match rule.failure_policy() {
+        tollgate::FailurePolicy::Open => "open".to_string(),
+        tollgate::FailurePolicy::Closed => "closed".to_string(),
+        tollgate::FailurePolicy::Local { share } => format!("local:{share}"),
+    };
+    let source = match (spec, admin) {
+        (Some(_), true) => "admin",
+        (Some(_), false) => "file",
+        (None, _) => "envoy",
+    };
+    json!({
+        "id": rule.name(),
+        "source": source,
+        "algorithm": spec.map_or_else(|| rule.algorithm().name().to_string(), |s| s.algorithm.clone()),
+        "tiers": tiers,
+        "shadow": rule.is_shadow(),
+        "on_failure": policy,
+        "store": store,
+        "enabled": spec.is_none_or(|s| s.enabled),
+        "match": spec.map(|s| serde_json::to_value(&s.matcher).unwrap_or_default()),
+        "key": spec.map(|s| s.key.clone()),
+    })
+}
+
+async fn rules(State(state): State<AppState>, _: Admin) -> Response {
+    let console = console!(state);
+    let loaded = state.service.loaded();
+    let admin = state.service.admin_ids();
+    let now = console.now() / 1_000_000;
+    let peers = console.peers();
+    let kind = state.service.store().kind();
+    let recent = console.recent(now);
+    let list: Vec<Value> = loaded
+        .engine
+        .rules()
+        .map(|rule| {
+            let spec = loaded.specs.iter().find(|s| s.id == rule.name());
+            let mut value = describe(rule, spec, admin.contains(rule.name()), kind);
+            let Recent {
+                last10,
+                last60,
+                in_use,
+            } = recent.get(rule.name()).copied().unwrap_or_default();
+            let others: u64 = peers
+                .iter()
+                .flat_map(|p| &p.rules)
+                .filter(|(name, _)| name == rule.name())
+                .map(|(_, c)| c.total())
+                .sum();
+            value["rate"] = json!(last10.total() as f64 / 10.0);
+            value["denied_per_minute"] = json!(last60.denied);
+            value["shadow_per_minute"] = json!(last60.shadow);
+            value["in_use"] = json!(in_use);
+            value["all_instances_per_minute"] = json!(last60.total() + others);
+            value
+        })
+        .collect();
+    axum::Json(json!({ "rules": list })).into_response()
+}
+
+async fn rule(State(state): State<AppState>, _: Admin, Path(id): Path<String>) -> Response {
+    let console = console!(state);
+    let loaded = state.service.loaded();
+    let Some(found) = loaded.engine.rules().find(|r| r.name() == id) else {
+        return error(StatusCode::NOT_FOUND, format!("no rule `{id}`"));
+    };
+    let spec = loaded.specs.iter().find(|s| s.id == id).cloned();
+    let admin = state.service.admin_ids().contains(&id);
+    let described = describe(found, spec.as_ref(), admin, state.service.store().kind());
+    let yaml = spec.as_ref().and_then(|s| serde_saphyr::to_string(s).ok());
+    let now = console.now() / 1_000_000;
+    let RuleView {
+        seconds,
+        minutes,
+        hits,
+        denials,
+    } = console.rule(&id, now, 10).unwrap_or_default();
+    drop(loaded);
+    // What each hot key has left now: a look, which consumes nothing.
+    let mut annotate = Vec::new();
+    for list in [&hits, &denials] {
+        let mut out = Vec::new();
+        for hot in list.iter() {
+            let mut value = serde_json::to_value(hot).unwrap_or_default();
+            value["display"] = json!(super::readable(&hot.key));
+            if !hot.cut
+                && let Ok(outcome) = state.service.check_key(&id, &hot.key, 0).await
+                && let Some(d) = outcome.decisions.first()
+            {
+                value["remaining"] = json!(d.remaining());
+                value["limit"] = json!(d.limit());
+                value["reset_after_s"] = json!(d.reset_after().as_secs_f64());
+            }
+            out.push(value);
+        }
+        annotate.push(out);
+    }
+    let denials = annotate.pop().unwrap_or_default();
+    let hits = annotate.pop().unwrap_or_default();
+    axum::Json(json!({
+        "rule": described,
+        "spec": spec,
+        "yaml": yaml,
+        "seconds": seconds,
+        "minutes": minutes,
+        "hot": { "hits": hits, "denials": denials },
+    }))
+    .into_response()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResetBody {
+    key: String,
+}
+
+async fn reset(
+    State(state): State<AppState>,
+    admin: Admin,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(id): Path<String>,
+    axum::Json(body): axum::Json<ResetBody>,
+) -> Response {
+    let console = console!(state);
+    let _ = admin;
+    match state.service.reset_key(&id, body.key.as_bytes()).await {
+        Ok(()) => {
+            console.audit(Audit {
+                at: console.now() / 1_000_000,
+                action: "reset".into(),
+                rule: id,
+                key: Some(body.key),
+                by: peer.ip().to_string(),
+            });
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(e) => error(StatusCode::UNPROCESSABLE_ENTITY, e.to_string()),
+    }
+}
+
+async fn validate(State(state): State<AppState>, _: Admin, body: String) -> Response {
+    let _ = console!(state);
+    match parse_rule_text(FilePath::new("rule"), &body) {
+        Ok(spec) => {
+            // As the admin API would: the rules that would result, on this store.
+            match state.service.try_rule(&spec) {
+                Ok(()) => axum::Json(json!({
+                    "rule": spec,
+                    "yaml": serde_saphyr::to_string(&spec).ok(),
+                }))
+                .into_response(),
+                Err(message) => placed(&body, &spec.id, message),
+            }
+        }
+        Err(e) => {
+            let (line, column) = e.at.unwrap_or((1, 1));
+            (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                axum::Json(json!({ "error": e.message, "line": line, "column": column })),
+            )
+                .into_response()
+        }
+    }
+}
+
+/// A rule's error from building it, at its field's place in `text` when it names one.
+fn placed(text: &str, id: &str, message: String) -> Response {
+    let (line, column) = crate::config::field_of_rule(text, id, &message).unwrap_or((1, 1));
+    (
+        StatusCode::UNPROCESSABLE_ENTITY,
+        axum::Json(json!({ "error": message, "line": line, "column": column })),
+    )
+        .into_response()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PreviewBody {
+    rule: String,
+    #[serde(default = "five")]
+    minutes: u64,
+}
+
+fn five() -> u64 {
+    5
+}
+
+async fn preview(
+    State(state): State<AppState>,
+    _: Admin,
+    axum::Json(body): axum::Json<PreviewBody>,
+) -> Response {
+    let console = console!(state);
+    let spec = match parse_rule_text(FilePath::new("rule"), &body.rule) {
+        Ok(spec) => spec,
+        Err(e) => {
+            let (line, column) = e.at.unwrap_or((1, 1));
+            return (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                axum::Json(json!({ "error": e.message, "line": line, "column": column })),
+            )
+                .into_response();
+        }
+    };
+    let since = console
+        .now()
+        .saturating_sub(body.minutes.clamp(1, 60) * 60_000_000);
+    let recorded = console.recorded_since(since);
+    let proposed = match super::preview::replay(&spec, &recorded) {
+        Ok(preview) => preview,
+        Err(message) => return placed(&body.rule, &spec.id, message),
+    };
+    let current = state
+        .service
+        .loaded()
+        .specs
+        .iter()
+        .find(|s| s.id == spec.id)
+        .cloned();
+    let current = current.and_then(|c| super::preview::replay(&c, &recorded).ok());
+    axum::Json(json!({ "proposed": proposed, "current": current })).into_response()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExplainBody {
+    request: Option<ExplainRequest>,
+    rule: Option<String>,
+    key: Option<String>,
+    #[serde(default = "one")]
+    cost: u64,
+}
+
+fn one() -> u64 {
+    1
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExplainRequest {
+    method: String,
+    path: String,
+    #[serde(default)]
+    headers: std::collections::BTreeMap<String, String>,
+    client_ip: Option<std::net::IpAddr>,
+}
+
+async fn explain(
+    State(state): State<AppState>,
+    _: Admin,
+    axum::Json(body): axum::Json<ExplainBody>,
+) -> Response {
+    let _ = console!(state);
+    let loaded = state.service.loaded();
+    let hits: Vec<Hit> = match (&body.request, &body.rule, &body.key) {
+        (Some(r), None, None) => {
+            let headers: Vec<(&str, &[u8])> = r
+                .headers
+                .iter()
+                .map(|(n, v)| (n.as_str(), v.as_bytes()))
+                .collect();
+            let request = Request {
+                method: &r.method,
+                path: &r.path,
+                headers: &headers[..],
+                client_ip: r.client_ip,
+            };
+            loaded.engine.hits(&request)
+        }
+        (None, Some(rule), Some(key)) => match loaded.engine.rules().find(|r| r.name() == rule) {
+            Some(found) => vec![Hit {
+                rule: found.name(),
+                key: key.as_bytes().to_vec(),
+            }],
+            None => return error(StatusCode::NOT_FOUND, format!("no rule `{rule}`")),
+        },
+        _ => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "give `request` ({method, path, headers, client_ip}), or `rule` and `key`",
+            );
+        }
+    };
+    let Some(limiter) = &loaded.limiter else {
+        return axum::Json(json!({ "matches": [], "allowed": true, "headers": {} }))
+            .into_response();
+    };
+    // A look at every key (cost 0): what each has left, consuming nothing.
+    let items: Vec<Item<'_>> = hits.iter().map(|h| h.item(0)).collect();
+    let decisions = if items.is_empty() {
+        Vec::new()
+    } else {
+        match limiter.check_batch(&items).await {
+            Ok(decisions) => decisions.to_vec(),
+            Err(e) => return error(StatusCode::UNPROCESSABLE_ENTITY, e.to_string()),
+        }
+    };
+    let cost = body.cost;
+    let would = |d: &Decision| {
+        let rule = loaded.engine.rules().find(|r| r.name() == d.rule());
+        rule.is_some_and(Rule::is_shadow) || (d.allowed() && d.remaining() >= cost)
+    };
+    let allowed = decisions.iter().all(would);
+    let matches: Vec<Value> = hits
+        .iter()
+        .zip(&decisions)
+        .map(|(hit, d)| {
+            let rule = loaded.engine.rules().find(|r| r.name() == hit.rule);
+            let tiers: Vec<Value> = rule
+                .map(|r| {
+                    r.tiers()
+                        .iter()
+                        .map(|t| json!({ "limit": t.limit(), "period": span(t.period()) }))
+                        .collect()
+                })
+                .unwrap_or_default();
+            json!({
+                "rule": hit.rule,
+                "key": String::from_utf8_lossy(&hit.key),
+                "display": super::readable(&hit.key),
+                "algorithm": rule.map(|r| r.algorithm().name()),
+                "tiers": tiers,
+                "shadow": rule.is_some_and(Rule::is_shadow),
+                "binding_tier": d.tier(),
+                "limit": d.limit(),
+                "remaining": d.remaining(),
+                "reset_after_s": d.reset_after().as_secs_f64(),
+                "source": format!("{:?}", d.source()),
+                "would_admit": would(d),
+            })
+        })
+        .collect();
+    let mut headers = HeaderMap::new();
+    tollgate::layer::headers::add(&mut headers, &decisions);
+    let headers: serde_json::Map<String, Value> = headers
+        .iter()
+        .map(|(n, v)| (n.to_string(), json!(v.to_str().unwrap_or_default())))
+        .collect();
+    axum::Json(json!({
+        "matches": matches,
+        "cost": cost,
+        "allowed": allowed,
+        "status": if allowed { 200 } else { 429 },
+        "headers": headers,
+    }))
+    .into_response()
+}
+
+async fn audit(State(state): State<AppState>, _: Admin) -> Response {
+    let console = console!(state);
+    let audit: Vec<Value> = console
+        .audited()
+        .into_iter()
+        .map(|entry| {
+            let display = entry.key.as_deref().map(|k| super::readable(k.as_bytes()));
+            let mut value = json!(entry);
+            value["display"] = json!(display);
+            value
+        })
+        .collect();
+    axum::Json(json!({ "audit": audit })).into_response()
+}
