@@ -142,7 +142,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     let registry = connections::Registry::new(limits);
     let admin_token: Option<Arc<str>> = admin_token.filter(|t| !t.is_empty()).map(Into::into);
     if admin_token.is_some() {
-        service.enable_console(server.console_record_bytes);
+        service.enable_console(server.console_record_bytes, server.console_record_always);
         tracing::info!("console on /console (behind the admin token)");
     }
     let state = http::AppState {

@@ -272,16 +272,17 @@ impl Service {
         self.current.load()
     }
 
-    /// Turns the console on, its recorder keeping at most `record_bytes`; from then on every
-    /// check is recorded. On a Redis store, this instance publishes its summary there and
-    /// reads the others'. Once only: later calls return the console made first.
-    pub fn enable_console(&self, record_bytes: usize) -> Arc<Console> {
+    /// Turns the console on, its recorders keeping at most `record_bytes`, recording requests
+    /// `always` or while the console is in use; from then on every check is counted. On a
+    /// Redis store, this instance publishes its summary there and reads the others'. Once
+    /// only: later calls return the console made first.
+    pub fn enable_console(&self, record_bytes: usize, always: bool) -> Arc<Console> {
         let mut made = false;
         let console = self
             .console
             .get_or_init(|| {
                 made = true;
-                Arc::new(Console::new(record_bytes))
+                Arc::new(Console::new(record_bytes, always))
             })
             .clone();
         if made && let Some(shared) = self.shared.clone() {
@@ -490,7 +491,7 @@ impl Service {
         cost: u64,
     ) -> Result<Outcome, CheckError> {
         if let Some(console) = self.console.get() {
-            console.arrived(console.now(), request);
+            console.arrived(request);
         }
         let loaded = self.loaded();
         let hits = loaded.engine.hits(request);

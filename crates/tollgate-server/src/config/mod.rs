@@ -52,6 +52,10 @@ pub struct ServerConfig {
     /// The most bytes of requests the console keeps for its impact preview
     /// (`server.console_record_bytes`); the console is on only with an admin token.
     pub console_record_bytes: usize,
+    /// Whether the console records requests always (`server.console_record_always`), or
+    /// only while it is in use and for 30 minutes after (the default: a console nobody looks
+    /// at records nothing).
+    pub console_record_always: bool,
     /// TLS on the HTTP listener, when set (`server.tls`).
     pub tls: Option<TlsFiles>,
     /// TLS on the gRPC listener, when set (`server.grpc_tls`, or the Envoy service's
@@ -91,6 +95,7 @@ impl Default for ServerConfig {
             connections: Limits::default(),
             envoy: EnvoySettings::default(),
             console_record_bytes: crate::console::DEFAULT_RECORD_BYTES,
+            console_record_always: false,
             tls: None,
             grpc_tls: None,
             grpc_uds: None,

@@ -60,6 +60,7 @@ struct ServerSection {
     tls: Option<TlsFiles>,
     grpc_tls: Option<TlsFiles>,
     console_record_bytes: Option<usize>,
+    console_record_always: Option<bool>,
 }
 
 /// The `store` section: its `kind`, and the settings of that kind (a setting of the other
@@ -526,6 +527,9 @@ pub(super) fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
                 console_record_bytes: s
                     .console_record_bytes
                     .unwrap_or(defaults.console_record_bytes),
+                console_record_always: s
+                    .console_record_always
+                    .unwrap_or(defaults.console_record_always),
                 grpc_uds: None,
                 prometheus: None,
                 connections: Limits {

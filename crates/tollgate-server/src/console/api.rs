@@ -98,7 +98,10 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
 macro_rules! console {
     ($state:expr) => {
         match $state.service.console() {
-            Some(console) => console.clone(),
+            Some(console) => {
+                console.used();
+                console.clone()
+            }
             None => return error(StatusCode::NOT_FOUND, "the console is off"),
         }
     };
@@ -124,6 +127,7 @@ async fn overview(State(state): State<AppState>, _: Admin) -> Response {
     let (p50, p99) = console.latency(now, 60);
     let store = service.store();
     let held = console.recorded();
+    let recording = console.recording();
     let mut instances = vec![json!({
         "id": console.instance,
         "version": env!("CARGO_PKG_VERSION"),
@@ -163,6 +167,8 @@ async fn overview(State(state): State<AppState>, _: Admin) -> Response {
             "bytes": held.bytes,
             "dropped": held.dropped,
             "since": held.oldest.map(|at| at / 1_000_000),
+            "recording": recording.0,
+            "until": recording.1.map(|at| at / 1_000_000),
         },
     }))
     .into_response()

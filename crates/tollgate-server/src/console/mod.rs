@@ -17,7 +17,7 @@ pub mod top;
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
@@ -35,6 +35,9 @@ const AUDIT: usize = 500;
 
 /// The most shards: past this many cores, threads share them.
 pub const MAX_SHARDS: usize = 16;
+
+/// How long requests are still recorded after the console was last used.
+pub const RECORD_AFTER_USE: Duration = Duration::from_secs(30 * 60);
 
 /// Now in µs since the epoch.
 pub(crate) fn now_micros() -> u64 {
@@ -80,6 +83,10 @@ pub struct Console {
     /// When this process started (seconds since the epoch).
     pub started: u64,
     shards: Box<[Shard]>,
+    /// Until when requests are recorded for the preview (µs by the console's clock): 0 until
+    /// the console is first used, then [`RECORD_AFTER_USE`] past its last use; `u64::MAX`
+    /// when told to record always.
+    record_until: AtomicU64,
     audit: Mutex<VecDeque<Audit>>,
     /// The other instances' summaries, as last read from Redis.
     peers: Mutex<Vec<instances::Summary>>,
@@ -128,8 +135,9 @@ pub struct Audit {
 
 impl Console {
     /// A console whose recorders keep at most `record_bytes` in all, in one shard per core
-    /// (at most [`MAX_SHARDS`]).
-    pub fn new(record_bytes: usize) -> Self {
+    /// (at most [`MAX_SHARDS`]); recording requests `always`, or only while the console is in
+    /// use (see [`Console::used`]).
+    pub fn new(record_bytes: usize, always: bool) -> Self {
         let shards = std::thread::available_parallelism()
             .map_or(1, std::num::NonZero::get)
             .clamp(1, MAX_SHARDS);
@@ -142,6 +150,7 @@ impl Console {
             shards: (0..shards)
                 .map(|_| Shard::new(record_bytes / shards))
                 .collect(),
+            record_until: AtomicU64::new(if always { u64::MAX } else { 0 }),
             audit: Mutex::default(),
             peers: Mutex::default(),
             retired: AtomicBool::new(false),
@@ -188,11 +197,27 @@ impl Console {
         }
     }
 
-    /// Keeps `request`, checked at `at` (µs since the epoch), for the impact preview: encoded
-    /// in a buffer of this thread, then copied into the shard's recorder under its lock.
-    pub fn arrived<H: Headers + ?Sized>(&self, at: u64, request: &Request<'_, H>) {
+    /// Marks the console used now: requests are recorded from now until
+    /// [`RECORD_AFTER_USE`] past the last use.
+    pub fn used(&self) {
+        let until = self.now() + RECORD_AFTER_USE.as_micros() as u64;
+        self.record_until.fetch_max(until, Ordering::Relaxed);
+    }
+
+    /// Keeps `request`, checked now, for the impact preview, while requests are recorded (see
+    /// [`Console::used`]): encoded in a buffer of this thread, then copied into the shard's
+    /// recorder under its lock. A console never used pays one load.
+    pub fn arrived<H: Headers + ?Sized>(&self, request: &Request<'_, H>) {
         thread_local! {
             static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+        }
+        let until = self.record_until.load(Ordering::Relaxed);
+        if until == 0 {
+            return;
+        }
+        let at = self.now();
+        if at > until {
+            return;
         }
         SCRATCH.with_borrow_mut(|record| {
             recorder::encode(record, at, request);
@@ -281,6 +306,16 @@ impl Console {
             shard.lock().latency.count(second, span, &mut total);
         }
         total.percentiles()
+    }
+
+    /// Whether requests are recorded now, and until when (µs since the epoch; `None`:
+    /// always).
+    pub fn recording(&self) -> (bool, Option<u64>) {
+        let until = self.record_until.load(Ordering::Relaxed);
+        (
+            until != 0 && self.now() <= until,
+            (until != u64::MAX).then_some(until),
+        )
     }
 
     /// What the recorders hold, in all.
@@ -385,7 +420,20 @@ mod tests {
     #[test]
     fn what_threads_keep_in_their_shards_adds_up() {
         use tollgate::{Algorithm, Item, Limiter, ManualClock, Rule, Tier};
-        let console = std::sync::Arc::new(Console::new(4 << 20));
+        let console = std::sync::Arc::new(Console::new(4 << 20, false));
+        let request = Request {
+            method: "GET",
+            path: "/before",
+            headers: &[][..],
+            client_ip: None,
+        };
+        console.arrived(&request);
+        assert_eq!(
+            console.recorded().requests,
+            0,
+            "nothing recorded before a use"
+        );
+        console.used();
         let rule = Rule::new("api", Algorithm::FixedWindow, [Tier::per_minute(1_000)]).unwrap();
         let clock = ManualClock::at_micros(console.now());
         let limiter = std::sync::Arc::new(Limiter::builder(rule).clock(clock).build().unwrap());
@@ -412,7 +460,7 @@ mod tests {
                             headers: &[][..],
                             client_ip: None,
                         };
-                        console.arrived(console.now(), &request);
+                        console.arrived(&request);
                     }
                 });
             }

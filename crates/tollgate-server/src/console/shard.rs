@@ -63,7 +63,15 @@ impl State {
             .entry(name.as_ptr() as usize)
             .or_insert_with(|| Kept::new(name));
         kept.series.add(second, outcome);
-        kept.hot.add(second, key, !decision.allowed());
+        let hits = kept.hit_samples.weight(second);
+        let denials = if decision.allowed() {
+            0
+        } else {
+            kept.denial_samples.weight(second)
+        };
+        if hits + denials > 0 {
+            kept.hot.add(second, key, hits, denials);
+        }
         kept.busy(second, (used * 1_000 / limit) as u32);
     }
 }
@@ -77,6 +85,9 @@ pub struct Kept {
     pub series: Series,
     /// Its hottest keys now.
     pub hot: HotKeys,
+    /// Which of its checks and denials count in `hot`.
+    hit_samples: Sampling,
+    denial_samples: Sampling,
     /// The largest share of a limit in use seen in each of the last 10 seconds: (second,
     /// thousandths), at the second's slot.
     busiest: [(u64, u32); 10],
@@ -88,6 +99,8 @@ impl Kept {
             name,
             series: Series::default(),
             hot: HotKeys::default(),
+            hit_samples: Sampling::new(name.as_ptr() as u64),
+            denial_samples: Sampling::new(!(name.as_ptr() as u64)),
             busiest: [(u64::MAX, 0); 10],
         }
     }
@@ -110,6 +123,63 @@ impl Kept {
             .map(|(_, share)| *share)
             .max()
             .map_or(0.0, |share| f64::from(share) / 1_000.0)
+    }
+}
+
+/// Which events of a rule in a shard count in its hottest keys: every one while the rule
+/// had up to [`EXACT_PER_SECOND`] of them in the second before; past that, one in `w`
+/// drawn at random (`w` the power of two that brings the sampled rate back under it), each
+/// counting `w`. Under heavy traffic the summaries then cost a fraction of a lookup per
+/// check, and a key's count is an estimate: a key with a share `p` of `n` events is sampled
+/// about `p n / w` times, within a few times `sqrt(p n w)` of `p n`.
+#[derive(Debug)]
+struct Sampling {
+    /// The second counted, and its events so far.
+    second: u64,
+    events: u64,
+    /// What a sample counts now (1: every event counts).
+    weight: u64,
+    /// A xorshift generator's state (never 0).
+    random: u64,
+}
+
+/// Events per second of a rule in a shard counted one by one.
+pub const EXACT_PER_SECOND: u64 = 4_096;
+
+impl Sampling {
+    fn new(seed: u64) -> Self {
+        Self {
+            second: 0,
+            events: 0,
+            weight: 1,
+            random: seed | 1,
+        }
+    }
+
+    /// What this event, at `second`, counts: its weight if sampled, else 0.
+    fn weight(&mut self, second: u64) -> u64 {
+        if second != self.second {
+            let rate = if second == self.second + 1 {
+                self.events
+            } else {
+                0
+            };
+            self.weight = (rate / EXACT_PER_SECOND + 1).next_power_of_two();
+            self.second = second;
+            self.events = 0;
+        }
+        self.events += 1;
+        if self.weight == 1 {
+            return 1;
+        }
+        self.random ^= self.random << 13;
+        self.random ^= self.random >> 7;
+        self.random ^= self.random << 17;
+        if self.random & (self.weight - 1) == 0 {
+            self.weight
+        } else {
+            0
+        }
     }
 }
 
@@ -210,6 +280,48 @@ impl Histogram {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::console::top::merged;
+
+    #[test]
+    fn under_heavy_traffic_hot_keys_are_sampled_and_still_found() {
+        let mut kept = Kept::new("api");
+        let t = 1_700_006_400;
+        // A quiet second: every check counts, exactly.
+        for i in 0..1_000u64 {
+            let key = if i % 10 == 0 {
+                "hot".to_string()
+            } else {
+                format!("k{i}")
+            };
+            let weight = kept.hit_samples.weight(t);
+            assert_eq!(weight, 1);
+            kept.hot.add(t, key.as_bytes(), weight, 0);
+        }
+        // Then 200,000 checks a second: from the next second, one in 64 is counted 64 times.
+        for second in [t + 1, t + 2] {
+            for i in 0..200_000u64 {
+                let key = if i % 10 == 0 {
+                    "hot".to_string()
+                } else {
+                    format!("k{}", i % 50_000)
+                };
+                let weight = kept.hit_samples.weight(second);
+                if weight > 0 {
+                    kept.hot.add(second, key.as_bytes(), weight, 0);
+                }
+            }
+        }
+        assert_eq!(kept.hit_samples.weight, 64);
+        let now = kept.hot.now(t + 2);
+        let top = merged(now.iter().map(|(h, _)| *h), 3);
+        assert_eq!(top[0].key, b"hot");
+        assert!(top[0].estimated);
+        // 40,100 true hits: the estimate within 10%.
+        let hits = top[0].count as f64;
+        assert!((hits - 40_100.0).abs() < 4_010.0, "{hits}");
+        // A quiet second again: exact counting comes back.
+        assert_eq!(kept.hit_samples.weight(t + 10), 1);
+    }
 
     #[test]
     fn latency_buckets_hold_their_values() {

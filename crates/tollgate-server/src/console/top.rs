@@ -38,6 +38,8 @@ pub struct SpaceSaving {
     least: Vec<u32>,
     /// Every count added.
     total: u64,
+    /// Whether a count of more than 1 was added: a sample standing for several.
+    weighted: bool,
 }
 
 /// A key as a summary holds it.
@@ -52,6 +54,9 @@ pub struct Hot {
     pub count: u64,
     /// By how much `count` may overstate the true count.
     pub error: u64,
+    /// Whether `count` is estimated from a sample (under heavy traffic): then it may also
+    /// be under the true count.
+    pub estimated: bool,
 }
 
 fn lossy<S: serde::Serializer>(key: &[u8], s: S) -> Result<S::Ok, S::Error> {
@@ -73,6 +78,7 @@ impl SpaceSaving {
             least_count: 0,
             least: Vec::new(),
             total: 0,
+            weighted: false,
         }
     }
 
@@ -82,6 +88,7 @@ impl SpaceSaving {
             return;
         }
         self.total += n;
+        self.weighted |= n > 1;
         let hash = self.hasher.hash_one(key);
         let keys = &self.keys;
         if let Some(&i) = self.index.find(hash, |&i| keys[i as usize] == key) {
@@ -169,14 +176,13 @@ impl Default for HotKeys {
 }
 
 impl HotKeys {
-    /// Counts a check of `key` at `second` (since the epoch), denied or not.
-    pub fn add(&mut self, second: u64, key: &[u8], denied: bool) {
+    /// Counts a check of `key` at `second` (since the epoch) `hits` times and a denial of it
+    /// `denials` times (0: not at all; more than 1: a sample standing for that many).
+    pub fn add(&mut self, second: u64, key: &[u8], hits: u64, denials: u64) {
         let key = &key[..key.len().min(MAX_KEY + 1)];
         self.turn(second / 60);
-        self.hits[0].add(key, 1);
-        if denied {
-            self.denials[0].add(key, 1);
-        }
+        self.hits[0].add(key, hits);
+        self.denials[0].add(key, denials);
     }
 
     /// The summaries (hits, denials) that count at `second`: the current minute's and the
@@ -217,21 +223,23 @@ impl HotKeys {
 /// added. A key with more than 1/[`CAPACITY`] of all their counts has more than that share
 /// of one summary's, so it is held there and comes out.
 pub fn merged<'a>(summaries: impl IntoIterator<Item = &'a SpaceSaving>, n: usize) -> Vec<Hot> {
-    let mut by_key: HashMap<&[u8], (u64, u64)> = HashMap::new();
+    let mut by_key: HashMap<&[u8], (u64, u64, bool)> = HashMap::new();
     for summary in summaries {
         for (key, count, error) in summary.sorted() {
             let entry = by_key.entry(key).or_default();
             entry.0 += count;
             entry.1 += error;
+            entry.2 |= summary.weighted;
         }
     }
     let mut hot: Vec<Hot> = by_key
         .into_iter()
-        .map(|(key, (count, error))| Hot {
+        .map(|(key, (count, error, estimated))| Hot {
             cut: key.len() > MAX_KEY,
             key: key[..key.len().min(MAX_KEY)].to_vec(),
             count,
             error,
+            estimated,
         })
         .collect();
     hot.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.key.cmp(&b.key)));
@@ -345,10 +353,10 @@ mod tests {
         let mut hot = HotKeys::default();
         let t = 1_700_006_400;
         for _ in 0..5 {
-            hot.add(t, b"old", false);
+            hot.add(t, b"old", 1, 0);
         }
         for _ in 0..3 {
-            hot.add(t + 61, b"new", true);
+            hot.add(t + 61, b"new", 1, 1);
         }
         let (hits, denials) = top(&hot, t + 61);
         assert_eq!(hits.iter().map(|h| h.count).collect::<Vec<_>>(), [5, 3]);
@@ -359,7 +367,7 @@ mod tests {
         assert_eq!(hits.len(), 1);
         assert_eq!(hits[0].key, b"new");
         let long = vec![b'x'; 1_000];
-        hot.add(t + 125, &long, false);
+        hot.add(t + 125, &long, 1, 0);
         let (hits, _) = top(&hot, t + 125);
         assert!(hits.iter().any(|h| h.cut && h.key.len() == MAX_KEY));
     }

@@ -220,7 +220,7 @@ async function overview() {
         <p class="muted">Version ${number(o.status.version)}, loaded ${esc(ago(o.status.loaded_at, o.now))}.</p>
         ${lastError}
         <ul class="mono" id="files">${o.files.map((f) => `<li>${esc(f)}</li>`).join('')}</ul>
-        <p class="muted">The preview replays ${number(o.recorder.requests)} requests recorded${o.recorder.since ? ` since ${esc(clock(o.recorder.since))}` : ''} (${number(o.recorder.bytes / 1048576, 1)} MiB).</p>
+        <p class="muted">The preview replays ${number(o.recorder.requests)} requests recorded${o.recorder.since ? ` since ${esc(clock(o.recorder.since))}` : ''} (${number(o.recorder.bytes / 1048576, 1)} MiB). ${o.recorder.until ? `Requests are recorded while the console is in use, and until ${esc(clock(o.recorder.until))}.` : 'Requests are recorded always.'}</p>
       </div>
     </div>
     <div class="panel"><h2>Instances</h2>
@@ -305,7 +305,7 @@ function hotRows(list, id) {
   return list.map((k) => `
     <tr data-key="${esc(k.key)}">
       <td class="mono" title="${esc(k.key)}">${esc(k.display || k.key)}${k.cut ? '…' : ''}</td>
-      <td class="num">${number(k.count)}${k.error ? ` <span class="muted">±${number(k.error)}</span>` : ''}</td>
+      <td class="num" title="${k.estimated ? 'estimated from a sample of the checks (heavy traffic)' : ''}">${k.estimated ? '≈' : ''}${number(k.count)}${k.error ? ` <span class="muted">±${number(k.error)}</span>` : ''}</td>
       <td class="num">${k.remaining !== undefined ? `${number(k.remaining)} of ${number(k.limit)}` : '–'}</td>
       <td class="num">${k.reset_after_s !== undefined ? `${number(k.reset_after_s, 1)} s` : '–'}</td>
       <td>${k.cut ? '' : `<button type="button" class="danger reset" data-rule="${esc(id)}" data-key="${esc(k.key)}">Reset</button>`}</td>
