@@ -215,6 +215,9 @@ def main():
     # At the steady load, gRPC calls share connections as Envoy's do: this many on each.
     parser.add_argument("--steady-streams", type=int, default=16)
     parser.add_argument("--throttlecrab", required=True)
+    # For an A/B of a few systems over many rounds: keep only the systems whose names contain
+    # one of these (the ceiling and the peer are always kept, as the ratios need them).
+    parser.add_argument("--only", action="append", default=[])
     args = parser.parse_args()
     workdir = tempfile.mkdtemp()
     redis_port = free_port()
@@ -261,6 +264,15 @@ def main():
     systems.append(System("peer: throttlecrab-server (HTTP)",
                           [args.throttlecrab, "--http", "--http-port", str(port), "--http-host", "127.0.0.1"],
                           port, "/throttle", PEER_BODY))
+    if args.only:
+        keep = lambda s: s is systems[0] or s is systems[-1] or any(o in s.name for o in args.only)
+        # A system without a command runs in the process of the one before it: a kept one
+        # whose process-starting system is left out starts that process itself.
+        for before, s in zip(systems, systems[1:]):
+            if keep(s) and s.argv is None and not keep(before):
+                s.argv, s.env, s.grpc = before.argv, before.env, before.grpc
+                before.argv = before.grpc = None
+        systems = [s for s in systems if keep(s)]
     try:
         for s in systems:
             s.start()
@@ -316,7 +328,7 @@ def main():
               f"{median(r[5] for r in s.rounds):.2f} µs | {redis_cpu} |")
     grpc = [s for s in systems if s.grpc]
     for s in grpc[1:]:
-        s.name = s.name.replace(", /v1/check (JSON)", "")
+        s.name = s.name.replace(", /v1/check (JSON)", "").replace(", /v1/auth (nginx)", "")
     print(f"\ngRPC ShouldRateLimit (rls_load, {args.connections} connections, one request in flight on each)\n")
     print("| system | requests/s | p50 | p99 | server CPU per request | client CPU per request "
           "| Redis CPU per request | vs ceiling | vs memory store |")

@@ -27,6 +27,17 @@ pub struct State {
     pub latency: Latency,
     /// The requests checked here, for the preview.
     pub recorder: Recorder,
+    /// How many rules decided something here in the current second and the one before,
+    /// which share [`EXACT_PER_SECOND`].
+    active: Active,
+}
+
+/// The rules that decided something in a shard, per second.
+#[derive(Debug, Default)]
+struct Active {
+    second: u64,
+    now: u64,
+    before: u64,
 }
 
 impl Shard {
@@ -36,6 +47,7 @@ impl Shard {
             rules: HashMap::default(),
             latency: Latency::default(),
             recorder: Recorder::new(record_bytes),
+            active: Active::default(),
         }))
     }
 
@@ -58,16 +70,30 @@ impl State {
         let limit = decision.limit().max(1);
         let used = limit.saturating_sub(decision.remaining());
         let name = decision.rule();
+        let active = &mut self.active;
+        if active.second != second {
+            active.before = if active.second + 1 == second {
+                active.now
+            } else {
+                0
+            };
+            active.second = second;
+            active.now = 0;
+        }
+        // Each rule's share of the events counted one by one: the rules of this second or of
+        // the second before, whichever are more, share them evenly.
+        let share = EXACT_PER_SECOND / active.before.max(active.now).max(1);
         let kept = self
             .rules
             .entry(name.as_ptr() as usize)
             .or_insert_with(|| Kept::new(name));
         kept.series.add(second, outcome);
-        let hits = kept.hit_samples.weight(second);
+        active.now += u64::from(kept.hit_samples.second != second);
+        let hits = kept.hit_samples.weight(second, share);
         let denials = if decision.allowed() {
             0
         } else {
-            kept.denial_samples.weight(second)
+            kept.denial_samples.weight(second, share)
         };
         if hits + denials > 0 {
             kept.hot.add(second, key, hits, denials);
@@ -126,12 +152,18 @@ impl Kept {
     }
 }
 
-/// Which events of a rule in a shard count in its hottest keys: every one while the rule
-/// had up to [`EXACT_PER_SECOND`] of them in the second before; past that, one in `w`
-/// drawn at random (`w` the power of two that brings the sampled rate back under it), each
-/// counting `w`. Under heavy traffic the summaries then cost a fraction of a lookup per
-/// check, and a key's count is an estimate: a key with a share `p` of `n` events is sampled
-/// about `p n / w` times, within a few times `sqrt(p n w)` of `p n`.
+/// Which events of a rule in a shard count in its hottest keys. A shard counts up to
+/// [`EXACT_PER_SECOND`] events a second one by one, shared evenly by the rules that had events
+/// in it this second or the second before: a rule counts every event while its events of the
+/// second before and of this one are within its share; past it, one in `w` drawn at random
+/// (`w` the power of two that brings its sampled rate back within its share, doubled
+/// whenever its events this second outgrow it), each counting `w`. So the summaries of a shard
+/// take about [`EXACT_PER_SECOND`] updates a second under steady traffic, whatever its rate
+/// and the number of rules, and in a second when the traffic jumps, a rule takes its share
+/// and half of it more for each doubling of its rate; a check under heavy traffic pays a
+/// fraction of an update. A sampled key's count is an estimate, unbiased: a key with a share
+/// `p` of `n` events is sampled about `p n / w` times, within a few times `sqrt(p n w)` of
+/// `p n`.
 #[derive(Debug)]
 struct Sampling {
     /// The second counted, and its events so far.
@@ -143,32 +175,37 @@ struct Sampling {
     random: u64,
 }
 
-/// Events per second of a rule in a shard counted one by one.
-pub const EXACT_PER_SECOND: u64 = 4_096;
+/// Events per second in a shard counted one by one (each rule's updates of its summaries).
+pub const EXACT_PER_SECOND: u64 = 1_024;
 
 impl Sampling {
     fn new(seed: u64) -> Self {
         Self {
-            second: 0,
+            second: u64::MAX,
             events: 0,
             weight: 1,
             random: seed | 1,
         }
     }
 
-    /// What this event, at `second`, counts: its weight if sampled, else 0.
-    fn weight(&mut self, second: u64) -> u64 {
+    /// What this event, at `second`, counts (its weight if sampled, else 0), the rule's
+    /// share being `share` events a second.
+    fn weight(&mut self, second: u64, share: u64) -> u64 {
+        let share = share.max(1);
         if second != self.second {
-            let rate = if second == self.second + 1 {
+            let rate = if self.second.wrapping_add(1) == second {
                 self.events
             } else {
                 0
             };
-            self.weight = (rate / EXACT_PER_SECOND + 1).next_power_of_two();
+            self.weight = rate.div_ceil(share).max(1).next_power_of_two();
             self.second = second;
             self.events = 0;
         }
         self.events += 1;
+        if self.events > share.saturating_mul(self.weight) {
+            self.weight *= 2;
+        }
         if self.weight == 1 {
             return 1;
         }
@@ -227,7 +264,10 @@ impl Latency {
             *at = second;
             *counts = [0; BUCKETS];
         }
-        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        let micros = took
+            .as_secs()
+            .saturating_mul(1_000_000)
+            .saturating_add(u64::from(took.subsec_micros()));
         counts[Self::bucket(micros)] += 1;
     }
 
@@ -285,6 +325,7 @@ mod tests {
     #[test]
     fn under_heavy_traffic_hot_keys_are_sampled_and_still_found() {
         let mut kept = Kept::new("api");
+        kept.hit_samples = Sampling::new(0x9e37_79b9_7f4a_7c15);
         let t = 1_700_006_400;
         // A quiet second: every check counts, exactly.
         for i in 0..1_000u64 {
@@ -293,34 +334,110 @@ mod tests {
             } else {
                 format!("k{i}")
             };
-            let weight = kept.hit_samples.weight(t);
+            let weight = kept.hit_samples.weight(t, EXACT_PER_SECOND);
             assert_eq!(weight, 1);
             kept.hot.add(t, key.as_bytes(), weight, 0);
         }
-        // Then 200,000 checks a second: from the next second, one in 64 is counted 64 times.
-        for second in [t + 1, t + 2] {
-            for i in 0..200_000u64 {
+        // Then 200,000 checks a second for 20 s: sampled more sparsely as the first of those
+        // seconds goes on, then one in 256 counted 256 times.
+        let keys: Vec<Vec<u8>> = (0..50_000).map(|i| format!("k{i}").into_bytes()).collect();
+        for second in t + 1..=t + 20 {
+            for i in 0..200_000usize {
                 let key = if i % 10 == 0 {
-                    "hot".to_string()
+                    &b"hot"[..]
                 } else {
-                    format!("k{}", i % 50_000)
+                    &keys[i % 50_000]
                 };
-                let weight = kept.hit_samples.weight(second);
+                let weight = kept.hit_samples.weight(second, EXACT_PER_SECOND);
                 if weight > 0 {
-                    kept.hot.add(second, key.as_bytes(), weight, 0);
+                    kept.hot.add(second, key, weight, 0);
                 }
             }
         }
-        assert_eq!(kept.hit_samples.weight, 64);
-        let now = kept.hot.now(t + 2);
+        assert_eq!(kept.hit_samples.weight, 256);
+        let now = kept.hot.now(t + 20);
         let top = merged(now.iter().map(|(h, _)| *h), 3);
         assert_eq!(top[0].key, b"hot");
         assert!(top[0].estimated);
-        // 40,100 true hits: the estimate within 10%.
+        // 400,100 true hits, about 1,500 samples of them: the estimate within 10%.
         let hits = top[0].count as f64;
-        assert!((hits - 40_100.0).abs() < 4_010.0, "{hits}");
+        assert!((hits - 400_100.0).abs() < 40_010.0, "{hits}");
         // A quiet second again: exact counting comes back.
-        assert_eq!(kept.hit_samples.weight(t + 10), 1);
+        assert_eq!(kept.hit_samples.weight(t + 30, EXACT_PER_SECOND), 1);
+    }
+
+    /// However many rules decide in a shard, its summaries take about
+    /// [`EXACT_PER_SECOND`] updates a second under steady traffic and a few times that when
+    /// traffic jumps, and a quiet rule among busy ones still counts every check.
+    #[test]
+    fn rules_share_what_a_shard_counts_one_by_one() {
+        use tollgate::{Algorithm, Item, Limiter, ManualClock, Rule, Tier};
+        let names: Vec<String> = (0..200).map(|r| format!("r{r}")).collect();
+        let rule = |name: &str| {
+            Rule::new(name, Algorithm::FixedWindow, [Tier::per_minute(1 << 40)]).unwrap()
+        };
+        let mut builder = Limiter::builder(rule("quiet")).rule(rule("bursty"));
+        for name in &names {
+            builder = builder.rule(rule(name));
+        }
+        let t = 1_700_006_400;
+        let limiter = builder
+            .clock(ManualClock::at_micros(t * 1_000_000))
+            .build()
+            .unwrap();
+        let mut state = Shard::new(0).0.into_inner().unwrap();
+        let decide = |state: &mut State, second: u64, name: &str, key: &[u8]| {
+            let decided = limiter.check_batch_now(&[Item::new(name, key, 1)]).unwrap();
+            state.decided(second, key, &decided[0]);
+        };
+        let updates = |state: &State| -> u64 {
+            state
+                .rules
+                .values()
+                .flat_map(|kept| kept.hot.now(t + 3))
+                .map(|(hits, _)| hits.updates())
+                .sum()
+        };
+        // 200 rules, each with 500 checks a second (100,000 in all), and a quiet one with 5.
+        let mut seen = 0;
+        for second in t..t + 3 {
+            for i in 0..500u64 {
+                let key = format!("k{}", i % 37);
+                for name in &names {
+                    decide(&mut state, second, name, key.as_bytes());
+                }
+                if i % 100 == 0 {
+                    decide(&mut state, second, "quiet", b"q");
+                }
+            }
+            let took = updates(&state) - seen;
+            seen += took;
+            // The first second, the rules come all at once: each one's share is 5 a second,
+            // and it takes that and half of it more for each doubling of its rate; then one
+            // in 128 of each rule's checks.
+            let bound = if second == t { 8 } else { 2 } * EXACT_PER_SECOND;
+            assert!(took <= bound, "{took} updates in second {}", second - t);
+        }
+        let quiet = state.rules.values().find(|k| k.name == "quiet").unwrap();
+        let total: u64 = quiet.hot.now(t + 3).iter().map(|(h, _)| h.total()).sum();
+        let updated: u64 = quiet.hot.now(t + 3).iter().map(|(h, _)| h.updates()).sum();
+        assert_eq!(
+            (total, updated),
+            (15, 15),
+            "the quiet rule's checks, each counted"
+        );
+        // A rule idle until now takes 100,000 checks in one second: a few times the shard's
+        // updates, not 100,000.
+        for i in 0..100_000u64 {
+            decide(
+                &mut state,
+                t + 3,
+                "bursty",
+                format!("b{}", i % 1_000).as_bytes(),
+            );
+        }
+        let took = updates(&state) - seen;
+        assert!(took <= 8 * EXACT_PER_SECOND, "{took} updates in a burst");
     }
 
     #[test]

@@ -38,8 +38,8 @@ pub struct SpaceSaving {
     least: Vec<u32>,
     /// Every count added.
     total: u64,
-    /// Whether a count of more than 1 was added: a sample standing for several.
-    weighted: bool,
+    /// How many times counts were added: fewer than `total` when a sample stood for several.
+    updates: u64,
 }
 
 /// A key as a summary holds it.
@@ -78,7 +78,7 @@ impl SpaceSaving {
             least_count: 0,
             least: Vec::new(),
             total: 0,
-            weighted: false,
+            updates: 0,
         }
     }
 
@@ -88,7 +88,7 @@ impl SpaceSaving {
             return;
         }
         self.total += n;
-        self.weighted |= n > 1;
+        self.updates += 1;
         let hash = self.hasher.hash_one(key);
         let keys = &self.keys;
         if let Some(&i) = self.index.find(hash, |&i| keys[i as usize] == key) {
@@ -142,6 +142,11 @@ impl SpaceSaving {
     /// Every count added so far.
     pub fn total(&self) -> u64 {
         self.total
+    }
+
+    /// How many times counts were added so far (each sample once).
+    pub fn updates(&self) -> u64 {
+        self.updates
     }
 
     /// (key, count, error) of every counter, most counted first.
@@ -229,7 +234,7 @@ pub fn merged<'a>(summaries: impl IntoIterator<Item = &'a SpaceSaving>, n: usize
             let entry = by_key.entry(key).or_default();
             entry.0 += count;
             entry.1 += error;
-            entry.2 |= summary.weighted;
+            entry.2 |= summary.updates < summary.total;
         }
     }
     let mut hot: Vec<Hot> = by_key
