@@ -78,6 +78,10 @@ async fn the_console_in_a_browser() {
         })
         .await;
     browser.screenshot("01-login-refused").await;
+    let bar = browser
+        .script("return getComputedStyle(document.getElementById('bar')).display")
+        .await;
+    assert_eq!(bar, json!("none"), "no navigation before signing in");
     let api_without = reqwest::get(format!("{}/v1/console/overview", server.http))
         .await
         .unwrap();
