@@ -29,6 +29,15 @@ fn keys_by_master(cluster: &RedisCluster, limiter: &Limiter<RedisStore>) -> Vec<
     unreachable!()
 }
 
+/// A limiter of two rules, `tenant` and `ip`, made by `rule`, on `store`.
+fn tenant_and_ip(store: RedisStore, rule: impl Fn(&str) -> Rule) -> Limiter<RedisStore> {
+    Limiter::builder(rule("tenant"))
+        .rule(rule("ip"))
+        .store(store)
+        .build()
+        .unwrap()
+}
+
 async fn store(cluster: &RedisCluster, timeout: Duration) -> RedisStore {
     let urls = cluster.urls();
     let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
@@ -226,11 +235,7 @@ async fn a_check_across_slots_takes_nothing_unless_admitted() {
             .on_failure(FailurePolicy::Closed)
             .unwrap()
     };
-    let limiter = Limiter::builder(rule("tenant"))
-        .rule(rule("ip"))
-        .store(store)
-        .build()
-        .unwrap();
+    let limiter = tenant_and_ip(store, rule);
     let keys = keys_by_master(&cluster, &limiter);
     let (tenant, ip) = (&keys[1][0], &keys[2][0]);
     let batch = [Item::new("tenant", tenant, 1), Item::new("ip", ip, 1)];
@@ -259,11 +264,7 @@ async fn same_slot_and_cross_slot_checks_side_by_side() {
     let store = store(&cluster, Duration::from_millis(20)).await;
     let rule =
         |name: &str| Rule::new(name, Algorithm::FixedWindow, [Tier::per_hour(1 << 40)]).unwrap();
-    let limiter = Limiter::builder(rule("tenant"))
-        .rule(rule("ip"))
-        .store(store)
-        .build()
-        .unwrap();
+    let limiter = tenant_and_ip(store, rule);
     let keys = keys_by_master(&cluster, &limiter);
     let mut report = Vec::new();
     for (label, other) in [("same slot", &keys[1][0]), ("two masters", &keys[2][0])] {
@@ -286,4 +287,70 @@ async fn same_slot_and_cross_slot_checks_side_by_side() {
         ));
     }
     println!("{}", report.join("; "));
+}
+
+/// A cluster node with no slots assigned: no slot is known to any master, every check goes
+/// to the store-wide backend, and once its breaker opens the store says it is down (the
+/// service's readiness follows `down`), not that it is up for want of a master to blame.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_with_no_slots_known_is_down_once_its_breaker_opens() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _node = Killed(
+        std::process::Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args([
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--cluster-enabled",
+                "yes",
+            ])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server is installed"),
+    );
+    let url = format!("redis://127.0.0.1:{port}");
+    let mut built = None;
+    for _ in 0..100 {
+        let store = RedisStore::cluster_builder(&[url.as_str()])
+            .timeout(Duration::from_millis(50))
+            .startup_allowance(Duration::ZERO)
+            .circuit_breaker(2, Duration::from_secs(60))
+            .build()
+            .await;
+        if let Ok(store) = store {
+            built = Some(store);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let store = built.expect("a store on a node with no slots");
+    let rule = Rule::new("tenants", Algorithm::FixedWindow, [Tier::per_hour(10)])
+        .unwrap()
+        .on_failure(FailurePolicy::Closed)
+        .unwrap();
+    let limiter = Limiter::builder(rule).store(store.clone()).build().unwrap();
+    assert!(!store.down(), "nothing failed yet");
+    for _ in 0..3 {
+        let denied = limiter.check("t", 1).await.unwrap();
+        assert_eq!(denied.source(), Source::FailClosed);
+    }
+    assert!(store.nodes().is_empty(), "no master known");
+    assert!(store.degraded());
+    assert!(store.down(), "every check is kept away from Redis");
 }

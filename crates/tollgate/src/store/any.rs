@@ -40,6 +40,40 @@ pub enum AnyPlan {
     Lease(LeasePlan),
 }
 
+impl AnyPlan {
+    fn memory(&self) -> Option<&MemoryPlan> {
+        match self {
+            Self::Memory(p) => Some(p),
+            #[cfg(feature = "redis")]
+            _ => None,
+        }
+    }
+
+    #[cfg(feature = "redis")]
+    fn redis(&self) -> Option<&RedisPlan> {
+        match self {
+            Self::Redis(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    #[cfg(feature = "redis")]
+    fn hybrid(&self) -> Option<&HybridPlan> {
+        match self {
+            Self::Hybrid(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    #[cfg(feature = "redis")]
+    fn lease(&self) -> Option<&LeasePlan> {
+        match self {
+            Self::Lease(p) => Some(p),
+            _ => None,
+        }
+    }
+}
+
 impl AnyStore {
     /// The name of the arm: `memory`, `redis`, `hybrid` or `lease`.
     pub fn kind(&self) -> &'static str {
@@ -144,45 +178,26 @@ impl Store for AnyStore {
         // through this type, memory ones included, does not carry and move it.
         match self {
             Self::Memory(s) => {
-                fn arm(p: &AnyPlan) -> Option<&MemoryPlan> {
-                    match p {
-                        AnyPlan::Memory(p) => Some(p),
-                        #[cfg(feature = "redis")]
-                        _ => None,
-                    }
-                }
                 if let [item] = items {
-                    let item = narrow_one(item, arm).ok_or_else(foreign)?;
+                    let item = narrow_one(item, AnyPlan::memory).ok_or_else(foreign)?;
                     return Ok(Decisions::one(s.check_one_now(&item, now, max_delay)));
                 }
-                let items = narrow(items, arm).ok_or_else(foreign)?;
+                let items = narrow(items, AnyPlan::memory).ok_or_else(foreign)?;
                 Ok(s.check_now(&items, now, max_delay))
             }
             #[cfg(feature = "redis")]
             Self::Redis(s) => {
-                let items = narrow(items, |p| match p {
-                    AnyPlan::Redis(p) => Some(p),
-                    _ => None,
-                })
-                .ok_or_else(foreign)?;
+                let items = narrow(items, AnyPlan::redis).ok_or_else(foreign)?;
                 Box::pin(s.check(&items, now, max_delay)).await
             }
             #[cfg(feature = "redis")]
             Self::Hybrid(s) => {
-                let items = narrow(items, |p| match p {
-                    AnyPlan::Hybrid(p) => Some(p),
-                    _ => None,
-                })
-                .ok_or_else(foreign)?;
+                let items = narrow(items, AnyPlan::hybrid).ok_or_else(foreign)?;
                 Box::pin(s.check(&items, now, max_delay)).await
             }
             #[cfg(feature = "redis")]
             Self::Lease(s) => {
-                let items = narrow(items, |p| match p {
-                    AnyPlan::Lease(p) => Some(p),
-                    _ => None,
-                })
-                .ok_or_else(foreign)?;
+                let items = narrow(items, AnyPlan::lease).ok_or_else(foreign)?;
                 Box::pin(s.check(&items, now, max_delay)).await
             }
         }
@@ -191,39 +206,22 @@ impl Store for AnyStore {
     async fn reset(&self, items: &[Planned<'_, AnyPlan>], now: u64) -> Result<(), Error> {
         match self {
             Self::Memory(s) => {
-                let items = narrow(items, |p| match p {
-                    AnyPlan::Memory(p) => Some(p),
-                    #[cfg(feature = "redis")]
-                    _ => None,
-                })
-                .ok_or_else(foreign)?;
+                let items = narrow(items, AnyPlan::memory).ok_or_else(foreign)?;
                 s.reset(&items, now).await
             }
             #[cfg(feature = "redis")]
             Self::Redis(s) => {
-                let items = narrow(items, |p| match p {
-                    AnyPlan::Redis(p) => Some(p),
-                    _ => None,
-                })
-                .ok_or_else(foreign)?;
+                let items = narrow(items, AnyPlan::redis).ok_or_else(foreign)?;
                 s.reset(&items, now).await
             }
             #[cfg(feature = "redis")]
             Self::Hybrid(s) => {
-                let items = narrow(items, |p| match p {
-                    AnyPlan::Hybrid(p) => Some(p),
-                    _ => None,
-                })
-                .ok_or_else(foreign)?;
+                let items = narrow(items, AnyPlan::hybrid).ok_or_else(foreign)?;
                 s.reset(&items, now).await
             }
             #[cfg(feature = "redis")]
             Self::Lease(s) => {
-                let items = narrow(items, |p| match p {
-                    AnyPlan::Lease(p) => Some(p),
-                    _ => None,
-                })
-                .ok_or_else(foreign)?;
+                let items = narrow(items, AnyPlan::lease).ok_or_else(foreign)?;
                 s.reset(&items, now).await
             }
         }

@@ -168,6 +168,18 @@ pub struct HybridPlan {
     guard: GuardPlan,
 }
 
+/// The table accesses of `items`: each key in its rule's slot, with its words.
+fn accesses<'a>(items: &[Planned<'a, HybridPlan>]) -> Vec<Access<'a>> {
+    items
+        .iter()
+        .map(|i| Access {
+            slot: i.plan.shape.slot,
+            key: i.key,
+            words: i.plan.shape.words,
+        })
+        .collect()
+}
+
 #[derive(Debug)]
 struct Shape {
     slot: u32,
@@ -429,14 +441,7 @@ impl Inner {
     ) -> Decisions {
         let now = self.store_time(now);
         self.last_now.fetch_max(now, Ordering::Relaxed);
-        let accesses: Vec<Access<'_>> = items
-            .iter()
-            .map(|i| Access {
-                slot: i.plan.shape.slot,
-                key: i.key,
-                words: i.plan.shape.words,
-            })
-            .collect();
+        let accesses = accesses(items);
         let (mut starved, mut queue) = (0, Vec::new());
         let scorer = self.scorer();
         let decisions = self.table.access(&accesses, now, &scorer, |words| {
@@ -944,14 +949,7 @@ impl Store for HybridStore {
     async fn reset(&self, items: &[Planned<'_, HybridPlan>], now: u64) -> Result<(), Error> {
         let inner = &*self.inner;
         let now = inner.store_time(now);
-        let accesses: Vec<Access<'_>> = items
-            .iter()
-            .map(|i| Access {
-                slot: i.plan.shape.slot,
-                key: i.key,
-                words: i.plan.shape.words,
-            })
-            .collect();
+        let accesses = accesses(items);
         inner
             .table
             .access(&accesses, now, &inner.scorer(), |words| {

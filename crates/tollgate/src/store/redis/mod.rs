@@ -476,14 +476,14 @@ impl RedisStore {
     }
 
     /// Whether Redis is being kept away from every check: one server that keeps failing, or
-    /// every node of a cluster.
+    /// every master of a cluster (or, while no master is known for any slot, the store-wide
+    /// backend every check then goes to).
     pub fn down(&self) -> bool {
-        match &self.topology {
-            None => self.guard.degraded(),
-            Some(_) => {
-                let nodes = self.nodes();
-                !nodes.is_empty() && nodes.iter().all(|n| n.failing)
-            }
+        let nodes = self.nodes();
+        if nodes.is_empty() {
+            self.guard.degraded()
+        } else {
+            nodes.iter().all(|n| n.failing)
         }
     }
 
