@@ -45,24 +45,20 @@ async fn the_limit_is_global_and_exact_across_processes() {
     assert_eq!(ready.status().as_u16(), 200);
 }
 
-/// Two servers with the admin token `tok` on `redis`, with one rule `base` (GET /base,
-/// `limit` an hour).
-fn two_admin_servers(redis: &Redis, limit: u64) -> (Server, Server) {
+/// A server with the admin token `tok` on `redis`, with one rule `base` (GET /base, `limit`
+/// an hour).
+fn admin_server(redis: &Redis, limit: u64) -> Server {
     let rules = format!(
         "store:\n  kind: redis\n  url: {}\n  timeout: 500ms\nrules:\n  - id: base\n    match: {{ path: /base }}\n    tiers: [{{ limit: {limit}, period: 1h }}]\n",
         redis.url()
     );
-    let args = ["--admin-token", "tok"];
-    (
-        Server::start(&[("rules.yaml", &rules)], &args),
-        Server::start(&[("rules.yaml", &rules)], &args),
-    )
+    Server::start(&[("rules.yaml", &rules)], &["--admin-token", "tok"])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_edits_reach_every_instance_on_the_same_redis() {
     let redis = Redis::start();
-    let (a, b) = two_admin_servers(&redis, 100);
+    let (a, b) = (admin_server(&redis, 100), admin_server(&redis, 100));
     let client = reqwest::Client::new();
     let rule = json!({
         "id": "login",
@@ -97,7 +93,7 @@ async fn admin_edits_reach_every_instance_on_the_same_redis() {
     })
     .await;
     // A new instance starts with the shared rules.
-    let c = Server::start(&[("rules.yaml", &rules)], &args);
+    let c = admin_server(&redis, 100);
     assert_eq!(admin_ids(&c.http, "tok").await, ["base"]);
 }
 
@@ -362,7 +358,7 @@ async fn console(server: &str, path: &str) -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_console_shows_every_instance_on_the_same_redis() {
     let redis = Redis::start();
-    let (a, b) = two_admin_servers(&redis, 1000);
+    let (a, b) = (admin_server(&redis, 1000), admin_server(&redis, 1000));
     let client = reqwest::Client::new();
     let base = json!({ "request": { "method": "GET", "path": "/base" } });
     for _ in 0..30 {
