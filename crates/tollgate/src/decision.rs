@@ -3,71 +3,100 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::algorithm::Decide;
-use crate::rule::{Label, Rule};
+use std::collections::HashSet;
+use std::sync::Mutex;
 
-/// One tier's answer, in microseconds; what an algorithm returns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct Verdict {
-    pub(crate) allowed: bool,
-    /// The tier's capacity as reported to callers (limit, or burst for buckets).
-    pub(crate) limit: u64,
-    /// Permits that could still be taken now, after this check.
-    pub(crate) remaining: u64,
-    /// Until the tier is back to its full allowance if nothing else arrives (µs).
-    pub(crate) reset_after: u64,
-    /// When denied: until the same check would be admitted if nothing else arrives (µs, ≥ 1).
-    pub(crate) retry_after: u64,
-    /// When admitted by a shaping algorithm: how long to wait before proceeding (µs).
-    pub(crate) delay: u64,
+use crate::algorithm::{Algorithm, Decide, Tier, Verdict};
+
+/// What a decision says of its rule: the name, each tier's window (µs) and the policy each
+/// tier advertises.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Label {
+    pub(crate) name: Box<str>,
+    pub(crate) windows: Box<[u64]>,
+    pub(crate) policies: Box<[Policy]>,
 }
 
-impl Verdict {
-    #[inline]
-    pub(crate) fn allow(limit: u64, remaining: u64, reset_after: u64) -> Self {
-        Self {
-            allowed: true,
-            limit,
-            remaining,
-            reset_after,
-            ..Self::default()
-        }
-    }
+/// A tier as the IETF `RateLimit-Policy` field advertises it: a quota a client may rely on,
+/// per window of whole seconds. A client that never sends more than `quota` in any `window`
+/// is never denied by a window, log or bucket tier (a sliding window counter estimates, and
+/// warm-up admits less while cold). For a bucket of capacity `burst` refilled at `limit` per
+/// `period`, that is `burst` per the time a whole burst takes to refill, rounded up: 10 per
+/// second with a burst of 20 is 20 per 2 s, not 20 per second.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Policy {
+    /// The policy's name in the fields: the rule's, with the tier's period after a `/` when
+    /// the rule has several tiers (`api/1s`, `api/10s`).
+    pub(crate) name: Box<str>,
+    /// Permits per window; also `X-RateLimit-Limit` (the tier's capacity).
+    pub(crate) quota: u64,
+    /// Seconds, at least 1.
+    pub(crate) window: u64,
+}
 
-    #[inline]
-    pub(crate) fn deny(limit: u64, remaining: u64, reset_after: u64, retry_after: u64) -> Self {
+impl Policy {
+    pub(crate) fn of(rule: &str, algorithm: &Algorithm, tiers: &[Tier], i: usize) -> Self {
+        let tier = &tiers[i];
+        let secs =
+            |micros: u128| u64::try_from(micros.div_ceil(1_000_000).max(1)).unwrap_or(u64::MAX);
+        let period = u128::from(tier.period_micros());
+        let (quota, window) = if algorithm.uses_burst() {
+            // The time a whole burst takes to refill at the tier's rate.
+            let burst = tier.burst();
+            let refill = (u128::from(burst) * period).div_ceil(u128::from(tier.limit()));
+            (burst, secs(refill))
+        } else {
+            (tier.limit(), secs(period))
+        };
+        let name = match tiers {
+            [_] => rule.into(),
+            _ if tiers.iter().filter(|t| t.period() == tier.period()).count() > 1 => {
+                format!("{rule}/{}", i).into()
+            }
+            _ => format!("{rule}/{}", Span(tier.period())).into(),
+        };
         Self {
-            allowed: false,
-            limit,
-            remaining,
-            reset_after,
-            retry_after: retry_after.max(1),
-            delay: 0,
+            name,
+            quota,
+            window,
         }
-    }
-
-    #[inline]
-    pub(crate) fn with_delay(mut self, delay: u64) -> Self {
-        self.delay = delay;
-        self
     }
 }
 
-#[cfg(feature = "redis")]
-impl Verdict {
-    /// A verdict as a Redis script returns it: allowed (1/0), limit, remaining, reset_after,
-    /// retry_after, delay.
-    pub(crate) fn from_reply(reply: [u64; 6]) -> Self {
-        let [allowed, limit, remaining, reset_after, retry_after, delay] = reply;
-        Self {
-            allowed: allowed == 1,
-            limit,
-            remaining,
-            reset_after,
-            retry_after,
-            delay,
+/// A period as rule files write it: `10s`, `1m`, `1d`, `250ms`.
+struct Span(Duration);
+
+impl std::fmt::Display for Span {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let micros = self.0.as_micros();
+        let units = [
+            (86_400_000_000, "d"),
+            (3_600_000_000, "h"),
+            (60_000_000, "m"),
+            (1_000_000, "s"),
+            (1_000, "ms"),
+        ];
+        for (size, unit) in units {
+            if micros % size == 0 {
+                return write!(f, "{}{unit}", micros / size);
+            }
         }
+        write!(f, "{micros}us")
     }
+}
+
+/// Labels live as long as the process, so that a decision names its rule with one pointer
+/// and no reference count. Each distinct label is kept once.
+pub(crate) fn intern(label: Label) -> &'static Label {
+    static LABELS: Mutex<Option<HashSet<&'static Label>>> = Mutex::new(None);
+    let mut labels = LABELS.lock().unwrap_or_else(|e| e.into_inner());
+    let labels = labels.get_or_insert_with(HashSet::new);
+    if let Some(&known) = labels.get(&label) {
+        return known;
+    }
+    let leaked: &'static Label = Box::leak(Box::new(label));
+    labels.insert(leaked);
+    leaked
 }
 
 /// Which path produced a decision.
@@ -131,27 +160,16 @@ impl fmt::Debug for Decision {
 }
 
 impl Decision {
-    /// Tier `tier` of `rule` decided alone.
+    /// Tier `tier` of the rule labelled `rule` decided alone.
     #[inline]
-    pub(crate) fn of(rule: &Rule, tier: usize, verdict: Verdict) -> Self {
+    pub(crate) fn of(rule: &'static Label, tier: usize, verdict: Verdict) -> Self {
         Self {
             verdict,
-            rule: rule.label(),
+            rule,
             tier: tier as u32,
             source: Source::Memory,
             shadowed: false,
         }
-    }
-
-    /// A decision of `rule` taken without any store, when it failed: admitted (failing open)
-    /// or denied until `retry_after` µs (failing closed). Binds to the first tier.
-    pub(crate) fn unchecked(rule: &Rule, retry_after: Option<u64>) -> Self {
-        let limit = rule.algorithm().capacity(&rule.tiers()[0]);
-        let (verdict, source) = match retry_after {
-            None => (Verdict::allow(limit, limit, 0), Source::FailOpen),
-            Some(wait) => (Verdict::deny(limit, 0, wait, wait), Source::FailClosed),
-        };
-        Self::of(rule, 0, verdict).with_source(source)
     }
 
     /// The same decision, attributed to `source`.
@@ -159,15 +177,6 @@ impl Decision {
     pub(crate) fn with_source(mut self, source: Source) -> Self {
         self.source = source;
         self
-    }
-
-    /// Combines the verdicts of `rule`'s tiers, `verdict(i)` being tier `i`'s.
-    pub(crate) fn merge(rule: &Rule, mut verdict: impl FnMut(usize) -> Verdict) -> Self {
-        let mut merged = Self::of(rule, 0, verdict(0));
-        for tier in 1..rule.tiers().len() {
-            merged = merged.combine(Self::of(rule, tier, verdict(tier)));
-        }
-        merged
     }
 
     /// The decision binding among two: the one with least remaining when both admit, the
@@ -257,15 +266,15 @@ impl Decision {
         self.shadowed
     }
 
-    /// The binding tier's advertised policy (see [`crate::rule::Policy`]).
+    /// The binding tier's advertised policy (see [`Policy`]).
     #[cfg(feature = "tower")]
-    pub(crate) fn policy(&self) -> &'static crate::rule::Policy {
+    pub(crate) fn policy(&self) -> &'static Policy {
         &self.rule.policies[self.tier as usize]
     }
 
     /// Every tier's advertised policy, in the rule's order.
     #[cfg(feature = "tower")]
-    pub(crate) fn policies(&self) -> &'static [crate::rule::Policy] {
+    pub(crate) fn policies(&self) -> &'static [Policy] {
         &self.rule.policies
     }
 
@@ -359,17 +368,34 @@ impl<'a> IntoIterator for &'a Decisions {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::Algorithm;
-    use crate::rule::Tier;
 
-    fn rule(tiers: usize) -> Rule {
-        let tiers = (0..tiers).map(|i| Tier::new(10, Duration::from_secs(1 + i as u64)));
-        Rule::new("d", Algorithm::FixedWindow, tiers).unwrap()
+    /// The label of a fixed-window rule `d` of `tiers` tiers of 10 per 1 s, 2 s, ...
+    fn rule(tiers: usize) -> &'static Label {
+        let tiers: Vec<Tier> = (0..tiers)
+            .map(|i| Tier::new(10, Duration::from_secs(1 + i as u64)))
+            .collect();
+        let algorithm = Algorithm::FixedWindow;
+        intern(Label {
+            name: "d".into(),
+            windows: tiers.iter().map(Tier::period_micros).collect(),
+            policies: (0..tiers.len())
+                .map(|i| Policy::of("d", &algorithm, &tiers, i))
+                .collect(),
+        })
+    }
+
+    /// The decision of `verdicts`, one per tier of `rule`, combined.
+    fn merge(rule: &'static Label, verdicts: &[Verdict]) -> Decision {
+        let mut tiers = verdicts.iter().enumerate();
+        let (_, first) = tiers.next().unwrap();
+        tiers.fold(Decision::of(rule, 0, *first), |d, (i, v)| {
+            d.combine(Decision::of(rule, i, *v))
+        })
     }
 
     #[test]
     fn debug_prints_durations() {
-        let denied = Decision::of(&rule(1), 0, Verdict::deny(10, 0, 299_972, 299_972));
+        let denied = Decision::of(rule(1), 0, Verdict::deny(10, 0, 299_972, 299_972));
         let text = format!("{denied:?}");
         assert!(text.contains("reset_after: 299.972ms"), "{text}");
         assert!(text.contains("retry_after: 299.972ms"), "{text}");
@@ -383,7 +409,7 @@ mod tests {
             Verdict::allow(10, 7, 1_000).with_delay(5),
             Verdict::allow(50, 3, 9_000).with_delay(2),
         ];
-        let d = Decision::merge(&rule(2), |i| verdicts[i]);
+        let d = merge(rule(2), &verdicts);
         assert!(d.allowed());
         assert_eq!((d.tier(), d.limit(), d.remaining()), (1, 50, 3));
         assert_eq!((d.rule(), d.window()), ("d", Duration::from_secs(2)));
@@ -398,7 +424,7 @@ mod tests {
             Verdict::allow(50, 3, 9_000).with_delay(7),
             Verdict::deny(50, 0, 900, 900),
         ];
-        let d = Decision::merge(&rule(3), |i| verdicts[i]);
+        let d = merge(rule(3), &verdicts);
         assert!(!d.allowed());
         assert_eq!(d.tier(), 2);
         assert_eq!(d.window(), Duration::from_secs(3));
@@ -414,14 +440,14 @@ mod tests {
     #[test]
     fn a_shadow_denial_admits_and_says_so() {
         let rule = rule(1);
-        let denied = Decision::of(&rule, 0, Verdict::deny(10, 0, 50, 50));
+        let denied = Decision::of(rule, 0, Verdict::deny(10, 0, 50, 50));
         let shadowed = denied.shadow(true);
         assert!(shadowed.allowed() && shadowed.shadowed());
         assert_eq!(shadowed.retry_after(), None);
         assert_eq!(denied.shadow(false), denied);
         let batch = Decisions::many(vec![
             shadowed,
-            Decision::of(&rule, 0, Verdict::allow(10, 4, 9)),
+            Decision::of(rule, 0, Verdict::allow(10, 4, 9)),
         ]);
         assert!(batch.allowed());
         assert!(batch.binding().unwrap().shadowed());

@@ -50,15 +50,15 @@ pub mod retry;
 mod rule;
 mod store;
 
-pub use algorithm::{Algorithm, LeakyBucket, SubWindows, TokenBucket, WarmUp};
+pub use algorithm::{Algorithm, LeakyBucket, SubWindows, Tier, TokenBucket, WarmUp};
 pub use clock::{Clock, MAX_TIMESTAMP, ManualClock, SystemClock};
 pub use decision::{Decision, Decisions, Source};
 pub use error::{Error, RuleError};
-pub use limiter::{Item, Limiter, LimiterBuilder, MAX_BATCH, MAX_KEY_LEN};
-pub use rule::{FailurePolicy, Rule, Tier};
+pub use limiter::{Item, Limiter, LimiterBuilder, MAX_BATCH};
+pub use rule::{FailurePolicy, Rule};
 pub use store::{
-    AnyPlan, AnyStore, LocalStore, MIN_MAX_BYTES, MemoryPlan, MemoryStore, MemoryStoreBuilder,
-    Planned, Store, WhenFull,
+    AnyPlan, AnyStore, LocalStore, MAX_KEY_LEN, MIN_MAX_BYTES, MemoryPlan, MemoryStore,
+    MemoryStoreBuilder, Planned, Store, WhenFull,
 };
 #[cfg(feature = "redis")]
 pub use store::{

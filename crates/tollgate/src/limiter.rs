@@ -9,10 +9,7 @@ use crate::clock::{Clock, MAX_TIMESTAMP, SystemClock};
 use crate::decision::{Decision, Decisions};
 use crate::error::{Error, RuleError};
 use crate::rule::Rule;
-use crate::store::{LocalStore, MemoryStore, Planned, Store};
-
-/// The longest key accepted, in bytes.
-pub const MAX_KEY_LEN: usize = 4_096;
+use crate::store::{LocalStore, MAX_KEY_LEN, MemoryStore, Planned, Store};
 
 /// The most items one batch may hold.
 pub const MAX_BATCH: usize = 1_024;

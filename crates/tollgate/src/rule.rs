@@ -1,118 +1,12 @@
-//! Rules and their tiers, validated once when the rule is built.
+//! Rules, validated once when the rule is built, and their all-or-nothing evaluation across
+//! tiers.
 
-use std::collections::HashSet;
 use std::ops::Range;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
-use crate::algorithm::{Algorithm, Attempt, Decide, Invalid, Rate};
-use crate::decision::Decision;
+use crate::algorithm::{Algorithm, Attempt, Decide, Invalid, Tier, Verdict};
+use crate::decision::{Decision, Label, Policy, Source, intern};
 use crate::error::{Error, RuleError};
-
-/// Integers up to 2^53 are exact in a double; every quantity an algorithm computes stays below
-/// this so the Redis Lua scripts (doubles only) decide exactly as the Rust code does.
-pub(crate) const MAX_EXACT: u64 = 1 << 53;
-
-/// One limit of a rule: at most `limit` permits per `period`. Bucket algorithms also take a
-/// `burst` (their capacity), which defaults to `limit`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Tier {
-    limit: u64,
-    period: Duration,
-    burst: Option<u64>,
-    period_micros: u64,
-    rate: Rate,
-}
-
-impl Tier {
-    /// At most `limit` permits per `period`.
-    pub fn new(limit: u64, period: Duration) -> Self {
-        let period_micros = u64::try_from(period.as_micros()).unwrap_or(u64::MAX);
-        Self {
-            limit,
-            period,
-            burst: None,
-            period_micros,
-            rate: Rate::new(limit, period_micros),
-        }
-    }
-
-    /// At most `limit` permits per second.
-    pub fn per_second(limit: u64) -> Self {
-        Self::new(limit, Duration::from_secs(1))
-    }
-
-    /// At most `limit` permits per minute.
-    pub fn per_minute(limit: u64) -> Self {
-        Self::new(limit, Duration::from_secs(60))
-    }
-
-    /// At most `limit` permits per hour.
-    pub fn per_hour(limit: u64) -> Self {
-        Self::new(limit, Duration::from_secs(3_600))
-    }
-
-    /// At most `limit` permits per day.
-    pub fn per_day(limit: u64) -> Self {
-        Self::new(limit, Duration::from_secs(86_400))
-    }
-
-    /// Sets the capacity of a bucket algorithm (token bucket, leaky bucket, GCRA).
-    pub fn with_burst(mut self, burst: u64) -> Self {
-        self.burst = Some(burst);
-        self
-    }
-
-    /// Permits per period.
-    pub fn limit(&self) -> u64 {
-        self.limit
-    }
-
-    /// The period.
-    pub fn period(&self) -> Duration {
-        self.period
-    }
-
-    /// The capacity of a bucket algorithm: the burst if set, else the limit.
-    pub fn burst(&self) -> u64 {
-        self.burst.unwrap_or(self.limit)
-    }
-
-    pub(crate) fn period_micros(&self) -> u64 {
-        self.period_micros
-    }
-
-    pub(crate) fn rate(&self) -> Rate {
-        self.rate
-    }
-
-    fn validate(&self, algorithm: &Algorithm) -> Result<(), (&'static str, String)> {
-        if self.limit == 0 {
-            return Err(("limit", "must be at least 1".into()));
-        }
-        if self.limit >= MAX_EXACT {
-            return Err(("limit", "must be below 2^53".into()));
-        }
-        if self.period.is_zero() {
-            return Err(("period", "must be longer than zero".into()));
-        }
-        if self.period.subsec_nanos() % 1_000 != 0 {
-            return Err(("period", "must be a whole number of microseconds".into()));
-        }
-        if self.period_micros >= MAX_EXACT {
-            return Err(("period", "must be shorter than 2^53 microseconds".into()));
-        }
-        match self.burst {
-            Some(_) if !algorithm.uses_burst() => Err((
-                "burst",
-                format!("is not used by the {} algorithm", algorithm.name()),
-            )),
-            Some(0) => Err(("burst", "must be at least 1".into())),
-            Some(b) if b >= MAX_EXACT => Err(("burst", "must be below 2^53".into())),
-            _ => Ok(()),
-        }
-    }
-}
 
 /// What a rule does when its shared store fails: answers with an error, or not within the
 /// timeout. Stores that keep all their state in this process never fail.
@@ -154,97 +48,6 @@ struct RuleInner {
     /// The rule scaled to its local share, when its failure policy is [`FailurePolicy::Local`].
     local: Option<Rule>,
     shadow: bool,
-}
-
-/// What a decision says of its rule: the name, each tier's window (µs) and the policy each
-/// tier advertises.
-#[derive(Debug, PartialEq, Eq, Hash)]
-pub(crate) struct Label {
-    pub(crate) name: Box<str>,
-    pub(crate) windows: Box<[u64]>,
-    pub(crate) policies: Box<[Policy]>,
-}
-
-/// A tier as the IETF `RateLimit-Policy` field advertises it: a quota a client may rely on,
-/// per window of whole seconds. A client that never sends more than `quota` in any `window`
-/// is never denied by a window, log or bucket tier (a sliding window counter estimates, and
-/// warm-up admits less while cold). For a bucket of capacity `burst` refilled at `limit` per
-/// `period`, that is `burst` per the time a whole burst takes to refill, rounded up: 10 per
-/// second with a burst of 20 is 20 per 2 s, not 20 per second.
-#[derive(Debug, PartialEq, Eq, Hash)]
-pub(crate) struct Policy {
-    /// The policy's name in the fields: the rule's, with the tier's period after a `/` when
-    /// the rule has several tiers (`api/1s`, `api/10s`).
-    pub(crate) name: Box<str>,
-    /// Permits per window; also `X-RateLimit-Limit` (the tier's capacity).
-    pub(crate) quota: u64,
-    /// Seconds, at least 1.
-    pub(crate) window: u64,
-}
-
-impl Policy {
-    fn of(rule: &str, algorithm: &Algorithm, tiers: &[Tier], i: usize) -> Self {
-        let tier = &tiers[i];
-        let secs =
-            |micros: u128| u64::try_from(micros.div_ceil(1_000_000).max(1)).unwrap_or(u64::MAX);
-        let period = u128::from(tier.period_micros());
-        let (quota, window) = if algorithm.uses_burst() {
-            // The time a whole burst takes to refill at the tier's rate.
-            let burst = tier.burst();
-            let refill = (u128::from(burst) * period).div_ceil(u128::from(tier.limit()));
-            (burst, secs(refill))
-        } else {
-            (tier.limit(), secs(period))
-        };
-        let name = match tiers {
-            [_] => rule.into(),
-            _ if tiers.iter().filter(|t| t.period == tier.period).count() > 1 => {
-                format!("{rule}/{}", i).into()
-            }
-            _ => format!("{rule}/{}", Span(tier.period)).into(),
-        };
-        Self {
-            name,
-            quota,
-            window,
-        }
-    }
-}
-
-/// A period as rule files write it: `10s`, `1m`, `1d`, `250ms`.
-struct Span(Duration);
-
-impl std::fmt::Display for Span {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let micros = self.0.as_micros();
-        let units = [
-            (86_400_000_000, "d"),
-            (3_600_000_000, "h"),
-            (60_000_000, "m"),
-            (1_000_000, "s"),
-            (1_000, "ms"),
-        ];
-        for (size, unit) in units {
-            if micros % size == 0 {
-                return write!(f, "{}{unit}", micros / size);
-            }
-        }
-        write!(f, "{micros}us")
-    }
-}
-
-/// Labels live as long as the process, so that a decision names its rule with one pointer
-/// and no reference count. Each distinct label is kept once.
-fn intern(label: Label) -> &'static Label {
-    static LABELS: Mutex<Option<HashSet<&'static Label>>> = Mutex::new(None);
-    let mut labels = LABELS.lock().unwrap_or_else(|e| e.into_inner());
-    let labels = labels.get_or_insert_with(HashSet::new);
-    if let Some(&known) = labels.get(&label) {
-        return known;
-    }
-    let leaked: &'static Label = Box::leak(Box::new(label));
-    labels.insert(leaked);
-    leaked
 }
 
 impl Rule {
@@ -402,8 +205,8 @@ impl Rule {
     pub fn scaled(&self, share: f64) -> Result<Self, RuleError> {
         let scale = |n: u64| ((n as f64 * share).ceil() as u64).max(1);
         let tiers = self.tiers().iter().map(|t| {
-            let tier = Tier::new(scale(t.limit), t.period);
-            match t.burst {
+            let tier = Tier::new(scale(t.limit()), t.period());
+            match t.explicit_burst() {
                 Some(burst) => tier.with_burst(scale(burst)),
                 None => tier,
             }
@@ -448,6 +251,26 @@ impl Rule {
         }
     }
 
+    /// A decision of this rule taken without any store, when it failed: admitted (failing open)
+    /// or denied until `retry_after` µs (failing closed). Binds to the first tier.
+    pub(crate) fn unchecked(&self, retry_after: Option<u64>) -> Decision {
+        let limit = self.algorithm().capacity(&self.tiers()[0]);
+        let (verdict, source) = match retry_after {
+            None => (Verdict::allow(limit, limit, 0), Source::FailOpen),
+            Some(wait) => (Verdict::deny(limit, 0, wait, wait), Source::FailClosed),
+        };
+        Decision::of(self.label(), 0, verdict).with_source(source)
+    }
+
+    /// Combines the verdicts of this rule's tiers, `verdict(i)` being tier `i`'s.
+    pub(crate) fn merge(&self, mut verdict: impl FnMut(usize) -> Verdict) -> Decision {
+        let mut merged = Decision::of(self.label(), 0, verdict(0));
+        for tier in 1..self.tiers().len() {
+            merged = merged.combine(Decision::of(self.label(), tier, verdict(tier)));
+        }
+        merged
+    }
+
     /// The largest cost every tier can admit; a larger one is an error, not a denial.
     pub fn capacity(&self) -> u64 {
         self.inner.capacity
@@ -482,12 +305,10 @@ impl Rule {
             if !verdict.allowed && attempt.writes() {
                 algorithm.denied(tier, state, &attempt);
             }
-            return Decision::of(self, 0, verdict);
+            return Decision::of(self.label(), 0, verdict);
         }
         let mut decide = |attempt: &Attempt| {
-            Decision::merge(self, |i| {
-                algorithm.decide(&tiers[i], &mut state[self.tier_words(i)], attempt)
-            })
+            self.merge(|i| algorithm.decide(&tiers[i], &mut state[self.tier_words(i)], attempt))
         };
         let probe = decide(&Attempt {
             commit: false,
@@ -544,6 +365,8 @@ impl Rule {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::algorithm::{SubWindows, WarmUp};
 

@@ -3,9 +3,9 @@
 //!
 //! State words: `[window start (µs), permits counted in it]`.
 
+use super::Tier;
+use super::Verdict;
 use super::{Attempt, Decide};
-use crate::decision::Verdict;
-use crate::rule::Tier;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct FixedWindow;
@@ -50,8 +50,8 @@ impl Decide for FixedWindow {
 #[cfg(test)]
 mod tests {
     use crate::algorithm::Algorithm;
+    use crate::algorithm::Tier;
     use crate::algorithm::testing::{Key, SECOND, START};
-    use crate::rule::Tier;
 
     #[test]
     fn counts_up_to_the_limit_then_denies_until_the_window_ends() {

@@ -7,9 +7,9 @@
 //!
 //! State words: `[TAT (µs)]`, or `[TAT (µs), TAT fraction]`.
 
+use super::Tier;
+use super::Verdict;
 use super::{Attempt, Decide, Invalid};
-use crate::decision::Verdict;
-use crate::rule::Tier;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Gcra;
@@ -70,8 +70,8 @@ impl Decide for Gcra {
 #[cfg(test)]
 mod tests {
     use crate::algorithm::Algorithm;
+    use crate::algorithm::Tier;
     use crate::algorithm::testing::{Key, SECOND};
-    use crate::rule::Tier;
 
     #[test]
     fn admits_the_burst_then_one_per_emission_interval() {

@@ -10,9 +10,9 @@
 //! over the limit ([`Decide::denied`]): the others consume nothing, as with the Envoy
 //! service's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`.
 
+use super::Verdict;
 use super::{Attempt, Decide, FixedWindow};
-use crate::decision::Verdict;
-use crate::rule::{MAX_EXACT, Tier};
+use super::{MAX_EXACT, Tier};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct HitCounter;
@@ -73,8 +73,8 @@ impl Decide for HitCounter {
 #[cfg(test)]
 mod tests {
     use crate::algorithm::Algorithm;
+    use crate::algorithm::Tier;
     use crate::algorithm::testing::{Key, SECOND};
-    use crate::rule::Tier;
 
     #[test]
     fn hits_over_the_limit_count_too() {

@@ -5,9 +5,9 @@
 //!
 //! State words: `[permits used in the current period, its start (µs; 0 = none)]`.
 
+use super::Tier;
+use super::Verdict;
 use super::{Attempt, Decide};
-use crate::decision::Verdict;
-use crate::rule::Tier;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct IntervalBucket;
@@ -53,8 +53,8 @@ impl Decide for IntervalBucket {
 #[cfg(test)]
 mod tests {
     use crate::algorithm::Algorithm;
+    use crate::algorithm::Tier;
     use crate::algorithm::testing::{Key, SECOND, START};
-    use crate::rule::Tier;
 
     #[test]
     fn the_period_starts_at_the_first_request_not_at_a_clock_boundary() {

@@ -5,9 +5,9 @@
 //!
 //! State words: `[water level (rate units), time of the last admission (µs)]`.
 
+use super::Tier;
+use super::Verdict;
 use super::{Attempt, Decide, Invalid};
-use crate::decision::Verdict;
-use crate::rule::Tier;
 
 /// Parameters of [`Algorithm::LeakyBucket`](super::Algorithm::LeakyBucket).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -95,8 +95,8 @@ impl Decide for LeakyBucket {
 mod tests {
     use super::LeakyBucket;
     use crate::algorithm::Algorithm;
+    use crate::algorithm::Tier;
     use crate::algorithm::testing::{Key, SECOND};
-    use crate::rule::Tier;
 
     #[test]
     fn meter_rejects_overflow_and_leaks_at_the_rate() {

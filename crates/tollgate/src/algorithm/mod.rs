@@ -18,7 +18,9 @@ mod rate;
 mod sliding_log;
 mod sliding_window;
 mod sub_windows;
+mod tier;
 mod token_bucket;
+mod verdict;
 mod warm_up;
 
 pub use leaky_bucket::LeakyBucket;
@@ -27,9 +29,10 @@ pub use token_bucket::TokenBucket;
 pub use warm_up::WarmUp;
 
 pub(crate) use rate::Rate;
+pub(crate) use tier::MAX_EXACT;
+pub use tier::Tier;
+pub(crate) use verdict::Verdict;
 
-use crate::decision::Verdict;
-use crate::rule::Tier;
 pub(crate) use fixed_window::FixedWindow;
 use gcra::Gcra;
 use hit_counter::HitCounter;

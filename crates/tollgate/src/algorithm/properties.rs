@@ -4,9 +4,10 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
+use super::Tier;
 use super::testing::START;
 use super::{Algorithm, Attempt, Decide, LeakyBucket, SubWindows, TokenBucket, WarmUp};
-use crate::rule::{Rule, Tier};
+use crate::rule::Rule;
 
 /// Periods divisible by every sub-window count used below.
 const PERIODS: [u64; 4] = [60_000, 600_000, 1_800_000, 6_000_000];

@@ -6,8 +6,8 @@
 //! rounding can make a bucket admit more, or less, than its rate.
 
 use super::Invalid;
-use crate::decision::Verdict;
-use crate::rule::MAX_EXACT;
+use super::MAX_EXACT;
+use super::Verdict;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct Rate {

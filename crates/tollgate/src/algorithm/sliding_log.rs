@@ -5,9 +5,9 @@
 //! State words: `[permits ever logged, then a ring of limit timestamps]`; the k-th most recent
 //! permit is at ring index `(logged - k) % limit`. Timestamps never decrease along the ring.
 
+use super::Tier;
+use super::Verdict;
 use super::{Attempt, Decide, Invalid};
-use crate::decision::Verdict;
-use crate::rule::Tier;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SlidingLog;
@@ -130,8 +130,8 @@ impl Decide for SlidingLog {
 #[cfg(test)]
 mod tests {
     use crate::algorithm::Algorithm;
+    use crate::algorithm::Tier;
     use crate::algorithm::testing::{Key, SECOND, START};
-    use crate::rule::Tier;
 
     #[test]
     fn the_seed_example_two_per_minute() {

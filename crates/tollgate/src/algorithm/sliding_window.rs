@@ -6,9 +6,9 @@
 //! The estimate is computed in doubles, in the same order of operations as the Redis script, so
 //! both reach the same decisions; with `limit x period` below 2^53 it is exact.
 
+use super::Tier;
+use super::Verdict;
 use super::{Attempt, Decide};
-use crate::decision::Verdict;
-use crate::rule::Tier;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SlidingWindow;
@@ -127,8 +127,8 @@ impl Decide for SlidingWindow {
 #[cfg(test)]
 mod tests {
     use crate::algorithm::Algorithm;
+    use crate::algorithm::Tier;
     use crate::algorithm::testing::{Key, SECOND, START};
-    use crate::rule::Tier;
 
     #[test]
     fn the_seed_example_rejects_at_4_25_over_4() {

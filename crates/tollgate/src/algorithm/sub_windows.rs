@@ -5,9 +5,9 @@
 //! State words: `[index of the newest sub-window written, count of sub-window i at i % count]`
 //! where a sub-window's index is its start time divided by its length.
 
+use super::Tier;
+use super::Verdict;
 use super::{Attempt, Decide, Invalid};
-use crate::decision::Verdict;
-use crate::rule::Tier;
 
 /// Parameters of [`Algorithm::SubWindows`](super::Algorithm::SubWindows).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,8 +132,8 @@ impl Decide for SubWindows {
 mod tests {
     use super::SubWindows;
     use crate::algorithm::Algorithm;
+    use crate::algorithm::Tier;
     use crate::algorithm::testing::{Key, SECOND, START};
-    use crate::rule::Tier;
 
     fn six_by_ten_seconds(limit: u64) -> Key {
         Key::new(

@@ -1,10 +1,11 @@
 //! A test bench for algorithms: one key's state on a manual timeline, evaluated all-or-nothing
 //! across tiers exactly as the stores do.
 
+use super::Tier;
 use crate::Decision;
 use crate::algorithm::{Algorithm, Attempt};
 use crate::clock::ManualClock;
-use crate::rule::{Rule, Tier};
+use crate::rule::Rule;
 
 pub(crate) const SECOND: u64 = 1_000_000;
 pub(crate) const START: u64 = ManualClock::DEFAULT_START_MICROS;

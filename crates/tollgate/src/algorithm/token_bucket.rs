@@ -3,9 +3,9 @@
 //!
 //! State words: `[tokens (rate units), time of the last admission (µs; 0 = never)]`.
 
+use super::Tier;
+use super::Verdict;
 use super::{Attempt, Decide, Invalid};
-use crate::decision::Verdict;
-use crate::rule::Tier;
 
 /// Parameters of [`Algorithm::TokenBucket`](super::Algorithm::TokenBucket).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -106,8 +106,9 @@ impl Decide for TokenBucket {
 mod tests {
     use super::TokenBucket;
     use crate::algorithm::Algorithm;
+    use crate::algorithm::Tier;
     use crate::algorithm::testing::{Key, SECOND};
-    use crate::rule::{Rule, Tier};
+    use crate::rule::Rule;
 
     fn bucket(tier: Tier, initial_tokens: Option<u64>) -> Key {
         Key::new(

@@ -13,9 +13,9 @@
 
 use std::time::Duration;
 
+use super::Tier;
+use super::Verdict;
 use super::{Attempt, Decide, Invalid};
-use crate::decision::Verdict;
-use crate::rule::Tier;
 
 /// Parameters of [`Algorithm::WarmUp`](super::Algorithm::WarmUp).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -195,8 +195,8 @@ mod tests {
 
     use super::WarmUp;
     use crate::algorithm::Algorithm;
+    use crate::algorithm::Tier;
     use crate::algorithm::testing::{Key, SECOND};
-    use crate::rule::Tier;
 
     /// Guava's documented example: 10 per second (100 ms stable), 2 s warm-up, cold factor 3.
     fn guava_example() -> Key {

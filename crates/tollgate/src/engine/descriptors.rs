@@ -21,7 +21,8 @@ use std::time::Duration;
 
 use super::{Hit, push_part};
 use crate::algorithm::Algorithm;
-use crate::rule::{MAX_EXACT, Rule, Tier};
+use crate::algorithm::{MAX_EXACT, Tier};
+use crate::rule::Rule;
 
 /// One entry of a descriptor a proxy sends.
 #[derive(Debug, Clone, PartialEq, Eq)]

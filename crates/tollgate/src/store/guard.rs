@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use super::breaker::{Breaker, Gate, Probe};
 use super::memory::{MemoryPlan, MemoryStore};
 use super::{LocalStore, Planned, Store};
-use crate::decision::{Decision, Decisions, Source, Verdict};
+use crate::algorithm::Verdict;
+use crate::decision::{Decision, Decisions, Source};
 use crate::error::Error;
 use crate::rule::{FailurePolicy, Rule};
 
@@ -433,16 +434,14 @@ impl Guard {
                     // The share alone can never admit this cost; the shared store may again.
                     let limit = rule.capacity();
                     let verdict = Verdict::deny(limit, limit, retry_after, retry_after);
-                    Some(Decision::of(rule, 0, verdict).with_source(Source::Fallback))
+                    Some(Decision::of(rule.label(), 0, verdict).with_source(Source::Fallback))
                 }
                 (FailurePolicy::Local { .. }, Some((rule, plan))) => {
                     local.push((i, rule, plan));
                     None
                 }
-                (FailurePolicy::Closed, _) => {
-                    Some(Decision::unchecked(item.rule, Some(retry_after)))
-                }
-                _ => Some(Decision::unchecked(item.rule, None)),
+                (FailurePolicy::Closed, _) => Some(item.rule.unchecked(Some(retry_after))),
+                _ => Some(item.rule.unchecked(None)),
             };
             decisions.push(decision.map(|d| d.shadow(item.rule.is_shadow())));
         }

@@ -35,11 +35,13 @@ use super::redis::{CounterItem, RedisStore, StoreTime, counter_key, packed};
 use super::slots::{Slots, Versions};
 use super::table::{Access, Bounds, Score, Table, WhenFull};
 use super::{LocalStore, Planned, Store};
+use crate::algorithm::Tier;
+use crate::algorithm::Verdict;
 use crate::algorithm::{Algorithm, Attempt, Decide, FixedWindow, SlidingWindow};
 use crate::clock::{Clock, SystemClock};
-use crate::decision::{Decision, Decisions, Source, Verdict};
+use crate::decision::{Decision, Decisions, Source};
 use crate::error::Error;
-use crate::rule::{Rule, Tier};
+use crate::rule::Rule;
 
 /// Settings of a [`HybridStore`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -546,7 +548,7 @@ impl Inner {
                 verdict
             })
             .collect();
-        let decision = Decision::merge(item.rule, |i| verdicts[i]).with_source(Source::Hybrid);
+        let decision = item.rule.merge(|i| verdicts[i]).with_source(Source::Hybrid);
         (decision, wants)
     }
 

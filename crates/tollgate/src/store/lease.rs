@@ -30,10 +30,12 @@ use super::slots::{Slots, Versions};
 use super::table::{Access, Bounds, Score, Table, WhenFull};
 use super::{Planned, Store};
 use crate::algorithm::Algorithm;
+use crate::algorithm::Tier;
+use crate::algorithm::Verdict;
 use crate::clock::{Clock, SystemClock};
-use crate::decision::{Decision, Decisions, Source, Verdict};
+use crate::decision::{Decision, Decisions, Source};
 use crate::error::Error;
-use crate::rule::{Rule, Tier};
+use crate::rule::Rule;
 
 /// Settings of a [`LeaseStore`].
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -366,8 +368,7 @@ impl Inner {
                     }
                     verdicts.push(Verdict::deny(tier.limit(), remaining, reset, reset));
                 }
-                let decision =
-                    Decision::merge(item.rule, |i| verdicts[i]).with_source(Source::Lease);
+                let decision = item.rule.merge(|i| verdicts[i]).with_source(Source::Lease);
                 decisions.push(decision.shadow(item.rule.is_shadow()));
             }
             if !needs.is_empty() {

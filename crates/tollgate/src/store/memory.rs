@@ -12,6 +12,7 @@ use std::fmt;
 use std::future::{Future, ready};
 use std::sync::{Arc, RwLockReadGuard};
 
+use super::MAX_KEY_LEN;
 use super::slots::{Slots, Versions};
 pub use super::table::WhenFull;
 use super::table::{Bounds, Class, Entry, Locked, Score, Shard, Table, Words};
@@ -19,7 +20,6 @@ use super::{LocalStore, Planned, Store};
 use crate::algorithm::{Attempt, Decide, Visit};
 use crate::decision::{Decision, Decisions, Source};
 use crate::error::{Error, RuleError};
-use crate::limiter::MAX_KEY_LEN;
 use crate::rule::{FailurePolicy, Rule};
 
 /// Keys of every rule in process memory: concurrent, sharded, bounded by a key count and by
@@ -555,7 +555,7 @@ fn unkept(item: &Planned<'_, MemoryPlan>, decided: Decision) -> Decision {
     match item.rule.failure_policy() {
         FailurePolicy::Closed => {
             let wait = item.rule.tiers().iter().map(|t| t.period_micros()).min();
-            Decision::unchecked(item.rule, Some(wait.unwrap_or(1)))
+            item.rule.unchecked(Some(wait.unwrap_or(1)))
         }
         FailurePolicy::Open | FailurePolicy::Local { .. } => decided.with_source(Source::FailOpen),
     }

@@ -40,6 +40,9 @@ use crate::error::Error;
 use crate::error::RuleError;
 use crate::rule::Rule;
 
+/// The longest key accepted, in bytes: a store sizes its entries by it.
+pub const MAX_KEY_LEN: usize = 4_096;
+
 /// The algorithms the hybrid store holds: counts that add up across instances.
 #[cfg(feature = "redis")]
 const HYBRID_ALGORITHMS: &[&str] = &["fixed_window", "sliding_window", "hit_counter"];

@@ -44,7 +44,8 @@ use super::Planned;
 use super::guard::{
     Backend, Failure, Guard, GuardConfig, GuardPlan, Guarded, Route, StoreFailures,
 };
-use crate::decision::{Decision, Decisions, Source, Verdict};
+use crate::algorithm::Verdict;
+use crate::decision::{Decision, Decisions, Source};
 use crate::error::Error;
 use crate::rule::Rule;
 
@@ -1050,7 +1051,7 @@ impl<'a> Verdicts<'a> {
             Verdict::from_reply([0, 1, 2, 3, 4, 5].map(field))
         };
         self.at += 6 * 8 * rule.tiers().len();
-        Decision::merge(rule, verdict).with_source(Source::Redis)
+        rule.merge(verdict).with_source(Source::Redis)
     }
 }
 
@@ -1330,7 +1331,7 @@ fn install_tls_provider() {
 mod tests {
     use super::*;
     use crate::algorithm::Algorithm;
-    use crate::rule::Tier;
+    use crate::algorithm::Tier;
 
     #[test]
     fn slots_are_computed_as_redis_does() {
