@@ -4,8 +4,8 @@
 
 use std::path::PathBuf;
 
-use tollgate_server::config;
 use tollgate_server::service;
+use tollgate_server::{config, provider};
 
 const NATIVE: &str = include_str!("../../../examples/multi-tenant.yaml");
 const ENVOY: &str = include_str!("../../../examples/envoy-ratelimit.yaml");
@@ -272,7 +272,7 @@ fn validate(name: &str, bytes: &[u8]) -> Result<(), config::ConfigError> {
     let dir = tempfile::tempdir().unwrap();
     let path: PathBuf = dir.path().join(name);
     std::fs::write(&path, bytes).unwrap();
-    let loaded = config::load(&[path])?;
+    let loaded = provider::load(&[path])?;
     service::check(&loaded)
 }
 

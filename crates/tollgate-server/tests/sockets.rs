@@ -4,7 +4,7 @@
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio_stream::StreamExt as _;
-use tollgate_server::connections::{self, Limits, Registry};
+use tollgate_server::net::connections::{self, Limits, Registry};
 
 #[tokio::test]
 async fn both_listeners_accept_without_nagle() {

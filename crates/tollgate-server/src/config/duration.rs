@@ -36,7 +36,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 /// A duration field: a string as [`parse_duration`] reads it, or a number of seconds.
-pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     struct Seconds;
     impl serde::de::Visitor<'_> for Seconds {
         type Value = Duration;
@@ -65,7 +65,7 @@ pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D
 }
 
 /// An optional duration field.
-pub(super) fn deserialize_option<'de, D: Deserializer<'de>>(
+pub(crate) fn deserialize_option<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<Option<Duration>, D::Error> {
     deserialize(d).map(Some)

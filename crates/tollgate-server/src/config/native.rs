@@ -28,10 +28,9 @@ use tollgate::{
 
 use super::duration::{self, parse_duration};
 use super::{
-    ConfigError, DEFAULT_MAX_BYTES, DEFAULT_MAX_KEYS, Parsed, RedisMode, RedisOptions,
-    ServerConfig, StoreConfig, TlsFiles,
+    ConfigError, DEFAULT_MAX_BYTES, DEFAULT_MAX_KEYS, DEFAULT_REDIS_TIMEOUT, DEFAULT_SYNC_INTERVAL,
+    Limits, RedisMode, RedisOptions, ServerConfig, StoreConfig, TlsFiles,
 };
-use crate::connections::Limits;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -143,9 +142,9 @@ impl StoreSection {
                 url: self.url,
                 cluster: self.cluster,
                 mode: self.mode.unwrap_or(RedisMode::Strict),
-                timeout: self.timeout.unwrap_or(super::DEFAULT_REDIS_TIMEOUT),
+                timeout: self.timeout.unwrap_or(DEFAULT_REDIS_TIMEOUT),
                 instances: self.instances.unwrap_or(1),
-                sync_interval: self.sync_interval.unwrap_or(super::DEFAULT_SYNC_INTERVAL),
+                sync_interval: self.sync_interval.unwrap_or(DEFAULT_SYNC_INTERVAL),
                 max_unclaimed: self.max_unclaimed,
                 options: Box::new(RedisOptions {
                     connections: self.connections.unwrap_or(1),
@@ -372,6 +371,12 @@ pub fn parse_rule_text(file: &Path, text: &str) -> Result<RuleSpec, ConfigError>
     Ok(spec)
 }
 
+/// Where the field that `error` (a rule's error, `rule `id`: tiers[1].period: ...`) names is
+/// written in `text`, a rule on its own (the console's editor).
+pub fn field_of_rule(text: &str, id: &str, error: &str) -> Option<(u64, u64)> {
+    super::places::field_place(text, super::places::content_start(text), id, error)
+}
+
 fn parse_policy(text: &str) -> Result<FailurePolicy, String> {
     match text.split_once(':') {
         None if text == "open" => Ok(FailurePolicy::Open),
@@ -492,8 +497,25 @@ fn place(span: &serde_saphyr::Location) -> Option<(u64, u64)> {
     (span.line() > 0).then(|| (span.line(), span.column()))
 }
 
+/// A line and column (from 1) in a file.
+pub type At = Option<(u64, u64)>;
+
+/// The sections of one native file, each with where it was written.
+#[derive(Debug, Default)]
+pub struct Sections {
+    /// The `server` section.
+    pub server: Option<(ServerConfig, At)>,
+    /// The `store` section.
+    pub store: Option<(StoreConfig, At)>,
+    /// The rules, in order.
+    pub specs: Vec<(RuleSpec, At)>,
+}
+
 /// Parses a native file.
-pub(super) fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
+///
+/// # Errors
+/// The first error, at its line and column.
+pub fn parse(file: &Path, text: &str) -> Result<Sections, ConfigError> {
     let parsed: File =
         serde_saphyr::from_str(text).map_err(|e| ConfigError::yaml(file, text, &e))?;
     let server = match parsed.server {
@@ -592,10 +614,9 @@ pub(super) fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
         .into_iter()
         .map(|s| (s.value, place(&s.referenced)))
         .collect();
-    Ok(Parsed {
+    Ok(Sections {
         server,
         store,
         specs,
-        domain: None,
     })
 }

@@ -3,7 +3,7 @@
 
 /// The key written before `column` on `line` of `text` (`enabled` in `    enabled: yes`), or,
 /// for a value that starts on a line of its own, the key that ends the line above it.
-pub(super) fn key_at(text: &str, line: u64, column: u64) -> Option<&str> {
+pub(crate) fn key_at(text: &str, line: u64, column: u64) -> Option<&str> {
     let index = usize::try_from(line).ok()?.checked_sub(1)?;
     let lines: Vec<&str> = text.lines().collect();
     let here = lines.get(index)?;
@@ -55,7 +55,7 @@ pub(super) fn key_at(text: &str, line: u64, column: u64) -> Option<&str> {
 }
 
 /// The edit distance between `a` and `b` (insertions, deletions, substitutions).
-pub(super) fn distance(a: &str, b: &str) -> usize {
+pub(crate) fn distance(a: &str, b: &str) -> usize {
     let b: Vec<char> = b.chars().collect();
     let mut row: Vec<usize> = (0..=b.len()).collect();
     for (i, ca) in a.chars().enumerate() {
@@ -73,7 +73,7 @@ pub(super) fn distance(a: &str, b: &str) -> usize {
 
 /// The one of `names` nearest to `name`, when it is close enough to be a misspelling of it
 /// (at most 3 edits, and fewer than `name` has characters).
-pub(super) fn nearest<'a>(name: &str, names: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+pub(crate) fn nearest<'a>(name: &str, names: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
     names
         .into_iter()
         .map(|n| (distance(name, n), n))
@@ -84,7 +84,7 @@ pub(super) fn nearest<'a>(name: &str, names: impl IntoIterator<Item = &'a str>) 
 
 /// A YAML library's message in a user's words: which key is written twice, what type was
 /// expected in plain terms, the nearest name to an unknown one; `None` when it reads well.
-pub(super) fn plain(message: &str) -> Option<String> {
+pub(crate) fn plain(message: &str) -> Option<String> {
     if let Some(rest) = message.strip_prefix("duplicate mapping key: ") {
         let key = rest
             .split(", set DuplicateKeyPolicy")
@@ -124,7 +124,7 @@ pub(super) fn plain(message: &str) -> Option<String> {
 }
 
 /// What serde calls a type, as a rule file's reader would say it.
-pub(super) fn kind(expected: &str) -> String {
+pub(crate) fn kind(expected: &str) -> String {
     let known = [
         ("usize", "a whole number"),
         ("u64", "a whole number"),
@@ -153,7 +153,7 @@ pub(super) fn kind(expected: &str) -> String {
 /// The lines of the section whose value starts at `at` in `text`: each line's number, the
 /// byte where the section's part of it starts, and the line. The section ends at the first
 /// later line (not blank, not a comment) indented less than its first key.
-pub(super) fn section_lines(
+pub(crate) fn section_lines(
     text: &str,
     at: (u64, u64),
 ) -> impl Iterator<Item = (u64, usize, &str)> {
@@ -182,13 +182,13 @@ pub(super) fn section_lines(
 }
 
 /// A byte offset of `line` as a column (from 1).
-pub(super) fn column_of(line: &str, byte: usize) -> u64 {
+pub(crate) fn column_of(line: &str, byte: usize) -> u64 {
     line[..byte].chars().count() as u64 + 1
 }
 
 /// Where `key`'s value is written in the section at `at` (the key's own place when nothing
 /// follows it on its line).
-pub(super) fn section_key_place(
+pub(crate) fn section_key_place(
     text: &str,
     at: Option<(u64, u64)>,
     key: &str,
@@ -217,7 +217,7 @@ pub(super) fn section_key_place(
 }
 
 /// Where `value` is first written in the section at `at`.
-pub(super) fn value_place(text: &str, at: Option<(u64, u64)>, value: &str) -> Option<(u64, u64)> {
+pub(crate) fn value_place(text: &str, at: Option<(u64, u64)>, value: &str) -> Option<(u64, u64)> {
     if value.is_empty() {
         return None;
     }
@@ -230,7 +230,7 @@ pub(super) fn value_place(text: &str, at: Option<(u64, u64)>, value: &str) -> Op
 
 /// The plain scalar written at `line`:`column` of `text`, up to the end of its line, a
 /// comment or the end of a flow collection's item.
-pub(super) fn scalar_at(text: &str, line: u64, column: u64) -> Option<&str> {
+pub(crate) fn scalar_at(text: &str, line: u64, column: u64) -> Option<&str> {
     let line = text
         .lines()
         .nth(usize::try_from(line).ok()?.checked_sub(1)?)?;
@@ -244,7 +244,7 @@ pub(super) fn scalar_at(text: &str, line: u64, column: u64) -> Option<&str> {
 
 /// Where `text`'s content starts: the first line that is not blank, a comment or a document
 /// marker, at its first character; 1:1 for a file of none.
-pub(super) fn content_start(text: &str) -> (u64, u64) {
+pub(crate) fn content_start(text: &str) -> (u64, u64) {
     text.lines()
         .enumerate()
         .find_map(|(i, line)| {
@@ -260,7 +260,7 @@ pub(super) fn content_start(text: &str) -> (u64, u64) {
 /// written in `text`, given the rule's place: the line and column of its value, searched for
 /// in the rule's lines (block or flow style); `None` when it is not written there (a
 /// default).
-pub(super) fn field_place(
+pub(crate) fn field_place(
     text: &str,
     rule: (u64, u64),
     id: &str,

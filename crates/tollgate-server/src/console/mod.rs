@@ -1,12 +1,11 @@
 //! The console: what the service decided lately and on which keys, kept in memory bounded
 //! whatever the traffic, for the page at `/console` and its JSON API (`/v1/console/...`, see
-//! [`api`]). On only when an admin token is configured; then each decision adds to fixed
+//! `crate::http::console`). On only when an admin token is configured; then each decision adds to fixed
 //! rings (per second for two minutes, per minute for an hour: [`series`]) and to Space-Saving
 //! summaries of each rule's hottest keys ([`top`]), and each HTTP request checked is kept for
 //! the impact preview within a byte budget ([`recorder`]). Off, a check pays one atomic load.
 //! Instances on one Redis publish a summary there ([`instances`]), so any console shows all.
 
-pub mod api;
 pub mod instances;
 pub mod preview;
 pub mod recorder;
@@ -26,9 +25,6 @@ use tollgate::engine::{Headers, Request};
 
 use series::Series;
 use shard::{Histogram, Kept, Shard};
-
-/// The recorder's budget when none is configured (bytes).
-pub const DEFAULT_RECORD_BYTES: usize = 16 << 20;
 
 /// Audit entries kept.
 const AUDIT: usize = 500;

@@ -12,9 +12,11 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tollgate::engine::PathPattern;
-use tollgate_server::config;
-use tollgate_server::grpc::{Guards, GuardsLayer, Rls};
+use tollgate_server::envoy::Envoy;
+use tollgate_server::envoy::rls::Rls;
+use tollgate_server::grpc::{Guards, GuardsLayer};
 use tollgate_server::http::{AppState, Connection};
+use tollgate_server::provider;
 use tollgate_server::service::{self, Service};
 use tower::ServiceExt;
 
@@ -80,9 +82,12 @@ fn harness() -> &'static Harness {
                 path
             })
             .collect();
-        let service = Arc::new(runtime.block_on(Service::start(files)).unwrap());
+        let config = provider::load(&files).unwrap();
+        let service = Arc::new(runtime.block_on(Service::start(files, config)).unwrap());
+        let envoy = Arc::new(Envoy::new(service.clone()));
         let state = AppState {
             service: service.clone(),
+            envoy: envoy.clone(),
             metrics: None,
             admin_token: Some("token".into()),
             max_body_bytes: 64 * 1024,
@@ -93,7 +98,7 @@ fn harness() -> &'static Harness {
             http: Connection::new(state, peer),
             grpc: tower::Layer::layer(
                 &GuardsLayer,
-                tollgate_server::grpc::server(service, true, 64 * 1024),
+                tollgate_server::envoy::rls::server(envoy, true, 64 * 1024),
             ),
             runtime,
             _dir: dir,
@@ -118,7 +123,7 @@ pub fn envoy_config(bytes: &[u8]) {
 
 fn load(text: &str) {
     let files = [(PathBuf::from("fuzzed.yaml"), text.to_string())];
-    if let Ok(config) = config::load_texts(&files) {
+    if let Ok(config) = provider::load_texts(&files) {
         let _ = service::check(&config);
     }
 }

@@ -19,7 +19,7 @@ use serde::Deserialize;
 use serde_saphyr::Spanned;
 use tollgate::engine::{Domain, DomainBuilder, Node, NodeLimit};
 
-use super::ConfigError;
+use crate::config::{ConfigError, places};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -88,14 +88,20 @@ where
 /// One Envoy file: its domain's name, where the name is written (or, when it is not, where
 /// the file's content starts), and its nodes.
 #[derive(Debug)]
-pub(super) struct Parsed {
-    pub(super) domain: String,
-    pub(super) at: (u64, u64),
-    pub(super) nodes: Vec<Node>,
+pub struct Parsed {
+    /// The domain's name.
+    pub domain: String,
+    /// Where it is written.
+    pub at: (u64, u64),
+    /// Its descriptors, as nodes.
+    pub nodes: Vec<Node>,
 }
 
 /// Parses one Envoy file.
-pub(super) fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
+///
+/// # Errors
+/// The first error, at its line and column, in the Envoy service's words.
+pub fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
     let parsed: File = serde_saphyr::from_str(text).map_err(|e| yaml(file, text, &e))?;
     let (domain, at) = match parsed.domain {
         Some(spanned) => (
@@ -106,7 +112,7 @@ pub(super) fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
     };
     let at = at
         .filter(|(line, _)| *line > 0)
-        .unwrap_or_else(|| super::places::content_start(text));
+        .unwrap_or_else(|| places::content_start(text));
     if domain.is_empty() {
         return Err(ConfigError::new(
             file,
@@ -119,7 +125,10 @@ pub(super) fn parse(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
 }
 
 /// The domain `name` of `nodes`, written at `at` in `file`, where its errors are placed.
-pub(super) fn build(
+///
+/// # Errors
+/// A composite key written twice, placed at the domain.
+pub fn build(
     file: &Path,
     at: (u64, u64),
     name: &str,

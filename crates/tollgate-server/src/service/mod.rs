@@ -9,19 +9,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
-use tollgate::engine::{
-    Descriptor, DescriptorHit, Domain, Engine, Headers, Items, LimitOverride, NodeLimit, Request,
-};
-use tollgate::{
-    AnyStore, Decision, Decisions, Error, HybridConfig, HybridStore, Item, LeaseConfig, LeaseStore,
-    Limiter, MemoryStore, MemoryStoreBuilder, RedisStore, RedisStoreBuilder, Store,
-};
+use tollgate::engine::{Engine, Headers, Items, Request};
+use tollgate::{AnyStore, Decision, Decisions, Error, Item, Limiter, Store};
 
-use crate::config::{self, Config, ConfigError, EnvoySettings, RedisMode, RuleSpec, StoreConfig};
+use crate::config::{self, Config, ConfigError, RuleSpec, StoreConfig};
 use crate::console::Console;
-use crate::metrics::{self, EnvoyStats, Hits, RuleMetrics};
-use crate::over_cache::{self, OverCache};
+use crate::metrics::{self, EnvoyStats, RuleMetrics};
 use crate::shared::{Overlay, SharedRules};
+
+mod store;
+
+use store::StoreSettings;
+pub use store::check;
 
 /// Rules as loaded: the engine that matches requests and the limiter that holds the rules.
 #[derive(Debug)]
@@ -38,6 +37,13 @@ pub struct Loaded {
     metrics: HashMap<&'static str, RuleMetrics, foldhash::fast::RandomState>,
     /// The Envoy service's statistics of each configured limit, by name.
     envoy_stats: HashMap<String, EnvoyStats, foldhash::fast::RandomState>,
+}
+
+impl Loaded {
+    /// The Envoy service's statistics of the configured limit `name`.
+    pub fn envoy_stats(&self, name: &str) -> Option<&EnvoyStats> {
+        self.envoy_stats.get(name)
+    }
 }
 
 /// The service: see the module documentation. Cheap to share behind an `Arc`.
@@ -59,9 +65,6 @@ pub struct Service {
     latency: ::metrics::Histogram,
     /// Set when the process was asked to stop: from then on it is not healthy.
     terminating: AtomicBool,
-    /// Envoy descriptors over their limit, answered without the store until their window
-    /// ends (`LOCAL_CACHE_SIZE_IN_BYTES`).
-    over_cache: Option<OverCache>,
     /// Whether Redis has answered since start (`/healthcheck` waits for it).
     redis_confirmed: AtomicBool,
     /// The console, when an admin token turned it on: what decisions and requests it keeps.
@@ -107,89 +110,6 @@ impl Outcome {
     }
 }
 
-/// The answer to an Envoy request: each descriptor's outcome, and the request's verdict.
-#[derive(Debug, Clone)]
-pub struct EnvoyAnswer {
-    /// Each descriptor's outcome, in order.
-    pub outcomes: Vec<DescriptorOutcome>,
-    /// Whether the request is over the limit (see [`DescriptorOutcome::overall_over`]).
-    pub over: bool,
-    /// The names of the rate limit headers to ask Envoy to add, when the Envoy service's
-    /// `LIMIT_RESPONSE_HEADERS_ENABLED` asks for them.
-    pub response_headers: Option<[String; 3]>,
-    /// Whether the answer carries dynamic metadata (`RESPONSE_DYNAMIC_METADATA`).
-    pub dynamic_metadata: bool,
-}
-
-/// What each descriptor of an Envoy request got, as the Envoy ratelimit service answers it.
-#[derive(Debug, Clone)]
-pub enum DescriptorOutcome {
-    /// No limit applies: OK.
-    None,
-    /// An `unlimited` limit: OK.
-    Unlimited,
-    /// A limit of 0 per unit: over it (OK in shadow mode), its window ending in
-    /// `reset_after`.
-    Blocked {
-        /// The limit.
-        limit: NodeLimit,
-        /// Until the limit's window ends.
-        reset_after: std::time::Duration,
-    },
-    /// A limit was checked.
-    Checked {
-        /// The limit, as configured or as the descriptor sent it.
-        limit: NodeLimit,
-        /// The store's decision.
-        decision: Decision,
-        /// Over the limit (in shadow mode, never).
-        over: bool,
-        /// Permits left in the window: 0 when over.
-        remaining: u64,
-    },
-}
-
-impl DescriptorOutcome {
-    /// Whether the descriptor is over its limit (never in shadow mode).
-    pub fn over(&self) -> bool {
-        match self {
-            Self::None | Self::Unlimited => false,
-            Self::Blocked { limit, .. } => !limit.shadow,
-            Self::Checked { over, .. } => *over,
-        }
-    }
-
-    /// The request's verdict from its descriptors' outcomes, as the Envoy service gives it:
-    /// over when a descriptor outside quota mode is over, or when there are descriptors in
-    /// quota mode and every one of them is over; never in the global shadow mode. With the
-    /// global quota mode every descriptor with a limit is in quota mode.
-    pub fn overall_over(outcomes: &[Self], settings: &EnvoySettings) -> bool {
-        if settings.shadow_mode {
-            return false;
-        }
-        let quota = |o: &&Self| match o {
-            Self::Blocked { limit, .. } | Self::Checked { limit, .. } => {
-                limit.quota || settings.quota_mode
-            }
-            Self::None | Self::Unlimited => false,
-        };
-        let (quotas, others): (Vec<&Self>, Vec<&Self>) = outcomes.iter().partition(quota);
-        others.iter().any(|o| o.over()) || (!quotas.is_empty() && quotas.iter().all(|o| o.over()))
-    }
-
-    /// The decisions of the checked descriptors of `outcomes`, in order: what the rate limit
-    /// fields of an answer come from.
-    pub fn decisions(outcomes: &[Self]) -> Vec<Decision> {
-        outcomes
-            .iter()
-            .filter_map(|o| match o {
-                Self::Checked { decision, .. } => Some(*decision),
-                _ => None,
-            })
-            .collect()
-    }
-}
-
 /// A check the service refuses: the caller's mistake, said plainly.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckError {
@@ -205,26 +125,12 @@ impl From<Error> for CheckError {
 }
 
 impl Service {
-    /// The service of `files`, on the store they configure.
+    /// The service of `config`, read from `files` (the paths as given: reloads read them
+    /// again), on the store it configures.
     ///
     /// # Errors
-    /// The files' first error, or a store that cannot be made.
-    pub async fn start(files: Vec<PathBuf>) -> anyhow::Result<Self> {
-        let config = config::load(&files)?;
-        Self::start_with(files, config).await
-    }
-
-    /// The service of `files` that cannot be loaded yet, with no rules until they are: what
-    /// `FORCE_START_WITHOUT_INITIAL_CONFIG` asks for. Each reload tries them again.
-    ///
-    /// # Errors
-    /// A setting of the environment, or a store that cannot be made.
-    pub async fn start_without_rules(files: Vec<PathBuf>) -> anyhow::Result<Self> {
-        let config = config::without_files()?;
-        Self::start_with(files, config).await
-    }
-
-    async fn start_with(files: Vec<PathBuf>, config: Config) -> anyhow::Result<Self> {
+    /// What [`check`] refuses, or a store that cannot be made.
+    pub async fn start(files: Vec<PathBuf>, config: Config) -> anyhow::Result<Self> {
         check(&config)?;
         let store = StoreSettings::of(&config.store)?.open().await?;
         let shared = match &config.store {
@@ -243,11 +149,9 @@ impl Service {
                 Err(e) => tracing::warn!(error = %e, "cannot read the shared admin rules yet"),
             }
         }
-        let cache_bytes = config.server.envoy.local_cache_bytes;
         let loaded = compose(config, &overlay, &store).map_err(anyhow::Error::msg)?;
         metrics::reload(true);
         Ok(Self {
-            over_cache: (cache_bytes > 0).then(|| OverCache::new(cache_bytes)),
             redis_confirmed: AtomicBool::new(false),
             console: std::sync::OnceLock::new(),
             status: Mutex::new(LoadStatus {
@@ -304,9 +208,9 @@ impl Service {
             .clone()
     }
 
-    /// The rule files served, as listed now (a directory's every file).
-    pub fn files(&self) -> Vec<PathBuf> {
-        config::files_of(&self.files).unwrap_or_else(|_| self.files.clone())
+    /// The rule files or directories served, as given at start.
+    pub fn sources(&self) -> &[PathBuf] {
+        &self.files
     }
 
     /// The store: its kind, and a shared store's health.
@@ -326,14 +230,15 @@ impl Service {
         limiter.reset(rule, key).await.map_err(CheckError::from)
     }
 
-    /// Reads the files again and swaps the rules in when they are valid; otherwise keeps the
-    /// rules running and returns why. Counters of rules that kept their name and state layout
-    /// carry over. A changed `server` or `store` section needs a restart (logged).
+    /// Swaps in the rules of `config`, the files read again, when it loaded and is valid;
+    /// otherwise keeps the rules running and returns why. Counters of rules that kept their
+    /// name and state layout carry over. A changed `server` or `store` section needs a
+    /// restart (logged).
     ///
     /// # Errors
-    /// The files' first error.
-    pub fn reload(&self) -> Result<(), ConfigError> {
-        let result = config::load(&self.files).and_then(|config| {
+    /// The files' first error, or what [`check`] refuses.
+    pub fn reload(&self, config: Result<Config, ConfigError>) -> Result<(), ConfigError> {
+        let result = config.and_then(|config| {
             check(&config)?;
             let old = self.current.load();
             if config.store != old.config.store || config.server != old.config.server {
@@ -341,7 +246,7 @@ impl Service {
             }
             let overlay = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
             compose(config, &overlay, &self.store).map_err(|message| ConfigError {
-                file: self.files[0].clone(),
+                file: self.files.first().cloned().unwrap_or_default(),
                 at: None,
                 message,
             })
@@ -519,7 +424,7 @@ impl Service {
 
     /// Checks `items` all-or-nothing, recording each decision under its rule, or under its
     /// name in `named` where it has one (Envoy's detailed metrics).
-    async fn check_items(
+    pub async fn check_items(
         &self,
         loaded: &Loaded,
         items: &[Item<'_>],
@@ -550,208 +455,6 @@ impl Service {
             console.checked(second, took, decided);
         }
         Ok(Outcome { decisions })
-    }
-
-    /// Checks Envoy descriptors of `domain`, each with its cost and the limit it carries if
-    /// any, as the Envoy ratelimit service counts: every descriptor counts its hits, over its
-    /// limit or not, whatever the others' outcome. With `stop_when_over` (its
-    /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`), when one is over, only the descriptors
-    /// over their limit count.
-    ///
-    /// # Errors
-    /// [`CheckError`] for a bad cost or key.
-    pub async fn check_descriptors(
-        &self,
-        domain: &str,
-        descriptors: &[(Descriptor, u64, Option<LimitOverride>)],
-    ) -> Result<EnvoyAnswer, CheckError> {
-        let loaded = self.loaded();
-        let Some(found) = loaded.engine.domain(domain) else {
-            tracing::debug!(domain, "no rules for this domain");
-            return Ok(EnvoyAnswer {
-                outcomes: vec![DescriptorOutcome::None; descriptors.len()],
-                over: false,
-                response_headers: loaded.config.server.envoy.response_headers.clone(),
-                dynamic_metadata: loaded.config.server.envoy.dynamic_metadata,
-            });
-        };
-        let mut hits = found.hits(descriptors.iter().map(|(d, _, limit)| (d, *limit)));
-        let now = over_cache::now_micros();
-        // Per descriptor: over its limit as the local cache knows, not asked of the store.
-        let mut cached = vec![false; hits.len()];
-        // Whether one of them is over, and not in shadow mode.
-        let mut cached_over = false;
-        let (mut items, mut names) = (Vec::new(), Vec::new());
-        for (i, (hit, (_, cost, _))) in hits.iter_mut().zip(descriptors).enumerate() {
-            if let DescriptorHit::Limited {
-                hit, metric, limit, ..
-            } = hit
-            {
-                if hit.key.len() > tollgate::MAX_KEY_LEN {
-                    hit.key = digested(&hit.key);
-                }
-                if let Some(cache) = &self.over_cache
-                    && cache.over(hit.rule, &hit.key, limit.unit.1, now)
-                {
-                    cached[i] = true;
-                    cached_over |= !limit.shadow;
-                    continue;
-                }
-                items.push(hit.item(*cost));
-                names.push(metric.take());
-            }
-        }
-        let stop_when_over = loaded.config.server.envoy.stop_when_over;
-        // With `stop_when_over`, a descriptor the cache knows is over keeps the others from
-        // counting: they are only looked at.
-        let looked = stop_when_over && cached_over;
-        if looked {
-            for item in &mut items {
-                item.cost = 0;
-            }
-        }
-        // Whether the checked descriptors' hits were counted.
-        let mut counted = !looked;
-        let decisions: Vec<Decision> = if stop_when_over {
-            let decisions = self
-                .check_items(&loaded, &items, Some(&names))
-                .await?
-                .decisions;
-            counted &= decisions.iter().all(Decision::allowed);
-            decisions.iter().copied().collect()
-        } else {
-            // Each apart, so that each counts; sent together, so that Redis gets them in one
-            // write, unless a descriptor comes twice: then in order, so that the first
-            // counts first (9, then 8), as Envoy's service pipelines them.
-            let checks = items.iter().zip(&names).map(|(item, name)| {
-                self.check_items(
-                    &loaded,
-                    std::slice::from_ref(item),
-                    Some(std::slice::from_ref(name)),
-                )
-            });
-            let twice = items.iter().enumerate().any(|(i, a)| {
-                items[..i]
-                    .iter()
-                    .any(|b| a.rule == b.rule && a.key == b.key)
-            });
-            let mut decisions = Vec::with_capacity(items.len());
-            if twice {
-                for check in checks {
-                    decisions.extend(check.await?.decisions.iter().copied());
-                }
-            } else {
-                for outcome in futures_util::future::join_all(checks).await {
-                    decisions.extend(outcome?.decisions.iter().copied());
-                }
-            }
-            decisions
-        };
-        // The items borrow from `hits`, which is consumed next.
-        drop(items);
-        let mut decisions = decisions.into_iter();
-        let near_ratio = loaded.config.server.envoy.near_ratio;
-        let record = |name: &str, hits: Hits| match loaded.envoy_stats.get(name) {
-            Some(stats) => stats.record(hits),
-            None => EnvoyStats::record_named(name, hits),
-        };
-        let outcomes: Vec<DescriptorOutcome> = hits
-            .into_iter()
-            .zip(descriptors)
-            .zip(cached)
-            .map(|((hit, (_, cost, _)), cached)| match hit {
-                DescriptorHit::Limited { limit, stats, .. } if cached => {
-                    record(
-                        &stats,
-                        Hits {
-                            hits: *cost,
-                            limit: limit.requests_per_unit,
-                            after: None,
-                            shadow: limit.shadow,
-                            cached: true,
-                            near_ratio,
-                        },
-                    );
-                    DescriptorOutcome::Blocked {
-                        reset_after: window_left(limit.unit.1),
-                        limit: limit.into_owned(),
-                    }
-                }
-                DescriptorHit::None => DescriptorOutcome::None,
-                DescriptorHit::Unlimited(_) => DescriptorOutcome::Unlimited,
-                DescriptorHit::Blocked { limit, stats } => {
-                    let (hits, shadow) = (*cost, limit.shadow);
-                    record(
-                        stats,
-                        Hits {
-                            hits,
-                            limit: 0,
-                            after: None,
-                            shadow,
-                            cached: false,
-                            near_ratio,
-                        },
-                    );
-                    DescriptorOutcome::Blocked {
-                        limit: limit.clone(),
-                        reset_after: window_left(limit.unit.1),
-                    }
-                }
-                DescriptorHit::Limited {
-                    limit,
-                    overridden,
-                    stats,
-                    hit,
-                    ..
-                } => match decisions.next() {
-                    Some(decision) => {
-                        let (over, remaining) = if overridden {
-                            Domain::over(&limit, &decision)
-                        } else if counted || !decision.allowed() {
-                            (
-                                !decision.allowed() || decision.shadowed(),
-                                decision.remaining(),
-                            )
-                        } else if looked {
-                            (false, decision.remaining().min(limit.requests_per_unit))
-                        } else {
-                            // Within its limit in a request over another: not counted.
-                            let left = decision.remaining().saturating_add(*cost);
-                            (false, left.min(limit.requests_per_unit))
-                        };
-                        if over && let Some(cache) = &self.over_cache {
-                            cache.remember(hit.rule, &hit.key, limit.unit.1, now);
-                        }
-                        let shadow = limit.shadow;
-                        let per_unit = limit.requests_per_unit;
-                        let after = (!over).then(|| per_unit.saturating_sub(remaining));
-                        let hits = Hits {
-                            hits: *cost,
-                            limit: per_unit,
-                            after,
-                            shadow,
-                            cached: false,
-                            near_ratio,
-                        };
-                        record(&stats, hits);
-                        DescriptorOutcome::Checked {
-                            limit: limit.into_owned(),
-                            decision,
-                            over: over && !shadow,
-                            remaining: if over { 0 } else { remaining },
-                        }
-                    }
-                    None => DescriptorOutcome::None,
-                },
-            })
-            .collect();
-        let over = DescriptorOutcome::overall_over(&outcomes, &loaded.config.server.envoy);
-        Ok(EnvoyAnswer {
-            outcomes,
-            over,
-            response_headers: loaded.config.server.envoy.response_headers.clone(),
-            dynamic_metadata: loaded.config.server.envoy.dynamic_metadata,
-        })
     }
 
     /// Marks the service as stopping: it is no longer healthy (see [`Service::healthy`]),
@@ -939,199 +642,4 @@ fn build(config: Config, store: &AnyStore) -> Result<Loaded, Error> {
         metrics,
         envoy_stats,
     })
-}
-
-/// The store a configuration describes, before it is opened: settings only, checked and
-/// opened from one place, so that `validate`, `serve` and a reload refuse the same things.
-#[derive(Debug, Clone)]
-enum StoreSettings {
-    Memory(MemoryStoreBuilder),
-    Redis {
-        redis: Box<RedisStoreBuilder>,
-        mode: Mode,
-    },
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Mode {
-    Strict,
-    Hybrid(HybridConfig),
-    Lease(LeaseConfig),
-}
-
-impl StoreSettings {
-    /// The settings of `config`, with the certificates it names read from their files.
-    ///
-    /// # Errors
-    /// A certificate file that cannot be read, or half of a client certificate.
-    fn of(config: &StoreConfig) -> Result<Self, Error> {
-        Ok(match config {
-            StoreConfig::Memory {
-                max_keys,
-                max_bytes,
-                when_full,
-            } => Self::Memory(
-                MemoryStore::builder()
-                    .max_keys(*max_keys)
-                    .max_bytes(*max_bytes)
-                    .when_full(*when_full),
-            ),
-            StoreConfig::Redis {
-                url,
-                cluster,
-                mode,
-                timeout,
-                instances,
-                sync_interval,
-                max_unclaimed,
-                options,
-            } => {
-                let mut redis = match url {
-                    Some(url) => RedisStore::builder(url),
-                    None => RedisStore::cluster_builder(cluster),
-                }
-                .timeout(*timeout)
-                .connections(options.connections)
-                .key_prefix(options.key_prefix.as_bytes())
-                .expiry_jitter(options.expiry_jitter);
-                let certificates = options.certificates().map_err(|message| Error::Store {
-                    message,
-                    transient: false,
-                })?;
-                if let Some(certificates) = certificates {
-                    if let Some(ca) = certificates.root_cert {
-                        redis = redis.root_certificate(ca);
-                    }
-                    if let Some(client) = certificates.client_tls {
-                        redis = redis.client_certificate(client.client_cert, client.client_key);
-                    }
-                }
-                let mode = match mode {
-                    RedisMode::Strict => Mode::Strict,
-                    RedisMode::Hybrid => Mode::Hybrid(HybridConfig {
-                        sync_interval: *sync_interval,
-                        max_unclaimed: *max_unclaimed,
-                        instances: *instances,
-                        ..HybridConfig::default()
-                    }),
-                    RedisMode::Lease => Mode::Lease(LeaseConfig {
-                        instances: *instances,
-                        ..LeaseConfig::default()
-                    }),
-                };
-                Self::Redis {
-                    redis: Box::new(redis),
-                    mode,
-                }
-            }
-        })
-    }
-
-    /// What opening the store would refuse in its settings, without connecting.
-    fn validate(&self) -> Result<(), Error> {
-        match self {
-            Self::Memory(memory) => memory.validate(),
-            Self::Redis { redis, mode } => {
-                redis.validate()?;
-                match mode {
-                    Mode::Strict => Ok(()),
-                    Mode::Hybrid(config) => config.validate(),
-                    Mode::Lease(config) => config.validate(),
-                }
-            }
-        }
-    }
-
-    /// Whether the store can hold `rule`, as planning it there would say.
-    fn holds(&self, rule: &tollgate::Rule) -> Result<(), Error> {
-        match self {
-            Self::Memory(memory) => memory.holds(rule),
-            Self::Redis { mode, .. } => match mode {
-                Mode::Strict => RedisStore::holds(rule),
-                Mode::Hybrid(_) => HybridStore::holds(rule),
-                Mode::Lease(_) => LeaseStore::holds(rule),
-            },
-        }
-    }
-
-    /// Opens the store (a cluster connects now; a single server on first use).
-    async fn open(self) -> anyhow::Result<AnyStore> {
-        Ok(match self {
-            Self::Memory(memory) => AnyStore::Memory(memory.build()?),
-            Self::Redis { redis, mode } => {
-                let redis = redis.build().await?;
-                match mode {
-                    Mode::Strict => AnyStore::Redis(redis),
-                    Mode::Hybrid(config) => AnyStore::Hybrid(HybridStore::new(&redis, config)?),
-                    Mode::Lease(config) => AnyStore::Lease(LeaseStore::new(&redis, config)?),
-                }
-            }
-        })
-    }
-}
-
-/// Checks what `serve` would refuse or could not enforce in `config`, without connecting to
-/// anything: the server's settings, the store's, and whether the store holds every rule.
-/// `validate`, `serve` and every reload run this one check; errors name the file, line and
-/// column of the section or rule at fault.
-///
-/// # Errors
-/// The first thing found, at its place.
-pub fn check(config: &Config) -> Result<(), ConfigError> {
-    let server = &config.server;
-    let limits = server.connections;
-    let problem = if limits.max_connections == 0 {
-        Some("server.max_connections: must be at least 1")
-    } else if limits.header_timeout.is_zero() {
-        Some("server.header_timeout: must be longer than zero")
-    } else if limits.idle_timeout.is_zero() {
-        Some("server.idle_timeout: must be longer than zero")
-    } else if server.max_body_bytes < 1_024 {
-        Some("server.max_body_bytes: must be at least 1024")
-    } else {
-        None
-    };
-    if let Some(problem) = problem {
-        return Err(config.places.server().error(problem));
-    }
-    for (name, files) in [("tls", &server.tls), ("grpc_tls", &server.grpc_tls)] {
-        if let Some(files) = files {
-            crate::tls::server_config(files).map_err(|e| {
-                config
-                    .places
-                    .server()
-                    .error(format!("server.{name}: {e:#}"))
-            })?;
-        }
-    }
-    let store = StoreSettings::of(&config.store)
-        .and_then(|store| store.validate().map(|()| store))
-        .map_err(|e| config.places.store().error(e.to_string()))?;
-    for rule in config.engine.rules() {
-        store
-            .holds(rule)
-            .map_err(|e| config.places.rule(rule.name()).error(e.to_string()))?;
-    }
-    Ok(())
-}
-
-/// The counter key of a descriptor whose entries are longer than a key may be: `#sha256:`
-/// and their SHA-256 digest. Keys built from entries start with a digit (the length of the
-/// first part), so no descriptor's own key can be one of these.
-fn digested(key: &[u8]) -> Vec<u8> {
-    use sha2::Digest;
-    let mut digested = b"#sha256:".to_vec();
-    digested.extend_from_slice(&sha2::Sha256::digest(key));
-    digested
-}
-
-/// What is left of the current window of `unit` (windows aligned to the epoch, as the
-/// fixed windows count), by the system clock.
-fn window_left(unit: std::time::Duration) -> std::time::Duration {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let unit_micros = unit.as_micros().max(1);
-    let into = now.as_micros() % unit_micros;
-    std::time::Duration::from_micros(u64::try_from(unit_micros - into).unwrap_or(u64::MAX))
 }

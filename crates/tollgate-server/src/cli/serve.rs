@@ -7,13 +7,13 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
-use notify::{RecursiveMode, Watcher};
 
+use crate::envoy::{self, Envoy, settings};
+use crate::net::{connections, tls};
 use crate::service::Service;
-use crate::{config, connections, debug, grpc, http, metrics, statsd, tls};
+use crate::{grpc, http, metrics, provider};
 
 /// What `tollgate serve` was asked for on its command line.
 #[derive(Debug, Clone, Default)]
@@ -44,10 +44,10 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         grpc_response_headers,
     } = options;
     // The Envoy service's settings are read (and refused) before anything starts.
-    let envoy = config::EnvoySettings::from_env()?;
+    let settings = settings::from_env()?;
     let files = if files.is_empty() {
-        let dir = config::runtime_directory();
-        if !dir.is_dir() && !envoy.force_start {
+        let dir = provider::runtime_directory();
+        if !dir.is_dir() && !settings.force_start {
             anyhow::bail!(
                 "no rule files: give --config FILE (or a directory), or set RUNTIME_ROOT, \
                  RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY to where the files are ({} \
@@ -63,20 +63,21 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     // Installed first: the service registers its counters when it loads the rules.
     let handle = metrics::install()?;
     tokio::spawn(metrics::upkeep(handle.clone()));
-    let service = match Service::start(files.clone()).await {
-        Ok(service) => service,
-        Err(e) if envoy.force_start => {
+    let config = match provider::load(&files) {
+        Ok(config) => config,
+        Err(e) if settings.force_start => {
             tracing::error!(
-                error = %format!("{e:#}"),
+                error = %e,
                 "no rules yet (FORCE_START_WITHOUT_INITIAL_CONFIG): serving none until the \
                  files load"
             );
-            Service::start_without_rules(files.clone()).await?
+            provider::without_files()?
         }
-        Err(e) => return Err(e),
+        Err(e) => return Err(e.into()),
     };
-    let service = Arc::new(service);
-    for (name, why) in config::envoy_settings_met_by_design() {
+    let service = Arc::new(Service::start(files.clone(), config).await?);
+    let answers = Arc::new(Envoy::new(service.clone()));
+    for (name, why) in settings::met_by_design() {
         tracing::info!("{name} is set: {why}; it is not needed");
     }
     let loaded = service.loaded();
@@ -93,15 +94,15 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         );
     }
     drop(loaded);
-    if let Some(sink) = envoy.statsd.clone() {
-        tokio::spawn(statsd::push(sink));
+    if let Some(sink) = settings.statsd.clone() {
+        tokio::spawn(envoy::statsd::push(sink));
     }
-    if let Some(addr) = envoy.debug {
+    if let Some(addr) = settings.debug {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("cannot listen on {addr} (DEBUG_HOST, DEBUG_PORT)"))?;
         tracing::info!(addr = %listener.local_addr()?, "debug listening");
-        let app = debug::router(service.clone());
+        let app = envoy::debug::router(service.clone());
         tokio::spawn(async move { axum::serve(listener, app).await });
     }
     // Redis is asked at once; while it does not answer, the service serves (the failure
@@ -109,7 +110,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     let (redis_gone_tx, redis_gone) = tokio::sync::oneshot::channel::<anyhow::Error>();
     {
         let service = service.clone();
-        let startup = envoy.redis_startup;
+        let startup = settings.redis_startup;
         tokio::spawn(async move {
             if let Err(e) = service.wait_for_redis(startup).await {
                 let _ = redis_gone_tx.send(e);
@@ -147,6 +148,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     }
     let state = http::AppState {
         service: service.clone(),
+        envoy: answers.clone(),
         metrics: Some(handle),
         admin_token,
         max_body_bytes: server.max_body_bytes,
@@ -169,8 +171,8 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     let grpc_task = match (grpc_addr, server.grpc_uds.clone()) {
         (None, None) => None,
         (addr, uds) => {
-            let svc = grpc::server(
-                service.clone(),
+            let svc = envoy::rls::server(
+                answers.clone(),
                 grpc_response_headers,
                 server.max_body_bytes,
             );
@@ -178,7 +180,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
             let (reporter, health) = tonic_health::server::health_reporter();
             tokio::spawn(grpc::report_health(service.clone(), reporter));
             let mut builder = tonic::transport::Server::builder();
-            if let Some((age, grace)) = envoy.grpc_max_connection_age {
+            if let Some((age, grace)) = settings.grpc_max_connection_age {
                 builder = builder
                     .max_connection_age(age)
                     .max_connection_age_grace(grace);
@@ -230,7 +232,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     };
     let terminated = terminated()?;
     let hangups = hangups(service.clone())?;
-    watch(&files, service.clone());
+    provider::watch::watch(&files, service.clone());
     tokio::spawn(hangups);
     tokio::spawn(service.clone().follow_shared());
     tracing::info!(addr = %listener.local_addr()?, tls = http_tls.is_some(), "HTTP listening");
@@ -305,149 +307,7 @@ fn hangups(service: Arc<Service>) -> anyhow::Result<impl std::future::Future<Out
     Ok(async move {
         while hup.recv().await.is_some() {
             tracing::info!("SIGHUP: reloading the rule files");
-            let _ = service.reload();
+            let _ = provider::reload(&service);
         }
     })
-}
-
-/// What a watched event touched: a rule file (or a file of a rule directory), or a symbolic
-/// link on the way to one (a deployment that swaps `current` to a new directory).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Change {
-    File,
-    Link,
-}
-
-/// Watches the rule files' directories and reloads, a moment after the last change, when one
-/// of the files changed (editors and config maps replace files rather than write them). A
-/// symbolic link on the way to them (`RUNTIME_ROOT` pointing at a deployment's directory) is
-/// watched too: when it is swapped, the rules reload from its new target, which is watched
-/// from then on. Lives for as long as the process.
-fn watch(files: &[PathBuf], service: Arc<Service>) {
-    let files = files.to_vec();
-    // The first watcher is in place before this returns (before the service says it listens),
-    // so that no change after start is missed.
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Change>();
-    let initial = watcher(&files, tx).map(|w| (w, rx));
-    tokio::spawn(async move {
-        let mut relinked = false;
-        let mut next = initial;
-        loop {
-            let Some((watching, mut rx)) = next.take() else {
-                return;
-            };
-            if relinked {
-                // A file written between the reload and this watcher is read now.
-                tracing::info!("watching the new rule directory: reloading");
-                let _ = service.reload();
-            }
-            // A path not there yet (a runtime directory a deployment has not written, under
-            // FORCE_START_WITHOUT_INITIAL_CONFIG) cannot be watched: it is looked for every
-            // second, and watched once it appears.
-            let missing = files.iter().any(|f| !f.exists());
-            let mut looking = tokio::time::interval(Duration::from_secs(1));
-            loop {
-                let first = tokio::select! {
-                    change = rx.recv() => match change {
-                        Some(change) => change,
-                        None => return,
-                    },
-                    _ = looking.tick(), if missing => {
-                        if files.iter().any(|f| !f.exists()) {
-                            continue;
-                        }
-                        Change::Link
-                    }
-                };
-                // Let a burst of events (write, rename, chmod) settle into one reload.
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                relinked = first == Change::Link;
-                while let Ok(change) = rx.try_recv() {
-                    relinked |= change == Change::Link;
-                }
-                tracing::info!("a rule file changed: reloading");
-                let _ = service.reload();
-                if relinked {
-                    break;
-                }
-            }
-            // Watched again, where the paths lead now.
-            drop(watching);
-            let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Change>();
-            next = watcher(&files, tx).map(|w| (w, rx));
-        }
-    });
-}
-
-/// A watcher of `files` as they resolve now, telling `tx` of each change.
-fn watcher(
-    files: &[PathBuf],
-    tx: tokio::sync::mpsc::UnboundedSender<Change>,
-) -> Option<notify::RecommendedWatcher> {
-    let targets: Vec<PathBuf> = files
-        .iter()
-        .map(|f| std::fs::canonicalize(f).unwrap_or_else(|_| f.clone()))
-        .collect();
-    let names: Vec<_> = targets
-        .iter()
-        .filter(|t| !t.is_dir())
-        .filter_map(|t| t.file_name().map(|n| n.to_owned()))
-        .collect();
-    // A directory's every file is a rule file, those added later included.
-    let whole: Vec<PathBuf> = targets.iter().filter(|t| t.is_dir()).cloned().collect();
-    // The symbolic links on the way to the files, as written.
-    let links: Vec<PathBuf> = files
-        .iter()
-        .flat_map(|f| f.ancestors())
-        .filter(|a| a.is_symlink())
-        .map(Path::to_path_buf)
-        .collect();
-    let watched_links = links.clone();
-    let handler = move |event: notify::Result<notify::Event>| {
-        let Ok(event) = event else { return };
-        if event.kind.is_access() {
-            return;
-        }
-        let link = event
-            .paths
-            .iter()
-            .any(|p| watched_links.iter().any(|l| l == p));
-        let file = event.paths.iter().any(|p| {
-            p.file_name().is_some_and(|n| names.iter().any(|m| m == n))
-                || whole.iter().any(|d| p.starts_with(d))
-        });
-        if link {
-            let _ = tx.send(Change::Link);
-        } else if file {
-            let _ = tx.send(Change::File);
-        }
-    };
-    let mut watcher = match notify::recommended_watcher(handler) {
-        Ok(w) => w,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot watch the rule files; reload with SIGHUP");
-            return None;
-        }
-    };
-    let mut dirs: Vec<(PathBuf, RecursiveMode)> = targets
-        .iter()
-        .filter_map(|t| match t.is_dir() {
-            true => Some((t.clone(), RecursiveMode::Recursive)),
-            false => t
-                .parent()
-                .map(|p| (PathBuf::from(p), RecursiveMode::NonRecursive)),
-        })
-        .chain(links.iter().filter_map(|l| {
-            l.parent()
-                .map(|p| (p.to_path_buf(), RecursiveMode::NonRecursive))
-        }))
-        .collect();
-    dirs.sort_by(|a, b| a.0.cmp(&b.0));
-    dirs.dedup_by(|a, b| a.0 == b.0);
-    for (dir, mode) in &dirs {
-        if let Err(e) = watcher.watch(dir, *mode) {
-            tracing::warn!(error = %e, dir = %dir.display(), "cannot watch; reload with SIGHUP");
-        }
-    }
-    Some(watcher)
 }

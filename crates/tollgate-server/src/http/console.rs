@@ -35,14 +35,14 @@ use serde_json::{Value, json};
 use tollgate::engine::{Hit, Request};
 use tollgate::{AnyStore, Decision, Item, Rule};
 
-use super::{Audit, Recent, RuleView};
-use crate::admin::Admin;
+use super::AppState;
+use super::admin::Admin;
 use crate::config::{RuleSpec, parse_rule_text};
-use crate::http::AppState;
+use crate::console::{Audit, Recent, RuleView};
 
-const PAGE: &str = include_str!("assets/index.html");
-const SCRIPT: &str = include_str!("assets/app.js");
-const STYLE: &str = include_str!("assets/app.css");
+const PAGE: &str = include_str!("../console/assets/index.html");
+const SCRIPT: &str = include_str!("../console/assets/app.js");
+const STYLE: &str = include_str!("../console/assets/app.css");
 
 /// The console's routes.
 pub fn router() -> Router<AppState> {
@@ -159,7 +159,8 @@ async fn overview(State(state): State<AppState>, _: Admin) -> Response {
         "latency": { "p50_us": p50, "p99_us": p99 },
         "seconds": console.seconds(now),
         "store": store_health(store).await,
-        "files": service.files(),
+        "files": crate::provider::files_of(service.sources())
+            .unwrap_or_else(|_| service.sources().to_vec()),
         "status": service.status(),
         "instances": instances,
         "recorder": {
@@ -304,7 +305,7 @@ async fn rule(State(state): State<AppState>, _: Admin, Path(id): Path<String>) -
         let mut out = Vec::new();
         for hot in list.iter() {
             let mut value = serde_json::to_value(hot).unwrap_or_default();
-            value["display"] = json!(super::readable(&hot.key));
+            value["display"] = json!(crate::console::readable(&hot.key));
             if !hot.cut
                 && let Ok(outcome) = state.service.check_key(&id, &hot.key, 0).await
                 && let Some(d) = outcome.decisions.first()
@@ -387,7 +388,7 @@ async fn validate(State(state): State<AppState>, _: Admin, body: String) -> Resp
 
 /// A rule's error from building it, at its field's place in `text` when it names one.
 fn placed(text: &str, id: &str, message: String) -> Response {
-    let (line, column) = crate::config::field_of_rule(text, id, &message).unwrap_or((1, 1));
+    let (line, column) = crate::config::native::field_of_rule(text, id, &message).unwrap_or((1, 1));
     (
         StatusCode::UNPROCESSABLE_ENTITY,
         axum::Json(json!({ "error": message, "line": line, "column": column })),
@@ -428,7 +429,7 @@ async fn preview(
         .now()
         .saturating_sub(body.minutes.clamp(1, 60) * 60_000_000);
     let recorded = console.recorded_since(since);
-    let proposed = match super::preview::replay(&spec, &recorded) {
+    let proposed = match crate::console::preview::replay(&spec, &recorded) {
         Ok(preview) => preview,
         Err(message) => return placed(&body.rule, &spec.id, message),
     };
@@ -439,7 +440,7 @@ async fn preview(
         .iter()
         .find(|s| s.id == spec.id)
         .cloned();
-    let current = current.and_then(|c| super::preview::replay(&c, &recorded).ok());
+    let current = current.and_then(|c| crate::console::preview::replay(&c, &recorded).ok());
     axum::Json(json!({ "proposed": proposed, "current": current })).into_response()
 }
 
@@ -539,7 +540,7 @@ async fn explain(
             json!({
                 "rule": hit.rule,
                 "key": String::from_utf8_lossy(&hit.key),
-                "display": super::readable(&hit.key),
+                "display": crate::console::readable(&hit.key),
                 "algorithm": rule.map(|r| r.algorithm().name()),
                 "tiers": tiers,
                 "shadow": rule.is_some_and(Rule::is_shadow),
@@ -574,7 +575,10 @@ async fn audit(State(state): State<AppState>, _: Admin) -> Response {
         .audited()
         .into_iter()
         .map(|entry| {
-            let display = entry.key.as_deref().map(|k| super::readable(k.as_bytes()));
+            let display = entry
+                .key
+                .as_deref()
+                .map(|k| crate::console::readable(k.as_bytes()));
             let mut value = json!(entry);
             value["display"] = json!(display);
             value

@@ -15,8 +15,8 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
+use super::AppState;
 use crate::config::parse_rule_spec;
-use crate::http::AppState;
 use crate::service::EditError;
 
 /// The admin routes.

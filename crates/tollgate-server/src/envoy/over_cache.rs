@@ -36,7 +36,7 @@ struct Shard {
 
 impl OverCache {
     /// A cache of at most `bytes` (counting each entry's name and
-    /// [`ENTRY_OVERHEAD`]).
+    /// `ENTRY_OVERHEAD`).
     pub fn new(bytes: usize) -> Self {
         Self {
             shards: std::array::from_fn(|_| Mutex::default()),

@@ -1,6 +1,6 @@
 //! Envoy's rate limit service over gRPC: `envoy.service.ratelimit.v3.RateLimitService/
 //! ShouldRateLimit`, answered as the Envoy ratelimit service answers it: each descriptor
-//! counts its hits whatever the others' outcome (see [`Service::check_descriptors`]), a
+//! counts its hits whatever the others' outcome (see [`Envoy::check_descriptors`]), a
 //! descriptor may carry its own limit, and the statuses report what that service reports.
 //! Each descriptor's cost is its `hits_addend`, else the request's, else 1. How many
 //! descriptors a request carries is bounded by the message size (`max_body_bytes`). When
@@ -25,162 +25,30 @@ use tollgate::engine::{Descriptor, LimitOverride, NodeLimit, descriptor};
 use tollgate::{Decision, Source};
 use tonic::{Request, Response, Status};
 
-use crate::connections::{ConnectInfo, InFlight};
-use crate::service::{CheckError, DescriptorOutcome, Service};
+use super::answer::{DescriptorOutcome, Envoy};
+use crate::service::CheckError;
 
-/// The gRPC service over `service`; with `response_headers`, answers carry the rate limit
+/// The gRPC service over `envoy`; with `response_headers`, answers carry the rate limit
 /// fields for Envoy to add to its answer. A request message longer than `max_message` bytes
 /// is refused before it is read whole (`OUT_OF_RANGE`), so that no request can make the
 /// service decode more than that.
 pub fn server(
-    service: Arc<Service>,
+    envoy: Arc<Envoy>,
     response_headers: bool,
     max_message: usize,
 ) -> RateLimitServiceServer<Rls> {
     RateLimitServiceServer::new(Rls {
-        service,
+        envoy,
         response_headers,
         calls: crate::metrics::CallStats::default(),
     })
     .max_decoding_message_size(max_message)
 }
 
-/// What the gRPC listener does around the service, in one layer so that a call pays for one
-/// wrapping future, not boxed: it marks each call in flight on its connection (see
-/// [`crate::connections`]), so that a busy connection is neither idle nor evicted; and it
-/// answers a call whose message cannot be decoded with `INVALID_ARGUMENT`, where tonic says
-/// `INTERNAL`: the caller's mistake, not the service's (such answers carry their status in
-/// their headers, trailers-only).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct GuardsLayer;
-
-impl<S> tower::Layer<S> for GuardsLayer {
-    type Service = Guards<S>;
-
-    fn layer(&self, inner: S) -> Guards<S> {
-        Guards(inner)
-    }
-}
-
-/// See [`GuardsLayer`].
-#[derive(Debug, Clone)]
-pub struct Guards<S>(S);
-
-impl<S, B, R> tower::Service<axum::http::Request<B>> for Guards<S>
-where
-    S: tower::Service<axum::http::Request<B>, Response = axum::http::Response<R>>,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = Guarded<S::Future>;
-
-    fn poll_ready(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), S::Error>> {
-        self.0.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: axum::http::Request<B>) -> Self::Future {
-        let extensions = request.extensions();
-        let in_flight = extensions
-            .get::<ConnectInfo>()
-            .or_else(|| {
-                extensions
-                    .get::<tonic::transport::server::TlsConnectInfo<ConnectInfo>>()
-                    .map(|tls| tls.get_ref())
-            })
-            .map(|c| c.tracked.begin());
-        Guarded {
-            answer: self.0.call(request),
-            in_flight,
-        }
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// The answer of a call through [`Guards`].
-    #[derive(Debug)]
-    pub struct Guarded<F> {
-        #[pin]
-        answer: F,
-        in_flight: Option<InFlight>,
-    }
-}
-
-impl<F, R, E> std::future::Future for Guarded<F>
-where
-    F: std::future::Future<Output = Result<axum::http::Response<R>, E>>,
-{
-    type Output = F::Output;
-
-    fn poll(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Self::Output> {
-        let this = self.project();
-        let mut answer = std::task::ready!(this.answer.poll(cx));
-        this.in_flight.take();
-        if let Ok(answer) = &mut answer {
-            let headers = answer.headers_mut();
-            // The message is percent-encoded.
-            let undecodable = headers.get("grpc-status").is_some_and(|s| s == "13")
-                && headers
-                    .get("grpc-message")
-                    .is_some_and(|m| m.as_bytes().starts_with(b"failed%20to%20decode%20Protobuf"));
-            if undecodable {
-                let invalid = axum::http::HeaderValue::from_static("3");
-                headers.insert("grpc-status", invalid);
-            }
-        }
-        std::task::Poll::Ready(answer)
-    }
-}
-
-/// The TLS settings of the gRPC listener from `tls`'s files.
-///
-/// # Errors
-/// A file that cannot be read, named.
-pub fn tls(tls: &crate::config::TlsFiles) -> anyhow::Result<tonic::transport::ServerTlsConfig> {
-    use anyhow::Context as _;
-    let read = |path: &std::path::Path| {
-        std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))
-    };
-    let identity = tonic::transport::Identity::from_pem(read(&tls.cert)?, read(&tls.key)?);
-    let mut config = tonic::transport::ServerTlsConfig::new().identity(identity);
-    if let Some(ca) = &tls.client_ca {
-        config = config.client_ca_root(tonic::transport::Certificate::from_pem(read(ca)?));
-    }
-    Ok(config)
-}
-
-/// Keeps the gRPC health service (`grpc.health.v1.Health`) saying what the Envoy service's
-/// says: the server (`""`) and `ratelimit` are serving while the service is healthy (see
-/// [`Service::healthy`]); checked every 250 ms, for as long as the process runs.
-pub async fn report_health(service: Arc<Service>, reporter: tonic_health::server::HealthReporter) {
-    let mut serving = None;
-    let mut every = tokio::time::interval(std::time::Duration::from_millis(250));
-    loop {
-        every.tick().await;
-        let healthy = service.healthy();
-        if serving != Some(healthy) {
-            let status = if healthy {
-                tonic_health::ServingStatus::Serving
-            } else {
-                tonic_health::ServingStatus::NotServing
-            };
-            for name in ["", "ratelimit"] {
-                reporter.set_service_status(name, status).await;
-            }
-            serving = Some(healthy);
-        }
-    }
-}
-
 /// Answers `ShouldRateLimit` from the service's domains.
 #[derive(Debug)]
 pub struct Rls {
-    service: Arc<Service>,
+    envoy: Arc<Envoy>,
     response_headers: bool,
     calls: crate::metrics::CallStats,
 }
@@ -290,7 +158,7 @@ impl RateLimitService for Rls {
     ) -> Result<Response<RateLimitResponse>, Status> {
         use crate::metrics::CallEnd;
         let started = std::time::Instant::now();
-        let answered = answered(&self.service, request.into_inner(), self.response_headers).await;
+        let answered = answered(&self.envoy, request.into_inner(), self.response_headers).await;
         let end = match &answered {
             Err(_) => CallEnd::ServiceError,
             Ok((_, true)) => CallEnd::RedisError,
@@ -307,18 +175,18 @@ impl RateLimitService for Rls {
 /// # Errors
 /// `INVALID_ARGUMENT` for a request without a domain or descriptors, or a bad key.
 pub async fn answer(
-    service: &Service,
+    envoy: &Envoy,
     request: RateLimitRequest,
     fields: bool,
 ) -> Result<RateLimitResponse, Status> {
-    answered(service, request, fields)
+    answered(envoy, request, fields)
         .await
         .map(|(response, _)| response)
 }
 
 /// As [`answer`], with whether the store failed and a failure policy decided a descriptor.
 async fn answered(
-    service: &Service,
+    envoy: &Envoy,
     request: RateLimitRequest,
     fields: bool,
 ) -> Result<(RateLimitResponse, bool), Status> {
@@ -358,7 +226,7 @@ async fn answered(
             Ok((entries, cost, limit))
         })
         .collect::<Result<Vec<(Descriptor, u64, Option<LimitOverride>)>, Status>>()?;
-    let answer = service
+    let answer = envoy
         .check_descriptors(&request.domain, &descriptors)
         .await
         .map_err(|CheckError::Invalid(message)| Status::invalid_argument(message))?;

@@ -11,7 +11,9 @@ use std::time::Duration;
 use plotters::prelude::*;
 use tollgate::{Limiter, ManualClock, Rule, Tier};
 
-use crate::config::parse_algorithm;
+use std::process::ExitCode;
+
+use crate::config::{parse_algorithm, parse_duration};
 
 /// A traffic pattern.
 #[derive(Debug, Clone, PartialEq)]
@@ -216,7 +218,7 @@ pub fn table(runs: &[Run], offered: usize, limit: u64, window: Duration) -> Stri
     out
 }
 
-const FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
+const FONT: &[u8] = include_bytes!("../../assets/DejaVuSans.ttf");
 
 /// Draws the chart of a simulation to `path` (PNG or SVG, by its extension): one panel per
 /// algorithm, each with what was offered (grey) and what it admitted (its colour), counted
@@ -360,6 +362,51 @@ impl Plot<'_> {
         }
         panels.present().map_err(|e| err(&e))
     }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn command(
+    pattern: &str,
+    algorithms: &[String],
+    limit: u64,
+    period: &str,
+    rate: f64,
+    duration: &str,
+    window: Option<&str>,
+    max_delay: &str,
+    to: Option<&std::path::Path>,
+) -> anyhow::Result<ExitCode> {
+    // A chart that cannot be drawn is said before the run, not after its table.
+    if let Some(path) = to
+        && !matches!(
+            path.extension().and_then(|e| e.to_str()),
+            Some("png" | "svg")
+        )
+    {
+        anyhow::bail!("{}: the chart must be a .png or .svg file", path.display());
+    }
+    let period = parse_duration(period).map_err(anyhow::Error::msg)?;
+    let duration = parse_duration(duration).map_err(anyhow::Error::msg)?;
+    let window = match window {
+        Some(w) => parse_duration(w).map_err(anyhow::Error::msg)?,
+        None => period,
+    };
+    let max_delay = parse_duration(max_delay).map_err(anyhow::Error::msg)?;
+    let pattern_name = pattern;
+    let pattern = Pattern::parse(pattern).map_err(anyhow::Error::msg)?;
+    let arrivals = pattern.arrivals(limit, period, rate, duration);
+    let runs = run(algorithms, limit, period, &arrivals, max_delay).map_err(anyhow::Error::msg)?;
+    print!("{}", table(&runs, arrivals.len(), limit, window));
+    if let Some(path) = to {
+        let title = format!(
+            "{pattern_name} traffic, {} requests, against {limit} per {period:?}",
+            arrivals.len()
+        );
+        chart(path, &arrivals, &runs, duration, window, limit, &title)
+            .map_err(anyhow::Error::msg)?;
+        println!("chart: {}", path.display());
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(test)]

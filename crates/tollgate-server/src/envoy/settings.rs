@@ -7,9 +7,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::{
-    ConfigError, DEFAULT_REDIS_TIMEOUT, DEFAULT_SYNC_INTERVAL, RedisMode, RedisOptions,
-    ServerConfig, StoreConfig, TlsFiles,
+use crate::config::{
+    ConfigError, DEFAULT_REDIS_TIMEOUT, DEFAULT_SYNC_INTERVAL, EnvoySettings, RedisMode,
+    RedisOptions, ServerConfig, Startup, Statsd, StoreConfig, TlsFiles,
 };
 
 /// TLS on the gRPC listener from the environment (see [`TlsFiles`]).
@@ -17,7 +17,7 @@ use super::{
 /// # Errors
 /// `GRPC_SERVER_USE_TLS` without a certificate or key, or `GRPC_CLIENT_TLS_SAN`, which
 /// tollgate does not check (a client allowed by its CA is not refused for its name).
-pub(super) fn grpc_tls_from_env() -> Result<Option<TlsFiles>, ConfigError> {
+pub fn grpc_tls_from_env() -> Result<Option<TlsFiles>, ConfigError> {
     if env("GRPC_CLIENT_TLS_SAN").is_some() {
         return Err(env_error(
             "GRPC_CLIENT_TLS_SAN",
@@ -39,115 +39,6 @@ pub(super) fn grpc_tls_from_env() -> Result<Option<TlsFiles>, ConfigError> {
         key: file("GRPC_SERVER_TLS_KEY")?,
         client_ca: env("GRPC_CLIENT_TLS_CACERT").map(PathBuf::from),
     }))
-}
-
-/// The Envoy ratelimit service's settings that change how its domains are answered, read
-/// from the environment under its names (see [`EnvoySettings::from_env`]).
-#[derive(Debug, Clone, PartialEq)]
-pub struct EnvoySettings {
-    /// When a descriptor of a request is over its limit, the others' hits are not counted
-    /// (by default every descriptor counts its hits): `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`.
-    pub stop_when_over: bool,
-    /// Every request is answered OK, its descriptors' statuses as they are: `SHADOW_MODE`.
-    pub shadow_mode: bool,
-    /// Every descriptor is in quota mode: `QUOTA_MODE`.
-    pub quota_mode: bool,
-    /// Unhealthy until an Envoy domain is loaded: `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`.
-    pub healthy_with_config: bool,
-    /// With `LIMIT_RESPONSE_HEADERS_ENABLED`, the names of the three headers each answer asks
-    /// Envoy to add (the limit, what remains, the seconds until the reset, of the descriptor
-    /// closest to its limit): `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER` and
-    /// `LIMIT_RESET_HEADER`, `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset`
-    /// by default.
-    pub response_headers: Option<[String; 3]>,
-    /// The share of a limit past which admitted hits count as near it in the statistics:
-    /// `NEAR_LIMIT_RATIO`, 0.8 by default.
-    pub near_ratio: f32,
-    /// Answers carry dynamic metadata: the request, and the `metadata` of the limits that
-    /// passed: `RESPONSE_DYNAMIC_METADATA`.
-    pub dynamic_metadata: bool,
-    /// Bytes of a cache of descriptors over their limit, answered without the store until
-    /// their window ends (0: none): `LOCAL_CACHE_SIZE_IN_BYTES`.
-    pub local_cache_bytes: usize,
-    /// The statistics of Envoy domains are kept (`DISABLE_STATS` unset or false).
-    pub stats: bool,
-    /// Where the statistics are pushed, besides `/metrics`: `USE_STATSD` or `USE_DOG_STATSD`.
-    pub statsd: Option<Statsd>,
-    /// The debug listener (`/rlconfig`, `/stats`): `DEBUG_HOST` and `DEBUG_PORT`.
-    pub debug: Option<SocketAddr>,
-    /// gRPC connections are asked to go away after this long, and closed this much later:
-    /// `GRPC_MAX_CONNECTION_AGE` and `GRPC_MAX_CONNECTION_AGE_GRACE`.
-    pub grpc_max_connection_age: Option<(Duration, Duration)>,
-    /// `serve` starts with no rule file, and serves the files when they appear:
-    /// `FORCE_START_WITHOUT_INITIAL_CONFIG`.
-    pub force_start: bool,
-    /// `/healthcheck` follows Redis after start (by default it waits for Redis to answer
-    /// once at start, and then no longer depends on it): `REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`.
-    pub health_follows_redis: bool,
-    /// How `serve` waits for Redis to answer at start: `REDIS_STARTUP_INITIAL_INTERVAL`,
-    /// `REDIS_STARTUP_MAX_INTERVAL` and `REDIS_STARTUP_MAX_ELAPSED_TIME`.
-    pub redis_startup: Startup,
-}
-
-/// A statsd sink, as the Envoy service pushes its statistics: counters' increases every
-/// flush interval, named `ratelimit.service.rate_limit.DOMAIN.KEY.total_hits`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Statsd {
-    /// `STATSD_HOST` (`localhost`) and `STATSD_PORT` (8125).
-    pub host: String,
-    /// The port.
-    pub port: u16,
-    /// DogStatsD over UDP, tags as `|#key:value` (`USE_DOG_STATSD`); else statsd over TCP,
-    /// tags in the name as `.__key=value`, as the Envoy service's statsd sink writes them.
-    pub dog: bool,
-    /// `STATS_FLUSH_INTERVAL` (10 s).
-    pub flush: Duration,
-    /// `EXTRA_TAGS` (`key:value,key:value`), on every statistic.
-    pub tags: Vec<(String, String)>,
-}
-
-/// Waiting for Redis to answer at start: first after `initial`, the waits doubling up to
-/// `max`; `serve` stops if it has not answered within `give_up` (`None`: it waits for ever).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Startup {
-    /// The first wait.
-    pub initial: Duration,
-    /// The longest wait.
-    pub max: Duration,
-    /// When to stop trying.
-    pub give_up: Option<Duration>,
-}
-
-impl Default for Startup {
-    fn default() -> Self {
-        Self {
-            initial: Duration::from_secs(1),
-            max: Duration::from_secs(30),
-            give_up: None,
-        }
-    }
-}
-
-impl Default for EnvoySettings {
-    fn default() -> Self {
-        Self {
-            stop_when_over: false,
-            shadow_mode: false,
-            quota_mode: false,
-            healthy_with_config: false,
-            response_headers: None,
-            near_ratio: 0.8,
-            dynamic_metadata: false,
-            local_cache_bytes: 0,
-            stats: true,
-            statsd: None,
-            debug: None,
-            grpc_max_connection_age: None,
-            force_start: false,
-            health_follows_redis: false,
-            redis_startup: Startup::default(),
-        }
-    }
 }
 
 /// The Envoy ratelimit service's settings whose purpose tollgate meets without them: set,
@@ -240,7 +131,7 @@ const REFUSED: &[(&str, Option<&str>, &str)] = &[
 
 /// The Envoy ratelimit service's settings set in the environment whose purpose tollgate
 /// meets by design, with why: `serve` logs each at start.
-pub fn envoy_settings_met_by_design() -> Vec<(&'static str, &'static str)> {
+pub fn met_by_design() -> Vec<(&'static str, &'static str)> {
     MET_BY_DESIGN
         .iter()
         .copied()
@@ -265,62 +156,60 @@ fn refused() -> Result<(), ConfigError> {
     Ok(())
 }
 
-impl EnvoySettings {
-    /// The settings the environment gives.
-    ///
-    /// # Errors
-    /// A setting that is not of its kind (a boolean, a number, a duration, an address),
-    /// or one that asks for what tollgate does not do, naming it.
-    pub fn from_env() -> Result<Self, ConfigError> {
-        refused()?;
-        log_json()?;
-        Ok(Self {
-            stop_when_over: env_flag("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")?,
-            shadow_mode: env_flag("SHADOW_MODE")?,
-            quota_mode: env_flag("QUOTA_MODE")?,
-            healthy_with_config: env_flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED")?,
-            response_headers: if env_flag("LIMIT_RESPONSE_HEADERS_ENABLED")? {
-                Some([
-                    env_header("LIMIT_LIMIT_HEADER", "RateLimit-Limit")?,
-                    env_header("LIMIT_REMAINING_HEADER", "RateLimit-Remaining")?,
-                    env_header("LIMIT_RESET_HEADER", "RateLimit-Reset")?,
-                ])
-            } else {
-                None
-            },
-            dynamic_metadata: env_flag("RESPONSE_DYNAMIC_METADATA")?,
-            local_cache_bytes: env_number("LOCAL_CACHE_SIZE_IN_BYTES")?.unwrap_or(0),
-            stats: !env_flag("DISABLE_STATS")?,
-            statsd: statsd_from_env()?,
-            debug: debug_from_env()?,
-            grpc_max_connection_age: match env_duration("GRPC_MAX_CONNECTION_AGE")? {
-                None => None,
-                Some(age) => Some((
-                    age,
-                    env_duration("GRPC_MAX_CONNECTION_AGE_GRACE")?
-                        .unwrap_or(Duration::from_secs(3_600)),
-                )),
-            },
-            force_start: env_flag("FORCE_START_WITHOUT_INITIAL_CONFIG")?,
-            health_follows_redis: env_flag("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION")?,
-            redis_startup: Startup {
-                initial: env_duration("REDIS_STARTUP_INITIAL_INTERVAL")?
-                    .unwrap_or(Duration::from_secs(1)),
-                max: env_duration("REDIS_STARTUP_MAX_INTERVAL")?.unwrap_or(Duration::from_secs(30)),
-                give_up: env_duration("REDIS_STARTUP_MAX_ELAPSED_TIME")?.filter(|d| !d.is_zero()),
-            },
-            near_ratio: match env("NEAR_LIMIT_RATIO") {
-                None => 0.8,
-                Some(ratio) => ratio
-                    .parse::<f32>()
-                    .ok()
-                    .filter(|r| (0.0..=1.0).contains(r))
-                    .ok_or_else(|| {
-                        env_error("NEAR_LIMIT_RATIO", format!("`{ratio}`: expected 0 to 1"))
-                    })?,
-            },
-        })
-    }
+/// The settings the environment gives.
+///
+/// # Errors
+/// A setting that is not of its kind (a boolean, a number, a duration, an address),
+/// or one that asks for what tollgate does not do, naming it.
+pub fn from_env() -> Result<EnvoySettings, ConfigError> {
+    refused()?;
+    log_json()?;
+    Ok(EnvoySettings {
+        stop_when_over: env_flag("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")?,
+        shadow_mode: env_flag("SHADOW_MODE")?,
+        quota_mode: env_flag("QUOTA_MODE")?,
+        healthy_with_config: env_flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED")?,
+        response_headers: if env_flag("LIMIT_RESPONSE_HEADERS_ENABLED")? {
+            Some([
+                env_header("LIMIT_LIMIT_HEADER", "RateLimit-Limit")?,
+                env_header("LIMIT_REMAINING_HEADER", "RateLimit-Remaining")?,
+                env_header("LIMIT_RESET_HEADER", "RateLimit-Reset")?,
+            ])
+        } else {
+            None
+        },
+        dynamic_metadata: env_flag("RESPONSE_DYNAMIC_METADATA")?,
+        local_cache_bytes: env_number("LOCAL_CACHE_SIZE_IN_BYTES")?.unwrap_or(0),
+        stats: !env_flag("DISABLE_STATS")?,
+        statsd: statsd_from_env()?,
+        debug: debug_from_env()?,
+        grpc_max_connection_age: match env_duration("GRPC_MAX_CONNECTION_AGE")? {
+            None => None,
+            Some(age) => Some((
+                age,
+                env_duration("GRPC_MAX_CONNECTION_AGE_GRACE")?
+                    .unwrap_or(Duration::from_secs(3_600)),
+            )),
+        },
+        force_start: env_flag("FORCE_START_WITHOUT_INITIAL_CONFIG")?,
+        health_follows_redis: env_flag("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION")?,
+        redis_startup: Startup {
+            initial: env_duration("REDIS_STARTUP_INITIAL_INTERVAL")?
+                .unwrap_or(Duration::from_secs(1)),
+            max: env_duration("REDIS_STARTUP_MAX_INTERVAL")?.unwrap_or(Duration::from_secs(30)),
+            give_up: env_duration("REDIS_STARTUP_MAX_ELAPSED_TIME")?.filter(|d| !d.is_zero()),
+        },
+        near_ratio: match env("NEAR_LIMIT_RATIO") {
+            None => 0.8,
+            Some(ratio) => ratio
+                .parse::<f32>()
+                .ok()
+                .filter(|r| (0.0..=1.0).contains(r))
+                .ok_or_else(|| {
+                    env_error("NEAR_LIMIT_RATIO", format!("`{ratio}`: expected 0 to 1"))
+                })?,
+        },
+    })
 }
 
 /// A setting of the environment that is true or false, as Go reads one (`1`, `t`, `true`,
@@ -336,7 +225,7 @@ pub fn env_flag(name: &str) -> Result<bool, ConfigError> {
 ///
 /// # Errors
 /// A value that is not a boolean, naming the setting.
-pub(super) fn env_flag_set(name: &str) -> Result<Option<bool>, ConfigError> {
+pub fn env_flag_set(name: &str) -> Result<Option<bool>, ConfigError> {
     let value = std::env::var(name).unwrap_or_default();
     match value.as_str() {
         "" => Ok(None),
@@ -355,7 +244,7 @@ pub(super) fn env_flag_set(name: &str) -> Result<Option<bool>, ConfigError> {
 ///
 /// # Errors
 /// An address or path that is not one, naming the setting.
-pub(super) fn prometheus_from_env() -> Result<Option<(SocketAddr, String)>, ConfigError> {
+pub fn prometheus_from_env() -> Result<Option<(SocketAddr, String)>, ConfigError> {
     if !env_flag("USE_PROMETHEUS")? {
         return Ok(None);
     }
@@ -431,7 +320,7 @@ fn env_duration(name: &str) -> Result<Option<Duration>, ConfigError> {
 
 /// A duration as Go's `time.ParseDuration` reads it: signed decimal numbers, each with a
 /// unit (`ns`, `us`, `µs`, `ms`, `s`, `m`, `h`); `0` alone. Negative ones are refused.
-pub(super) fn go_duration(text: &str) -> Option<Duration> {
+pub fn go_duration(text: &str) -> Option<Duration> {
     if text == "0" {
         return Some(Duration::ZERO);
     }
@@ -526,12 +415,12 @@ fn debug_from_env() -> Result<Option<SocketAddr>, ConfigError> {
 }
 
 /// A setting of the environment, `None` when unset or empty.
-pub(super) fn env(name: &str) -> Option<String> {
+pub fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
 /// An error in the environment setting `name`.
-pub(super) fn env_error(name: &str, message: impl fmt::Display) -> ConfigError {
+pub fn env_error(name: &str, message: impl fmt::Display) -> ConfigError {
     ConfigError::new(Path::new("environment"), None, format!("{name}: {message}"))
 }
 
@@ -542,7 +431,7 @@ pub(super) fn env_error(name: &str, message: impl fmt::Display) -> ConfigError {
 ///
 /// # Errors
 /// A setting that is not a host or a port, naming it.
-pub(super) fn server_from_env() -> Result<ServerConfig, ConfigError> {
+pub fn server_from_env() -> Result<ServerConfig, ConfigError> {
     let mut server = ServerConfig::default();
     let address = |host_setting: &str, port_setting: &str, default: u16| {
         let host = env(host_setting).unwrap_or_else(|| "0.0.0.0".into());
@@ -578,7 +467,7 @@ pub(super) fn server_from_env() -> Result<ServerConfig, ConfigError> {
 ///
 /// # Errors
 /// A setting tollgate cannot honour, naming it.
-pub(super) fn store_from_env() -> Result<Option<StoreConfig>, ConfigError> {
+pub fn store_from_env() -> Result<Option<StoreConfig>, ConfigError> {
     if let Some(backend) = env("BACKEND_TYPE")
         && !backend.eq_ignore_ascii_case("redis")
     {
@@ -680,7 +569,7 @@ pub(super) fn store_from_env() -> Result<Option<StoreConfig>, ConfigError> {
 ///
 /// # Errors
 /// A value that is not a header name, naming the setting.
-pub(super) fn env_header(name: &str, default: &str) -> Result<String, ConfigError> {
+pub fn env_header(name: &str, default: &str) -> Result<String, ConfigError> {
     let value = std::env::var(name)
         .ok()
         .filter(|v| !v.is_empty())

@@ -8,6 +8,7 @@
 //! due at fixed times and their latency counts from when they were due, so that a server that
 //! falls behind is not flattered by the checks it delayed.
 
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -420,6 +421,41 @@ impl Client {
             }
         }
     }
+}
+
+/// Runs `tollgate bench`; exit code 0 when every check was answered (admitted or denied).
+pub(super) async fn command(args: super::BenchArgs) -> anyhow::Result<ExitCode> {
+    let target = match (args.grpc, args.domain) {
+        (Some(server), Some(domain)) => Target::Grpc {
+            server: with_scheme(&server),
+            domain,
+            entries: entries(&args.descriptor)?,
+            cost: args.cost,
+        },
+        _ => Target::Http {
+            server: args.server,
+            body: args.ask.body(u64::from(args.cost))?.to_string(),
+        },
+    };
+    let duration = args
+        .duration
+        .map(|d| crate::config::parse_duration(&d))
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
+    let load = Load {
+        connections: args.connections,
+        requests: args.requests.or(duration.is_none().then_some(10_000)),
+        duration,
+        rate: args.rate,
+        keys: args.keys,
+    };
+    let report = run(target.clone(), load).await?;
+    print!("{}", report.render(&target, &load));
+    Ok(if report.failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 #[cfg(test)]

@@ -9,8 +9,8 @@ use axum::Router;
 use axum::extract::State;
 use axum::routing::get;
 
+use crate::metrics::statsd;
 use crate::service::Service;
-use crate::statsd;
 
 /// The endpoints, with what each shows.
 const ENDPOINTS: [(&str, &str); 2] = [

@@ -43,7 +43,9 @@ use metrics::{Counter, Histogram, counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tollgate::{Decision, Source, StoreFailures};
 
-use crate::statsd::{self, Stat};
+pub mod statsd;
+
+use statsd::Stat;
 
 /// Buckets of `tollgate_store_seconds`: a memory store decides in microseconds, Redis in
 /// tenths of a millisecond to milliseconds, a guard's timeout in tens of milliseconds.

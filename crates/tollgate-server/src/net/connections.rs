@@ -27,33 +27,10 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::framing::Framing;
+use super::framing::Framing;
+pub use crate::config::Limits;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Sleep;
-
-/// Bounds on the connections of both listeners.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    /// The most connections open at once (default 10,000, and at most the descriptor limit
-    /// less 128).
-    pub max_connections: usize,
-    /// The longest an HTTP/1 request head may take to arrive whole, from the first byte the
-    /// server waits for (default 10 s).
-    pub header_timeout: Duration,
-    /// The longest a connection with no request in flight may read and write nothing
-    /// (default 60 s).
-    pub idle_timeout: Duration,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Self {
-            max_connections: 10_000,
-            header_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(60),
-        }
-    }
-}
 
 /// Descriptors kept for what is not a client connection: Redis, rule files, logs.
 const RESERVED_DESCRIPTORS: u64 = 128;
@@ -237,7 +214,7 @@ impl Registry {
     /// goes on after a pause.
     ///
     /// With `http1`, the requests' heads are followed to find those framed two ways (see
-    /// [`Framing`]).
+    /// `Framing`).
     pub async fn accept(
         self: &Arc<Self>,
         listener: &TcpListener,

@@ -1,0 +1,396 @@
+//! The two checks asked on every request of a service or proxy: `POST /v1/check` (a request
+//! to match, a rule and key, or Envoy descriptors, in a JSON body) and `/v1/auth` (nginx
+//! `auth_request` and other proxies' forward auth), and their answers: the decisions as JSON,
+//! the rate limit header fields, 429 (or the status asked for) when denied.
+
+use std::borrow::Cow;
+use std::net::{IpAddr, SocketAddr};
+
+use axum::body::Body;
+use axum::extract::Query;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use tollgate::engine::{Descriptor, LimitOverride, Request, descriptor};
+use tollgate::layer::headers::{self, ceil_secs};
+use tollgate::{Decision, Source};
+
+use super::{AppState, bad_request};
+use crate::envoy::{DescriptorOutcome, EnvoyAnswer};
+use crate::service::{CheckError, Outcome};
+
+/// A check's body, borrowing its strings from the request's bytes where JSON escapes allow.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckBody<'a> {
+    #[serde(borrow)]
+    request: Option<RequestBody<'a>>,
+    rule: Option<String>,
+    key: Option<String>,
+    domain: Option<String>,
+    descriptors: Option<Vec<DescriptorBody>>,
+    #[serde(default = "one")]
+    cost: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RequestBody<'a> {
+    #[serde(borrow)]
+    method: Cow<'a, str>,
+    #[serde(borrow)]
+    path: Cow<'a, str>,
+    #[serde(default, borrow, deserialize_with = "pairs")]
+    headers: Headers<'a>,
+    client_ip: Option<IpAddr>,
+}
+
+/// Header (name, value) pairs, borrowed from the body where they have no escapes.
+#[derive(Debug, Default)]
+struct Headers<'a>(Vec<(Cow<'a, str>, Cow<'a, str>)>);
+
+impl tollgate::engine::Headers for Headers<'_> {
+    fn get(&self, name: &str) -> Option<&[u8]> {
+        self.0
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_bytes())
+    }
+
+    fn each(&self, f: &mut dyn FnMut(&str, &[u8])) {
+        for (name, value) in &self.0 {
+            f(name, value.as_bytes());
+        }
+    }
+}
+
+/// A JSON object of strings as (name, value) pairs, borrowed where they have no escapes.
+fn pairs<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Headers<'de>, D::Error> {
+    struct Text<'a>(Cow<'a, str>);
+    impl<'de> Deserialize<'de> for Text<'de> {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct V;
+            impl<'de> serde::de::Visitor<'de> for V {
+                type Value = Text<'de>;
+                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str("a string")
+                }
+                fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Text<'de>, E> {
+                    Ok(Text(Cow::Borrowed(v)))
+                }
+                fn visit_str<E>(self, v: &str) -> Result<Text<'de>, E> {
+                    Ok(Text(Cow::Owned(v.to_string())))
+                }
+            }
+            d.deserialize_str(V)
+        }
+    }
+    struct Pairs;
+    impl<'de> serde::de::Visitor<'de> for Pairs {
+        type Value = Headers<'de>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an object of header names to values")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut pairs = Vec::with_capacity(map.size_hint().unwrap_or(4));
+            while let Some((Text(k), Text(v))) = map.next_entry::<Text<'de>, Text<'de>>()? {
+                pairs.push((k, v));
+            }
+            Ok(Headers(pairs))
+        }
+    }
+    d.deserialize_map(Pairs)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DescriptorBody {
+    entries: Vec<EntryBody>,
+    cost: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EntryBody {
+    key: String,
+    value: String,
+}
+
+fn one() -> u64 {
+    1
+}
+
+/// The check API's answer, written by hand into one buffer (it runs on every check):
+/// `{"allowed": bool, "decisions": [{"rule", "allowed", "limit", "remaining",
+/// "reset_after_ms", "retry_after_ms" (when denied), "window_s", "shadowed", "source"}]}`.
+/// Rule names are letters, digits and `_ - . : /`, so they need no escaping.
+fn answer_json(allowed: bool, decisions: &[Decision]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(40 + 200 * decisions.len());
+    let number = |out: &mut Vec<u8>, name: &str, n: u64| {
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+    };
+    let flag = |b: bool| if b { "true" } else { "false" };
+    out.extend_from_slice(b"{\"allowed\":");
+    out.extend_from_slice(flag(allowed).as_bytes());
+    out.extend_from_slice(b",\"decisions\":[");
+    for (i, d) in decisions.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"rule\":\"");
+        out.extend_from_slice(d.rule().as_bytes());
+        out.extend_from_slice(b"\",\"allowed\":");
+        out.extend_from_slice(flag(d.allowed()).as_bytes());
+        number(&mut out, ",\"limit\":", d.limit());
+        number(&mut out, ",\"remaining\":", d.remaining());
+        number(&mut out, ",\"reset_after_ms\":", millis(d.reset_after()));
+        if let Some(retry) = d.retry_after() {
+            number(&mut out, ",\"retry_after_ms\":", millis(retry));
+        }
+        number(&mut out, ",\"window_s\":", ceil_secs(d.window()));
+        out.extend_from_slice(b",\"shadowed\":");
+        out.extend_from_slice(flag(d.shadowed()).as_bytes());
+        out.extend_from_slice(b",\"source\":\"");
+        out.extend_from_slice(source_name(d.source()).as_bytes());
+        out.extend_from_slice(b"\"}");
+    }
+    out.extend_from_slice(b"]}");
+    out
+}
+
+fn millis(d: std::time::Duration) -> u64 {
+    d.as_micros().div_ceil(1_000) as u64
+}
+
+/// The name of the path that decided, as the API reports it.
+fn source_name(source: Source) -> &'static str {
+    match source {
+        Source::Memory => "memory",
+        Source::Redis => "redis",
+        Source::Hybrid => "hybrid",
+        Source::Lease => "lease",
+        Source::Fallback => "fallback",
+        Source::FailOpen => "fail_open",
+        Source::FailClosed => "fail_closed",
+        _ => "other",
+    }
+}
+
+/// `POST /v1/check`.
+pub(super) async fn check(state: AppState, request: axum::extract::Request) -> Response {
+    let json = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !json {
+        return bad_request(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "expected a body of content-type application/json",
+        );
+    }
+    let bytes = match axum::body::to_bytes(request.into_body(), state.max_body_bytes).await {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            let over = std::error::Error::source(&e)
+                .is_some_and(|e| e.is::<http_body_util::LengthLimitError>());
+            return match over {
+                true => bad_request(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("the body is over {} bytes", state.max_body_bytes),
+                ),
+                false => bad_request(
+                    StatusCode::BAD_REQUEST,
+                    format!("cannot read the body: {e}"),
+                ),
+            };
+        }
+    };
+    // Checked once here: parsing from a `str` spares serde_json checking each string again.
+    let text = match std::str::from_utf8(&bytes) {
+        Ok(text) => text,
+        Err(e) => {
+            return bad_request(
+                StatusCode::BAD_REQUEST,
+                format!("the body is not UTF-8: {e}"),
+            );
+        }
+    };
+    let body: CheckBody<'_> = match serde_json::from_str(text) {
+        Ok(body) => body,
+        Err(e) => {
+            let status = match e.classify() {
+                serde_json::error::Category::Data => StatusCode::UNPROCESSABLE_ENTITY,
+                _ => StatusCode::BAD_REQUEST,
+            };
+            return bad_request(status, format!("invalid body: {e}"));
+        }
+    };
+    let cost = body.cost;
+    match (&body.request, &body.rule, &body.domain) {
+        (Some(r), None, None) if body.key.is_none() && body.descriptors.is_none() => {
+            let path = r.path.split('?').next().unwrap_or_default();
+            let request = Request {
+                method: &r.method,
+                path,
+                headers: &r.headers,
+                client_ip: r.client_ip,
+            };
+            let outcome = state.service.check_request(&request, cost).await;
+            answer_outcome(outcome, StatusCode::TOO_MANY_REQUESTS, true)
+        }
+        (None, Some(rule), None) if body.descriptors.is_none() => {
+            let Some(key) = &body.key else {
+                return bad_request(StatusCode::BAD_REQUEST, "`rule` needs a `key`");
+            };
+            let outcome = state.service.check_key(rule, key.as_bytes(), cost).await;
+            answer_outcome(outcome, StatusCode::TOO_MANY_REQUESTS, true)
+        }
+        (None, None, Some(domain)) if body.key.is_none() => {
+            let Some(descriptors) = &body.descriptors else {
+                return bad_request(StatusCode::BAD_REQUEST, "`domain` needs `descriptors`");
+            };
+            let list: Vec<(Descriptor, u64, Option<LimitOverride>)> = descriptors
+                .iter()
+                .map(|d| {
+                    let entries = descriptor(d.entries.iter().map(|e| (&*e.key, &*e.value)));
+                    (entries, d.cost.unwrap_or(cost), None)
+                })
+                .collect();
+            match state.envoy.check_descriptors(domain, &list).await {
+                Ok(answer) => answer_descriptors(&answer),
+                Err(CheckError::Invalid(message)) => bad_request(StatusCode::BAD_REQUEST, message),
+            }
+        }
+        _ => bad_request(
+            StatusCode::BAD_REQUEST,
+            "give one of: `request`; `rule` and `key`; `domain` and `descriptors`",
+        ),
+    }
+}
+
+/// The answer to a check: the decisions as JSON when `json`, the headers, and `denied` as the
+/// status when the request is not admitted.
+fn answer_outcome(
+    outcome: Result<Outcome, CheckError>,
+    denied: StatusCode,
+    json: bool,
+) -> Response {
+    match outcome {
+        Ok(outcome) => answer(&outcome.decisions, denied, json),
+        Err(CheckError::Invalid(message)) => bad_request(StatusCode::BAD_REQUEST, message),
+    }
+}
+
+/// The answer to `decisions`, all-or-nothing: see [`answer_outcome`].
+fn answer(decisions: &[Decision], denied: StatusCode, json: bool) -> Response {
+    answer_as(
+        decisions.iter().all(Decision::allowed),
+        decisions,
+        denied,
+        json,
+    )
+}
+
+/// The answer to `decisions` when the request is `allowed` or not.
+fn answer_as(allowed: bool, decisions: &[Decision], denied: StatusCode, json: bool) -> Response {
+    let status = match (allowed, json) {
+        (true, true) => StatusCode::OK,
+        (true, false) => StatusCode::NO_CONTENT,
+        (false, _) => denied,
+    };
+    // Room for the content type and every rate limit field, so that the map never grows.
+    let mut fields = HeaderMap::with_capacity(8);
+    let body = if json {
+        let json = HeaderValue::from_static("application/json");
+        fields.insert(header::CONTENT_TYPE, json);
+        Body::from(answer_json(allowed, decisions))
+    } else {
+        Body::empty()
+    };
+    headers::add(&mut fields, decisions);
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    *response.headers_mut() = fields;
+    response
+}
+
+/// The answer to Envoy descriptors: denied when the Envoy service would answer over the
+/// limit (see [`DescriptorOutcome::overall_over`]).
+fn answer_descriptors(answer: &EnvoyAnswer) -> Response {
+    let decisions = DescriptorOutcome::decisions(&answer.outcomes);
+    answer_as(
+        !answer.over,
+        &decisions,
+        StatusCode::TOO_MANY_REQUESTS,
+        true,
+    )
+}
+
+#[derive(Deserialize)]
+struct AuthQuery {
+    deny_status: Option<u16>,
+    cost: Option<u64>,
+}
+
+// The original request's fields, named ahead: a name given as text is parsed on every lookup.
+const X_ORIGINAL_URI: HeaderName = HeaderName::from_static("x-original-uri");
+const X_FORWARDED_URI: HeaderName = HeaderName::from_static("x-forwarded-uri");
+const X_ORIGINAL_METHOD: HeaderName = HeaderName::from_static("x-original-method");
+const X_FORWARDED_METHOD: HeaderName = HeaderName::from_static("x-forwarded-method");
+const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+
+/// `/v1/auth`.
+pub(super) async fn auth(
+    state: AppState,
+    peer: SocketAddr,
+    request: axum::extract::Request,
+) -> Response {
+    let query: AuthQuery = match Query::try_from_uri(request.uri()) {
+        Ok(Query(query)) => query,
+        Err(rejection) => return rejection.into_response(),
+    };
+    let headers = request.headers();
+    let denied = match query.deny_status {
+        None | Some(429) => StatusCode::TOO_MANY_REQUESTS,
+        Some(401) => StatusCode::UNAUTHORIZED,
+        Some(403) => StatusCode::FORBIDDEN,
+        Some(other) => {
+            return bad_request(
+                StatusCode::BAD_REQUEST,
+                format!("deny_status {other}: expected 401, 403 or 429"),
+            );
+        }
+    };
+    let text = |names: &[HeaderName]| {
+        names
+            .iter()
+            .find_map(|n| headers.get(n).and_then(|v| v.to_str().ok()))
+    };
+    let Some(uri) = text(&[X_ORIGINAL_URI, X_FORWARDED_URI]) else {
+        return bad_request(
+            StatusCode::BAD_REQUEST,
+            "missing X-Original-URI (nginx: proxy_set_header X-Original-URI $request_uri)",
+        );
+    };
+    let method = text(&[X_ORIGINAL_METHOD, X_FORWARDED_METHOD]).unwrap_or("GET");
+    let client_ip = text(&[X_REAL_IP])
+        .and_then(|ip| ip.trim().parse().ok())
+        .unwrap_or(peer.ip());
+    let path = uri.split('?').next().unwrap_or_default();
+    let request = Request {
+        method,
+        path,
+        headers,
+        client_ip: Some(client_ip),
+    };
+    let outcome = state
+        .service
+        .check_request(&request, query.cost.unwrap_or(1))
+        .await;
+    answer_outcome(outcome, denied, false)
+}

@@ -1,0 +1,97 @@
+//! Health, readiness and metrics: `/healthz`, `/readyz`, `/metrics`, and the Envoy service's
+//! `/healthcheck` and `POST /json`.
+
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+use super::AppState;
+
+/// The Envoy ratelimit service's health check: 200 `OK` while healthy (see
+/// [`Service::healthy`]), else 500.
+pub(super) async fn healthcheck(State(state): State<AppState>) -> Response {
+    if state.service.healthy() {
+        (StatusCode::OK, "OK").into_response()
+    } else {
+        StatusCode::INTERNAL_SERVER_ERROR.into_response()
+    }
+}
+
+/// The Envoy ratelimit service's `POST /json`: a `RateLimitRequest` in protobuf's JSON
+/// mapping, answered as over gRPC, in JSON, with 429 when over the limit; 400 and the reason
+/// for a body that is not a request.
+pub(super) async fn envoy_json(
+    State(state): State<AppState>,
+    request: axum::extract::Request,
+) -> Response {
+    let bad = |reason: String| {
+        let text = format!("Bad Request: {reason}\n");
+        let plain = [(header::CONTENT_TYPE, "text/plain; charset=utf-8")];
+        (StatusCode::BAD_REQUEST, plain, text).into_response()
+    };
+    let body = match axum::body::to_bytes(request.into_body(), state.max_body_bytes).await {
+        Ok(body) => body,
+        Err(e) => return bad(format!("the body cannot be read: {e}")),
+    };
+    if body.is_empty() {
+        return bad("no body".into());
+    }
+    let request = match crate::envoy::json::request(&body) {
+        Ok(request) => request,
+        Err(reason) => return bad(reason),
+    };
+    match crate::envoy::rls::answer(&state.envoy, request, false).await {
+        Ok(answer) => {
+            let over = envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code::OverLimit;
+            let status = if answer.overall_code == over as i32 {
+                StatusCode::TOO_MANY_REQUESTS
+            } else {
+                StatusCode::OK
+            };
+            let json = [(header::CONTENT_TYPE, "application/json")];
+            let body = crate::envoy::json::response(&answer).to_string();
+            (status, json, body).into_response()
+        }
+        Err(status) => bad(status.message().to_string()),
+    }
+}
+
+pub(super) async fn ready(State(state): State<AppState>) -> Response {
+    if !state.service.ready() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the shared store does not answer\n",
+        )
+            .into_response();
+    }
+    match state.service.outage() {
+        None => (StatusCode::OK, "ready\n").into_response(),
+        Some(outage) => (
+            StatusCode::OK,
+            format!(
+                "ready, partly: {} of {} Redis masters failing ({}), {} of 16384 slots decided by \
+                 the rules' failure policies\n",
+                outage.failing.len(),
+                outage.nodes,
+                outage.failing.join(", "),
+                outage.slots
+            ),
+        )
+            .into_response(),
+    }
+}
+
+pub(super) async fn render_metrics(State(state): State<AppState>) -> Response {
+    state.service.observe();
+    if let Some(registry) = &state.connections {
+        crate::metrics::connections(registry.open(), registry.evicted());
+    }
+    match &state.metrics {
+        Some(handle) => (
+            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+            handle.render(),
+        )
+            .into_response(),
+        None => (StatusCode::NOT_FOUND, "metrics are off\n").into_response(),
+    }
+}

@@ -1,0 +1,183 @@
+//! The store a configuration describes: its settings checked without connecting (what
+//! `validate`, `serve` and every reload refuse alike), then opened.
+
+use tollgate::{
+    AnyStore, Error, HybridConfig, HybridStore, LeaseConfig, LeaseStore, MemoryStore,
+    MemoryStoreBuilder, RedisStore, RedisStoreBuilder,
+};
+
+use crate::config::{Config, ConfigError, RedisMode, StoreConfig};
+
+/// The store a configuration describes, before it is opened: settings only, checked and
+/// opened from one place, so that `validate`, `serve` and a reload refuse the same things.
+#[derive(Debug, Clone)]
+pub(super) enum StoreSettings {
+    Memory(MemoryStoreBuilder),
+    Redis {
+        redis: Box<RedisStoreBuilder>,
+        mode: Mode,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Mode {
+    Strict,
+    Hybrid(HybridConfig),
+    Lease(LeaseConfig),
+}
+
+impl StoreSettings {
+    /// The settings of `config`, with the certificates it names read from their files.
+    ///
+    /// # Errors
+    /// A certificate file that cannot be read, or half of a client certificate.
+    pub(super) fn of(config: &StoreConfig) -> Result<Self, Error> {
+        Ok(match config {
+            StoreConfig::Memory {
+                max_keys,
+                max_bytes,
+                when_full,
+            } => Self::Memory(
+                MemoryStore::builder()
+                    .max_keys(*max_keys)
+                    .max_bytes(*max_bytes)
+                    .when_full(*when_full),
+            ),
+            StoreConfig::Redis {
+                url,
+                cluster,
+                mode,
+                timeout,
+                instances,
+                sync_interval,
+                max_unclaimed,
+                options,
+            } => {
+                let mut redis = match url {
+                    Some(url) => RedisStore::builder(url),
+                    None => RedisStore::cluster_builder(cluster),
+                }
+                .timeout(*timeout)
+                .connections(options.connections)
+                .key_prefix(options.key_prefix.as_bytes())
+                .expiry_jitter(options.expiry_jitter);
+                let certificates = options.certificates().map_err(|message| Error::Store {
+                    message,
+                    transient: false,
+                })?;
+                if let Some(certificates) = certificates {
+                    if let Some(ca) = certificates.root_cert {
+                        redis = redis.root_certificate(ca);
+                    }
+                    if let Some(client) = certificates.client_tls {
+                        redis = redis.client_certificate(client.client_cert, client.client_key);
+                    }
+                }
+                let mode = match mode {
+                    RedisMode::Strict => Mode::Strict,
+                    RedisMode::Hybrid => Mode::Hybrid(HybridConfig {
+                        sync_interval: *sync_interval,
+                        max_unclaimed: *max_unclaimed,
+                        instances: *instances,
+                        ..HybridConfig::default()
+                    }),
+                    RedisMode::Lease => Mode::Lease(LeaseConfig {
+                        instances: *instances,
+                        ..LeaseConfig::default()
+                    }),
+                };
+                Self::Redis {
+                    redis: Box::new(redis),
+                    mode,
+                }
+            }
+        })
+    }
+
+    /// What opening the store would refuse in its settings, without connecting.
+    fn validate(&self) -> Result<(), Error> {
+        match self {
+            Self::Memory(memory) => memory.validate(),
+            Self::Redis { redis, mode } => {
+                redis.validate()?;
+                match mode {
+                    Mode::Strict => Ok(()),
+                    Mode::Hybrid(config) => config.validate(),
+                    Mode::Lease(config) => config.validate(),
+                }
+            }
+        }
+    }
+
+    /// Whether the store can hold `rule`, as planning it there would say.
+    fn holds(&self, rule: &tollgate::Rule) -> Result<(), Error> {
+        match self {
+            Self::Memory(memory) => memory.holds(rule),
+            Self::Redis { mode, .. } => match mode {
+                Mode::Strict => RedisStore::holds(rule),
+                Mode::Hybrid(_) => HybridStore::holds(rule),
+                Mode::Lease(_) => LeaseStore::holds(rule),
+            },
+        }
+    }
+
+    /// Opens the store (a cluster connects now; a single server on first use).
+    pub(super) async fn open(self) -> anyhow::Result<AnyStore> {
+        Ok(match self {
+            Self::Memory(memory) => AnyStore::Memory(memory.build()?),
+            Self::Redis { redis, mode } => {
+                let redis = redis.build().await?;
+                match mode {
+                    Mode::Strict => AnyStore::Redis(redis),
+                    Mode::Hybrid(config) => AnyStore::Hybrid(HybridStore::new(&redis, config)?),
+                    Mode::Lease(config) => AnyStore::Lease(LeaseStore::new(&redis, config)?),
+                }
+            }
+        })
+    }
+}
+
+/// Checks what `serve` would refuse or could not enforce in `config`, without connecting to
+/// anything: the server's settings, the store's, and whether the store holds every rule.
+/// `validate`, `serve` and every reload run this one check; errors name the file, line and
+/// column of the section or rule at fault.
+///
+/// # Errors
+/// The first thing found, at its place.
+pub fn check(config: &Config) -> Result<(), ConfigError> {
+    let server = &config.server;
+    let limits = server.connections;
+    let problem = if limits.max_connections == 0 {
+        Some("server.max_connections: must be at least 1")
+    } else if limits.header_timeout.is_zero() {
+        Some("server.header_timeout: must be longer than zero")
+    } else if limits.idle_timeout.is_zero() {
+        Some("server.idle_timeout: must be longer than zero")
+    } else if server.max_body_bytes < 1_024 {
+        Some("server.max_body_bytes: must be at least 1024")
+    } else {
+        None
+    };
+    if let Some(problem) = problem {
+        return Err(config.places.server().error(problem));
+    }
+    for (name, files) in [("tls", &server.tls), ("grpc_tls", &server.grpc_tls)] {
+        if let Some(files) = files {
+            crate::net::tls::server_config(files).map_err(|e| {
+                config
+                    .places
+                    .server()
+                    .error(format!("server.{name}: {e:#}"))
+            })?;
+        }
+    }
+    let store = StoreSettings::of(&config.store)
+        .and_then(|store| store.validate().map(|()| store))
+        .map_err(|e| config.places.store().error(e.to_string()))?;
+    for rule in config.engine.rules() {
+        store
+            .holds(rule)
+            .map_err(|e| config.places.rule(rule.name()).error(e.to_string()))?;
+    }
+    Ok(())
+}
