@@ -354,10 +354,12 @@ fn readme_layout(name: &str) -> BTreeSet<String> {
             inside = line.starts_with(&header);
             continue;
         }
-        if inside && line.starts_with("  ") && !line.starts_with("   ") {
-            if let Some(first) = line.split_whitespace().next() {
-                names.insert(first.trim_end_matches('/').to_string());
-            }
+        if inside
+            && line.starts_with("  ")
+            && !line.starts_with("   ")
+            && let Some(first) = line.split_whitespace().next()
+        {
+            names.insert(first.trim_end_matches('/').to_string());
         }
     }
     names

@@ -77,7 +77,7 @@ impl std::fmt::Display for Span {
             (1_000, "ms"),
         ];
         for (size, unit) in units {
-            if micros % size == 0 {
+            if micros.is_multiple_of(size) {
                 return write!(f, "{}{unit}", micros / size);
             }
         }

@@ -3,6 +3,7 @@
 
 pub mod bench;
 mod check;
+pub mod schema;
 pub mod serve;
 pub mod simulate;
 mod validate;
@@ -108,6 +109,10 @@ enum Command {
     /// how many were admitted, denied or failed, the rate and the latency. `{key}` in a path,
     /// header value, key or descriptor value becomes the check's number modulo `--keys`.
     Bench(BenchArgs),
+    /// Prints the JSON Schema of rule files (native and Envoy's) for editors: with
+    /// yaml-language-server, `# yaml-language-server: $schema=tollgate.schema.json` at the top
+    /// of a rule file completes and checks it as you type.
+    Schema,
 }
 
 /// What `check` and `bench` ask over HTTP: a request to match, or a rule and key.
@@ -233,6 +238,7 @@ pub fn run(cli: Cli) -> ExitCode {
             ),
             Command::Check { server, ask, cost } => Ok(check::run(&server, ask.body(cost)?).await),
             Command::Bench(args) => bench::command(args).await,
+            Command::Schema => Ok(schema::run()),
         }
     });
     match result {

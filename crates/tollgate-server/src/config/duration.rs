@@ -64,6 +64,18 @@ pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D
     d.deserialize_any(Seconds)
 }
 
+/// The JSON Schema of a duration field: a string as [`parse_duration`] reads it, or a whole
+/// number of seconds.
+pub(crate) fn schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "description": "A duration: a whole number and ms, s, m, h, d or w (`10s`, `1m`), or a whole number of seconds.",
+        "oneOf": [
+            { "type": "string", "pattern": "^[0-9]+ *(ms|s|m|h|d|w)?$" },
+            { "type": "integer", "minimum": 0 }
+        ]
+    })
+}
+
 /// An optional duration field.
 pub(crate) fn deserialize_option<'de, D: Deserializer<'de>>(
     d: D,

@@ -19,6 +19,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 use tollgate::engine::{KeyPart, Match, PathPattern, Route};
@@ -32,68 +33,159 @@ use super::{
     Limits, RedisMode, RedisOptions, ServerConfig, StoreConfig, TlsFiles,
 };
 
-#[derive(Deserialize)]
+/// The JSON Schema of a native rule file.
+pub fn schema() -> schemars::Schema {
+    schemars::schema_for!(File)
+}
+
+/// A native rule file: the service's settings (`server`), where counters live (`store`), and
+/// the rules. Every section may be left out; files served together may each hold some of
+/// them, but `server` and `store` in one file only.
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(title = "tollgate rule file")]
 struct File {
+    /// Where the service listens and what it accepts. Without one in any file, the
+    /// listeners are loopback (or the Envoy service's `PORT`, `GRPC_PORT` settings).
+    #[schemars(with = "Option<ServerSection>")]
     server: Option<Spanned<ServerSection>>,
+    /// Where counters live. Without one in any file, the memory store (or a strict Redis
+    /// store from the Envoy service's `REDIS_URL` settings).
+    #[schemars(with = "Option<StoreSection>")]
     store: Option<Spanned<StoreSection>>,
+    /// The rules, each with its id, what it matches, its key, algorithm and tiers.
     #[serde(default, alias = "slas")]
+    #[schemars(with = "Vec<RuleSpec>", extend("x-aliases" = ["slas"]))]
     rules: Vec<Spanned<RuleSpec>>,
 }
 
-#[derive(Deserialize)]
+/// The `server` section: listeners, bounds on connections and bodies, TLS, the console's
+/// recorder. Read at start: a change needs a restart.
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct ServerSection {
+    /// The HTTP listener's address (check, auth, admin, console, metrics, health).
+    #[schemars(extend("default" = "127.0.0.1:8080"))]
     http: Option<SocketAddr>,
-    /// An address, or `off`.
+    /// The gRPC listener's address (Envoy's rate limit service), or `off`.
+    #[schemars(extend("default" = "127.0.0.1:8081"))]
     grpc: Option<String>,
+    /// The largest request body or gRPC message accepted, in bytes; at least 1024. A larger
+    /// one is refused (413, or gRPC `OUT_OF_RANGE`) before it is read whole.
+    #[schemars(extend("default" = 65536))]
     max_body_bytes: Option<usize>,
+    /// How long shutdown waits for the requests in flight.
     #[serde(default, deserialize_with = "duration::deserialize_option")]
+    #[schemars(schema_with = "duration::schema", extend("default" = "10s"))]
     drain: Option<Duration>,
+    /// gRPC answers carry the HTTP answers' rate limit fields in
+    /// `response_headers_to_add`, for Envoy to add to its answer (off: Envoy's own
+    /// `enable_x_ratelimit_headers` would write `X-RateLimit-*` a second time).
+    #[schemars(extend("default" = false))]
     grpc_response_headers: Option<bool>,
+    /// The most connections open at once, both listeners together (and below the process's
+    /// descriptor limit); at the cap a new connection takes the place of the idlest.
+    #[schemars(extend("default" = 10000))]
     max_connections: Option<usize>,
+    /// The longest an HTTP/1 request head (or a TLS handshake) may take to arrive whole.
     #[serde(default, deserialize_with = "duration::deserialize_option")]
+    #[schemars(schema_with = "duration::schema", extend("default" = "10s"))]
     header_timeout: Option<Duration>,
+    /// A connection with no request in flight that reads and writes nothing this long is
+    /// closed.
     #[serde(default, deserialize_with = "duration::deserialize_option")]
+    #[schemars(schema_with = "duration::schema", extend("default" = "60s"))]
     idle_timeout: Option<Duration>,
+    /// HTTPS on the HTTP listener (HTTP/2 by ALPN); with `client_ca`, mutual TLS.
     tls: Option<TlsFiles>,
+    /// TLS on the gRPC listener; with `client_ca`, mutual TLS.
     grpc_tls: Option<TlsFiles>,
+    /// The most bytes of requests the console keeps for its impact preview (newest kept,
+    /// credentials never).
+    #[schemars(extend("default" = 16777216))]
     console_record_bytes: Option<usize>,
+    /// The console records requests always, not only from its first use until 30 minutes
+    /// after its last.
+    #[schemars(extend("default" = false))]
     console_record_always: Option<bool>,
 }
 
 /// The `store` section: its `kind`, and the settings of that kind (a setting of the other
-/// kind is an error at its place). One flat mapping, so that every error has a place.
-#[derive(Deserialize)]
+/// kind is an error at its place). One flat mapping, so that every error has a place. Read
+/// at start: a change needs a restart.
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct StoreSection {
+    /// `memory` (in this process) or `redis` (shared by every instance on one Redis or
+    /// Redis Cluster). Required.
     kind: Option<StoreKind>,
+    /// Memory: the most keys held.
+    #[schemars(extend("default" = 1000000))]
     max_keys: Option<usize>,
+    /// Memory: the most bytes its tables hold, used or not (and keys longer than 18 bytes).
+    #[schemars(extend("default" = 268435456))]
     max_bytes: Option<usize>,
+    /// Memory: what a full store does with a new key. `evict` drops the key whose state
+    /// matters least (expired first, then the one with the most allowance left), so every
+    /// new key is counted at the price of forgetting an old one; `refuse` never drops a key
+    /// whose state still matters: a new key that finds no room is decided by its rule's
+    /// `on_failure` (`closed` denies, `open` admits uncounted).
+    #[schemars(extend("default" = "evict"))]
     when_full: Option<WhenFullSpec>,
+    /// Redis: a server's URL: `redis://[user:password@]host[:port][/db]`, `rediss://` for
+    /// TLS, `unix:///path/to/redis.sock`. Either this or `cluster`.
     url: Option<String>,
+    /// Redis: a cluster's seed nodes' URLs, instead of `url`.
     #[serde(default)]
     cluster: Vec<String>,
+    /// Redis: `strict` (one atomic round trip per check, exact), `hybrid` (decided in
+    /// memory, synced every `sync_interval`, over the limit by at most the instances'
+    /// unclaimed permits) or `lease` (permits leased in batches, never over).
+    #[schemars(extend("default" = "strict"))]
     mode: Option<RedisMode>,
+    /// Redis: the longest a check waits for Redis before the rule's `on_failure` decides.
     #[serde(default, deserialize_with = "duration::deserialize_option")]
+    #[schemars(schema_with = "duration::schema", extend("default" = "20ms"))]
     timeout: Option<Duration>,
+    /// Redis, hybrid and lease: the instances expected to share the keys, until they have
+    /// said how many they are.
+    #[schemars(extend("default" = 1))]
     instances: Option<u32>,
+    /// Redis, hybrid: how often counts are pushed and claims renewed.
     #[serde(default, deserialize_with = "duration::deserialize_option")]
+    #[schemars(schema_with = "duration::schema", extend("default" = "1s"))]
     sync_interval: Option<Duration>,
+    /// Redis, hybrid: the most permits of a key one instance admits per window beyond its
+    /// claim; 0 never exceeds the limit. Default: 2, or a hundredth of the limit shared by
+    /// the instances, whichever is more.
     max_unclaimed: Option<u64>,
+    /// Redis: pipelined connections to a single server.
+    #[schemars(extend("default" = 1))]
     connections: Option<usize>,
+    /// Redis: in front of every key (keys then start with it, before `tg:`).
+    #[schemars(extend("default" = ""))]
     key_prefix: Option<String>,
+    /// Redis: keys live up to this much longer than their state, spread evenly.
     #[serde(default, deserialize_with = "duration::deserialize_option")]
+    #[schemars(schema_with = "duration::schema", extend("default" = "0s"))]
     expiry_jitter: Option<Duration>,
+    /// Redis: the CA (PEM file) that `rediss://` servers' certificates must chain to,
+    /// instead of the system's roots.
     tls_ca: Option<PathBuf>,
+    /// Redis: a client certificate chain (PEM file) for servers that ask for one, with
+    /// `tls_key`.
     tls_cert: Option<PathBuf>,
+    /// Redis: the client certificate's private key (PEM file).
     tls_key: Option<PathBuf>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+/// Where counters live.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 enum StoreKind {
+    /// In this process.
     Memory,
+    /// On Redis or Redis Cluster.
     Redis,
 }
 
@@ -159,74 +251,95 @@ impl StoreSection {
     }
 }
 
-/// `store.when_full` as written.
-#[derive(Debug, Clone, Copy, Deserialize)]
+/// What a full memory store does with a new key.
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 enum WhenFullSpec {
+    /// Drops the key whose state matters least.
     Evict,
+    /// Decides the new key by its rule's failure policy.
     Refuse,
 }
 
 /// One rule as written, in a file or through the admin API.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RuleSpec {
-    /// The rule's id: letters, digits and `_ - . : /`.
+    /// The rule's id, unique among the rules: 1 to 128 letters, digits and `_ - . : /`.
+    /// Decisions, metrics and the admin API name the rule by it.
     pub id: String,
     /// A disabled rule is kept but matches nothing.
     #[serde(default = "yes")]
+    #[schemars(extend("default" = true))]
     pub enabled: bool,
-    /// Which requests it applies to.
+    /// Which requests it applies to; none: every request.
     #[serde(default, rename = "match")]
     pub matcher: MatchSpec,
-    /// Key parts: `method`, `route`, `client_ip`, `segment:NAME`, `header:NAME`, `text:VALUE`.
+    /// The counter key, from parts of the request, in order: `method`, `route` (the path
+    /// pattern matched), `client_ip`, `segment:NAME` (a named path segment), `header:NAME`,
+    /// `text:VALUE`. None: one counter for every request the rule matches.
     #[serde(default)]
     pub key: Vec<String>,
-    /// `fixed_window`, `sliding_window`, `sub_windows(10)`, `sliding_log`, `token_bucket`,
-    /// `token_bucket(initial=5)`, `interval_bucket`, `leaky_bucket`, `leaky_bucket(shaper)`,
-    /// `gcra`, `warm_up(10s)`, `warm_up(10s, 3)`, `hit_counter`.
+    /// The algorithm, with its arguments in parentheses: `fixed_window`, `sliding_window`,
+    /// `sub_windows(10)`, `sliding_log`, `token_bucket`, `token_bucket(initial=5)`,
+    /// `interval_bucket`, `leaky_bucket`, `leaky_bucket(shaper)`, `gcra`, `warm_up(10s)`,
+    /// `warm_up(10s, 3)`, `hit_counter`.
     #[serde(default = "fixed_window")]
+    #[schemars(extend("default" = "fixed_window"))]
     pub algorithm: String,
-    /// Every tier must admit.
+    /// One or more tiers, all of which must admit a check; a check takes from every tier or
+    /// from none.
     pub tiers: Vec<TierSpec>,
-    /// Counted and reported, never denied.
+    /// Shadow mode: evaluated and counted, never denies (decisions say when it would have).
     #[serde(default)]
+    #[schemars(extend("default" = false))]
     pub shadow: bool,
-    /// What decides when the shared store fails: `open` (default), `closed`, `local:0.25`.
+    /// What decides when the shared store fails or is slow: `open` (admit uncounted),
+    /// `closed` (deny), or `local:SHARE` (limit in this process at that share of every
+    /// tier, e.g. `local:0.25` for four instances).
     #[serde(default = "open")]
+    #[schemars(extend("default" = "open"))]
     pub on_failure: String,
 }
 
-/// A rule's conditions as written.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// A rule's conditions as written: a request must meet all of them.
+#[derive(
+    Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema,
+)]
 #[serde(deny_unknown_fields)]
 pub struct MatchSpec {
-    /// Methods; none: any.
+    /// Methods (`GET`, `PUT`, ...); none: any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub methods: Vec<String>,
-    /// A path pattern; none: any path.
+    /// A path pattern: literal segments, `{name}` (a named segment, which `segment:name`
+    /// keys on), `*` (one segment), `**` (any rest); none: any path.
     #[serde(
         default,
         alias = "pathPattern",
         skip_serializing_if = "Option::is_none"
     )]
+    #[schemars(extend("x-aliases" = ["pathPattern"]))]
     pub path: Option<String>,
     /// Header name to the value required (`*` at the end: a prefix; `*` alone: present).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub headers: BTreeMap<String, String>,
 }
 
-/// One tier as written.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One tier as written: at most `limit` permits per `period`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TierSpec {
-    /// Permits per period.
+    /// Permits per period: at least 1, below 2^53.
     #[serde(alias = "threshold")]
+    #[schemars(extend("x-aliases" = ["threshold"]))]
     pub limit: u64,
-    /// `10s`, `1m`, `1h`, `1d`, or seconds.
+    /// The period: `500ms`, `10s`, `1m`, `1h`, `1d`, `1w`, or a number of seconds.
     #[serde(with = "period")]
+    #[schemars(schema_with = "duration::schema")]
+    #[schema(value_type = String, example = "10s")]
     pub period: Duration,
-    /// A bucket's capacity, for the algorithms that have one.
+    /// A bucket's capacity (token bucket, leaky bucket, GCRA): how many at once; the limit
+    /// when not set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub burst: Option<u64>,
 }

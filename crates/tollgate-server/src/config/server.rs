@@ -53,14 +53,15 @@ pub struct ServerConfig {
 /// TLS, the CA whose certificates clients must present. For gRPC, also from the Envoy
 /// service's `GRPC_SERVER_USE_TLS`, `GRPC_SERVER_TLS_CERT`, `GRPC_SERVER_TLS_KEY` and
 /// `GRPC_CLIENT_TLS_CACERT`.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TlsFiles {
-    /// The certificate chain (PEM).
+    /// The server's certificate chain (PEM file).
     pub cert: PathBuf,
-    /// The private key (PEM).
+    /// The certificate's private key (PEM file).
     pub key: PathBuf,
-    /// The CA clients' certificates must chain to; `None`: clients present none.
+    /// The CA (PEM file) clients' certificates must chain to: mutual TLS, a client without
+    /// one is refused. None: clients present no certificate.
     pub client_ca: Option<PathBuf>,
 }
 

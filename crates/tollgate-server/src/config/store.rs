@@ -125,7 +125,7 @@ impl Default for StoreConfig {
 }
 
 /// How a Redis store decides.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RedisMode {
     /// One atomic round trip per check.

@@ -321,7 +321,7 @@ mod tests {
             seed ^= seed >> 7;
             seed ^= seed << 17;
             // Hot keys 0-3 and a long tail, of lengths 1 to 40.
-            let k = if seed % 3 == 0 {
+            let k = if seed.is_multiple_of(3) {
                 seed % 4
             } else {
                 seed % 5_000

@@ -15,39 +15,70 @@
 
 use std::path::Path;
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 use tollgate::engine::{Domain, DomainBuilder, Node, NodeLimit};
 
 use crate::config::{ConfigError, places};
 
-#[derive(Deserialize)]
+/// A file in the Envoy ratelimit service's format: one domain and its descriptors, answered
+/// as that service answers them.
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(title = "Envoy ratelimit configuration")]
 struct File {
+    /// The domain: Envoy's rate limit requests name it. Required, and unique among the
+    /// files (unless `MERGE_DOMAIN_CONFIG` merges files of one domain).
     #[serde(default)]
+    #[schemars(with = "Option<String>")]
     domain: Option<Spanned<Option<String>>>,
+    /// The descriptors: each matches a key (and a value) of a request's descriptor entry,
+    /// and nests the descriptors that match its next entries.
     #[serde(default)]
+    #[schemars(with = "Option<Vec<Descriptor>>")]
     descriptors: Option<Vec<Spanned<Descriptor>>>,
 }
 
-#[derive(Deserialize)]
+/// A descriptor: matches one entry of a request's descriptor, and limits it or nests the
+/// descriptors of the entries after it.
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct Descriptor {
+    /// The entry's key. Required.
     #[serde(default)]
     key: Option<String>,
+    /// The entry's value; none: any value, each counted apart. `*` matches any run of
+    /// characters, anywhere in the value.
     value: Option<String>,
+    /// The limit of requests that match this far; none: the nested descriptors decide.
     rate_limit: Option<RateLimit>,
+    /// Descriptors for the next entry of the request's descriptor.
     #[serde(default)]
+    #[schemars(with = "Option<Vec<Descriptor>>")]
     descriptors: Option<Vec<Spanned<Descriptor>>>,
+    /// Counted and reported, never over the limit.
     #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(extend("default" = false))]
     shadow_mode: bool,
+    /// Quota mode: a request over this limit is over only when every descriptor in quota
+    /// mode is.
     #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(extend("default" = false))]
     quota_mode: bool,
+    /// Statistics name the whole descriptor, keys and values, rather than rolling a value the
+    /// file does not write into this descriptor's statistics (at most 1,000 series).
     #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(extend("default" = false))]
     detailed_metric: bool,
+    /// Statistics name the value the request sent for this key, even where the file writes
+    /// no value or a wildcard.
     #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(extend("default" = false))]
     value_to_metric: bool,
+    /// With a value ending in `*`: every value it matches shares one counter.
     #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(extend("default" = false))]
     share_threshold: bool,
     /// Returned to Envoy as dynamic metadata when the limit passes and the service is asked
     /// to (`RESPONSE_DYNAMIC_METADATA`); any map.
@@ -55,24 +86,41 @@ struct Descriptor {
     metadata: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
-#[derive(Deserialize)]
+/// A limit: `requests_per_unit` per `unit`, windows aligned to the unit (a month is 30 days,
+/// a year 365, as the Envoy service counts them).
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct RateLimit {
+    /// `second`, `minute`, `hour`, `day`, `week`, `month` or `year` (any case). Required
+    /// unless `unlimited`.
     unit: Option<String>,
+    /// Requests per unit; 0 refuses every request.
     #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(extend("default" = 0))]
     requests_per_unit: u64,
+    /// No limit: every request is OK (and may replace other limits).
     #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(extend("default" = false))]
     unlimited: bool,
+    /// The limit's name, which `replaces` of other limits refer to and answers report.
     name: Option<String>,
+    /// Limits of the same request this one replaces, by name.
     #[serde(default, deserialize_with = "null_is_default")]
     replaces: Vec<Replaces>,
 }
 
-#[derive(Deserialize)]
+/// A limit replaced by another.
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct Replaces {
+    /// The replaced limit's name.
     #[serde(default)]
     name: Option<String>,
+}
+
+/// The JSON Schema of an Envoy file.
+pub fn schema() -> schemars::Schema {
+    schemars::schema_for!(File)
 }
 
 /// A field written with no value (`shadow_mode:`) reads as its default, as in the Envoy

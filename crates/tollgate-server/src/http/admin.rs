@@ -6,24 +6,25 @@
 //! rule changes nothing. Edits take effect at once and outlive reloads of the files; on a Redis
 //! store they are shared with every instance (see [`crate::shared`]).
 
-use axum::Router;
 use std::net::SocketAddr;
 
 use axum::extract::{ConnectInfo, FromRequestParts, Path, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::AppState;
+use super::openapi::{ErrorBody, RuleList};
 use crate::config::parse_rule_spec;
 use crate::service::EditError;
 
-/// The admin routes.
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/v1/rules", get(list))
-        .route("/v1/rules/{id}", get(show).put(put).delete(delete))
+/// The admin routes, with their documentation.
+pub(super) fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list))
+        .routes(routes!(show, put, delete))
 }
 
 fn edit_error(e: &EditError) -> Response {
@@ -83,11 +84,37 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// Lists the native rules, from the files and created through this API.
+#[utoipa::path(
+    get,
+    path = "/v1/rules",
+    tag = "admin",
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, description = "The native rules.", body = RuleList, example = json!({"rules": [{"id": "get-product", "enabled": true, "match": {"methods": ["GET"], "path": "/v1/organizations/{org}/product/*"}, "key": ["segment:org", "route", "method"], "algorithm": "fixed_window", "tiers": [{"limit": 1000, "period": "10s"}], "shadow": false, "on_failure": "open"}]})),
+        (status = 401, description = "No token, or not the configured one.", body = ErrorBody),
+        (status = 403, description = "The admin API is off: no token is configured.", body = ErrorBody),
+    ),
+)]
 async fn list(State(state): State<AppState>, _: Admin) -> Response {
     let loaded = state.service.loaded();
     axum::Json(serde_json::json!({ "rules": loaded.specs })).into_response()
 }
 
+/// One native rule.
+#[utoipa::path(
+    get,
+    path = "/v1/rules/{id}",
+    tag = "admin",
+    security(("admin_token" = [])),
+    params(("id" = String, Path, description = "The rule's id.", example = "get-product")),
+    responses(
+        (status = 200, description = "The rule.", body = crate::config::RuleSpec),
+        (status = 401, description = "No token, or not the configured one.", body = ErrorBody),
+        (status = 403, description = "The admin API is off.", body = ErrorBody),
+        (status = 404, description = "No native rule has that id.", body = ErrorBody),
+    ),
+)]
 async fn show(State(state): State<AppState>, _: Admin, Path(id): Path<String>) -> Response {
     let loaded = state.service.loaded();
     match loaded.specs.iter().find(|s| s.id == id) {
@@ -109,6 +136,28 @@ fn audited(state: &AppState, peer: SocketAddr, action: &str, id: &str) {
     }
 }
 
+/// Creates or replaces a native rule, validated as the files' are. The edit takes effect at
+/// once and outlives reloads; on a Redis store it reaches every instance within a second.
+#[utoipa::path(
+    put,
+    path = "/v1/rules/{id}",
+    tag = "admin",
+    security(("admin_token" = [])),
+    params(("id" = String, Path, description = "The rule's id; the body's `id` must be the same.", example = "search")),
+    request_body(
+        description = "The rule as a native file writes it, in JSON or YAML.",
+        content = crate::config::RuleSpec,
+        example = json!({"id": "search", "match": {"path": "/v1/search"}, "key": ["client_ip"], "algorithm": "gcra", "tiers": [{"limit": 10, "period": "1s", "burst": 20}]}),
+    ),
+    responses(
+        (status = 200, description = "Replaced: the rule as kept.", body = crate::config::RuleSpec),
+        (status = 201, description = "Created: the rule as kept.", body = crate::config::RuleSpec),
+        (status = 401, description = "No token, or not the configured one.", body = ErrorBody),
+        (status = 403, description = "The admin API is off.", body = ErrorBody),
+        (status = 422, description = "The rule, or the rules it would make, are invalid; nothing changed.", body = ErrorBody),
+        (status = 503, description = "The Redis that shares the rules did not take the edit; nothing changed.", body = ErrorBody),
+    ),
+)]
 async fn put(
     State(state): State<AppState>,
     _: Admin,
@@ -139,6 +188,21 @@ async fn put(
     }
 }
 
+/// Deletes a native rule (one from the files stays deleted across reloads).
+#[utoipa::path(
+    delete,
+    path = "/v1/rules/{id}",
+    tag = "admin",
+    security(("admin_token" = [])),
+    params(("id" = String, Path, description = "The rule's id.", example = "search")),
+    responses(
+        (status = 204, description = "Deleted."),
+        (status = 401, description = "No token, or not the configured one.", body = ErrorBody),
+        (status = 403, description = "The admin API is off.", body = ErrorBody),
+        (status = 404, description = "No native rule has that id.", body = ErrorBody),
+        (status = 503, description = "The Redis that shares the rules did not take the edit; nothing changed.", body = ErrorBody),
+    ),
+)]
 async fn delete(
     State(state): State<AppState>,
     _: Admin,

@@ -14,34 +14,53 @@ use serde::Deserialize;
 use tollgate::engine::{Descriptor, LimitOverride, Request, descriptor};
 use tollgate::layer::headers::{self, ceil_secs};
 use tollgate::{Decision, Source};
+use utoipa::{IntoParams, ToSchema};
 
 use super::{AppState, bad_request};
 use crate::envoy::{DescriptorOutcome, EnvoyAnswer};
 use crate::service::{CheckError, Outcome};
 
-/// A check's body, borrowing its strings from the request's bytes where JSON escapes allow.
-#[derive(Deserialize)]
+/// A check's body: one of a request to match (`request`), a rule and a key (`rule`, `key`),
+/// or Envoy descriptors (`domain`, `descriptors`); and the cost. Its strings are borrowed from
+/// the request's bytes where JSON escapes allow.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CheckBody<'a> {
+    /// A request, checked against every rule it matches, all-or-nothing.
     #[serde(borrow)]
     request: Option<RequestBody<'a>>,
+    /// A rule's id, with `key`.
     rule: Option<String>,
+    /// A counter key under `rule`, up to 4 KiB.
     key: Option<String>,
+    /// An Envoy domain, with `descriptors`: answered as the Envoy ratelimit service answers.
     domain: Option<String>,
+    /// Envoy descriptors of `domain`.
     descriptors: Option<Vec<DescriptorBody>>,
+    /// Permits to take; 0 only looks. A cost some tier can never admit is refused (400).
     #[serde(default = "one")]
+    #[schema(default = 1)]
     cost: u64,
 }
 
-#[derive(Deserialize)]
+/// A request to match against the rules.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct RequestBody<'a> {
+    /// Its method.
     #[serde(borrow)]
+    #[schema(value_type = String)]
     method: Cow<'a, str>,
+    /// Its path; a query after `?` is left out.
     #[serde(borrow)]
+    #[schema(value_type = String)]
     path: Cow<'a, str>,
+    /// Its headers, by name (any case).
     #[serde(default, borrow, deserialize_with = "pairs")]
+    #[schema(value_type = std::collections::BTreeMap<String, String>)]
     headers: Headers<'a>,
+    /// The client's address, for rules keyed on `client_ip`.
+    #[schema(value_type = Option<String>)]
     client_ip: Option<IpAddr>,
 }
 
@@ -105,17 +124,23 @@ fn pairs<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Headers<'de>, D::Erro
     d.deserialize_map(Pairs)
 }
 
-#[derive(Deserialize)]
+/// An Envoy descriptor: its entries, in order, and its own cost.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct DescriptorBody {
+    /// The entries.
     entries: Vec<EntryBody>,
+    /// Its hits, instead of the body's `cost`.
     cost: Option<u64>,
 }
 
-#[derive(Deserialize)]
+/// One entry of a descriptor.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct EntryBody {
+    /// The entry's key.
     key: String,
+    /// Its value.
     value: String,
 }
 
@@ -180,7 +205,35 @@ fn source_name(source: Source) -> &'static str {
     }
 }
 
-/// `POST /v1/check`.
+/// Checks a request (or a rule and key, or Envoy descriptors), consuming `cost` permits from
+/// every rule that applies, or from none.
+#[utoipa::path(
+    post,
+    path = "/v1/check",
+    tag = "checks",
+    request_body(
+        content = CheckBody,
+        examples(
+            ("request" = (summary = "A request to match", value = json!({"request": {"method": "GET", "path": "/v1/organizations/acme/product/7", "headers": {"x-tenant": "acme"}, "client_ip": "10.0.0.1"}, "cost": 1}))),
+            ("rule and key" = (summary = "A key under one rule", value = json!({"rule": "get-product", "key": "acme", "cost": 1}))),
+            ("descriptors" = (summary = "Envoy descriptors", value = json!({"domain": "edge", "descriptors": [{"entries": [{"key": "remote_address", "value": "10.0.0.1"}]}]}))),
+        ),
+    ),
+    responses(
+        (status = 200, description = "Admitted: every rule admits, and each consumed the cost.", body = super::openapi::CheckAnswer, headers(
+            ("X-RateLimit-Limit" = u64, description = "The binding tier's capacity."),
+            ("X-RateLimit-Remaining" = u64, description = "What the binding tier would still admit now."),
+            ("X-RateLimit-Reset" = u64, description = "Seconds, rounded up, until the binding tier is full again."),
+            ("RateLimit-Policy" = String, description = "Every tier of every rule that decided: `\"name\";q=QUOTA;w=SECONDS`."),
+            ("RateLimit" = String, description = "The binding tier's policy, what it would still admit and the seconds to wait or until full: `\"name\";r=0;t=1`."),
+        )),
+        (status = 429, description = "Denied: some rule denies; nothing was consumed. `Retry-After` says when the same request would be admitted.", body = super::openapi::CheckAnswer, example = json!({"allowed": false, "decisions": [{"rule": "get-product", "allowed": false, "limit": 1000, "remaining": 0, "reset_after_ms": 4210, "retry_after_ms": 4210, "window_s": 10, "shadowed": false, "source": "memory"}]})),
+        (status = 400, description = "A body that is not a check: an unknown rule, a bad key, a cost no tier can admit, not UTF-8.", body = super::openapi::ErrorBody),
+        (status = 413, description = "A body over `server.max_body_bytes`.", body = super::openapi::ErrorBody),
+        (status = 415, description = "Not `application/json`.", body = super::openapi::ErrorBody),
+        (status = 422, description = "JSON of the wrong shape (an unknown field, a negative cost).", body = super::openapi::ErrorBody),
+    ),
+)]
 pub(super) async fn check(state: AppState, request: axum::extract::Request) -> Response {
     let json = request
         .headers()
@@ -331,9 +384,14 @@ fn answer_descriptors(answer: &EnvoyAnswer) -> Response {
     )
 }
 
-#[derive(Deserialize)]
+/// `/v1/auth`'s query.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct AuthQuery {
+    /// The status of a denial: 429 (the default), or 401 or 403 for proxies that pass only
+    /// those on (nginx's `auth_request`).
     deny_status: Option<u16>,
+    /// Permits to take (1).
     cost: Option<u64>,
 }
 
@@ -344,7 +402,30 @@ const X_ORIGINAL_METHOD: HeaderName = HeaderName::from_static("x-original-method
 const X_FORWARDED_METHOD: HeaderName = HeaderName::from_static("x-forwarded-method");
 const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 
-/// `/v1/auth`.
+/// nginx `auth_request` and other proxies' forward auth (any method): checks the original
+/// request its headers describe, and answers with no body.
+#[utoipa::path(
+    get,
+    path = "/v1/auth",
+    tag = "checks",
+    params(
+        AuthQuery,
+        ("X-Original-URI" = String, Header, description = "The original request's URI (or `X-Forwarded-Uri`).", example = "/v1/organizations/acme/product/7"),
+        ("X-Original-Method" = Option<String>, Header, description = "Its method (or `X-Forwarded-Method`); GET when absent."),
+        ("X-Real-IP" = Option<String>, Header, description = "The client's address; the connection's when absent."),
+    ),
+    responses(
+        (status = 204, description = "Admitted.", headers(
+            ("X-RateLimit-Limit" = u64, description = "The binding tier's capacity."),
+            ("X-RateLimit-Remaining" = u64, description = "What the binding tier would still admit now."),
+            ("X-RateLimit-Reset" = u64, description = "Seconds, rounded up, until the binding tier is full again."),
+            ("RateLimit-Policy" = String, description = "Every tier of every rule that decided: `\"name\";q=QUOTA;w=SECONDS`."),
+            ("RateLimit" = String, description = "The binding tier's policy, what it would still admit and the seconds to wait or until full: `\"name\";r=0;t=1`."),
+        )),
+        (status = 429, description = "Denied (or the `deny_status` asked for: 401, 403); `Retry-After` says when."),
+        (status = 400, description = "No `X-Original-URI`, or a bad `deny_status` or cost.", body = super::openapi::ErrorBody),
+    ),
+)]
 pub(super) async fn auth(
     state: AppState,
     peer: SocketAddr,

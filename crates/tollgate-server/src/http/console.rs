@@ -25,18 +25,23 @@ use std::net::SocketAddr;
 use std::path::Path as FilePath;
 use std::time::Duration;
 
-use axum::Router;
 use axum::extract::{ConnectInfo, Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tollgate::engine::{Hit, Request};
 use tollgate::{AnyStore, Decision, Item, Rule};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::AppState;
 use super::admin::Admin;
+use super::openapi::{
+    AuditLog, ConsoleRule, ConsoleRules, ErrorBody, Explained, Overview, PlacedError,
+    PreviewAnswer, Validated,
+};
 use crate::config::{RuleSpec, parse_rule_text};
 use crate::console::{Audit, Recent, RuleView};
 
@@ -44,21 +49,21 @@ const PAGE: &str = include_str!("../console/assets/index.html");
 const SCRIPT: &str = include_str!("../console/assets/app.js");
 const STYLE: &str = include_str!("../console/assets/app.css");
 
-/// The console's routes.
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/console", get(page))
-        .route("/console/", get(page))
-        .route("/console/app.js", get(script))
-        .route("/console/app.css", get(style))
-        .route("/v1/console/overview", get(overview))
-        .route("/v1/console/rules", get(rules))
-        .route("/v1/console/rules/{id}", get(rule))
-        .route("/v1/console/rules/{id}/reset", post(reset))
-        .route("/v1/console/validate", post(validate))
-        .route("/v1/console/preview", post(preview))
-        .route("/v1/console/explain", post(explain))
-        .route("/v1/console/audit", get(audit))
+/// The console's routes, with their documentation.
+pub(super) fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(page))
+        .routes(routes!(page_in))
+        .routes(routes!(script))
+        .routes(routes!(style))
+        .routes(routes!(overview))
+        .routes(routes!(rules))
+        .routes(routes!(rule))
+        .routes(routes!(reset))
+        .routes(routes!(validate))
+        .routes(routes!(preview))
+        .routes(routes!(explain))
+        .routes(routes!(audit))
 }
 
 /// The page's own files only: no inline script, nothing from elsewhere.
@@ -78,14 +83,26 @@ fn asset(kind: &'static str, body: &'static str) -> Response {
     response
 }
 
+/// The console's page: it asks for the admin token and keeps it for the browser tab only.
+#[utoipa::path(get, path = "/console", tag = "console", responses((status = 200, description = "The page.", content_type = "text/html", body = String)))]
 async fn page() -> Response {
     asset("text/html; charset=utf-8", PAGE)
 }
 
+/// The console's page, as `/console`.
+#[utoipa::path(get, path = "/console/", tag = "console", responses((status = 200, description = "The page.", content_type = "text/html", body = String)))]
+async fn page_in() -> Response {
+    page().await
+}
+
+/// The page's script.
+#[utoipa::path(get, path = "/console/app.js", tag = "console", responses((status = 200, description = "The script.", content_type = "text/javascript", body = String)))]
 async fn script() -> Response {
     asset("text/javascript; charset=utf-8", SCRIPT)
 }
 
+/// The page's style.
+#[utoipa::path(get, path = "/console/app.css", tag = "console", responses((status = 200, description = "The style sheet.", content_type = "text/css", body = String)))]
 async fn style() -> Response {
     asset("text/css; charset=utf-8", STYLE)
 }
@@ -112,13 +129,25 @@ fn span(d: Duration) -> String {
     let s = d.as_secs();
     match () {
         _ if d.subsec_nanos() != 0 => format!("{}ms", d.as_millis()),
-        _ if s % 86_400 == 0 => format!("{}d", s / 86_400),
-        _ if s % 3_600 == 0 => format!("{}h", s / 3_600),
-        _ if s % 60 == 0 => format!("{}m", s / 60),
+        _ if s.is_multiple_of(86_400) => format!("{}d", s / 86_400),
+        _ if s.is_multiple_of(3_600) => format!("{}h", s / 3_600),
+        _ if s.is_multiple_of(60) => format!("{}m", s / 60),
         _ => format!("{s}s"),
     }
 }
 
+/// Decisions per second, latency, the store and its health, the rule files, the instances.
+#[utoipa::path(
+    get,
+    path = "/v1/console/overview",
+    tag = "console",
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, description = "The overview.", body = Overview),
+        (status = 401, description = "No token, or not the configured one.", body = ErrorBody),
+        (status = 404, description = "The console is off (no admin token), or no rule has the id named.", body = ErrorBody),
+    ),
+)]
 async fn overview(State(state): State<AppState>, _: Admin) -> Response {
     let console = console!(state);
     let service = &state.service;
@@ -245,6 +274,18 @@ fn describe(rule: &Rule, spec: Option<&RuleSpec>, admin: bool, store: &str) -> V
     })
 }
 
+/// Every rule, native and Envoy's, with its rate, denials and the share of its limit in use.
+#[utoipa::path(
+    get,
+    path = "/v1/console/rules",
+    tag = "console",
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, description = "The rules.", body = ConsoleRules),
+        (status = 401, description = "No token, or not the configured one.", body = ErrorBody),
+        (status = 404, description = "The console is off (no admin token), or no rule has the id named.", body = ErrorBody),
+    ),
+)]
 async fn rules(State(state): State<AppState>, _: Admin) -> Response {
     let console = console!(state);
     let loaded = state.service.loaded();
@@ -281,6 +322,19 @@ async fn rules(State(state): State<AppState>, _: Admin) -> Response {
     axum::Json(json!({ "rules": list })).into_response()
 }
 
+/// One rule: decisions per second and per minute, its hottest keys with what each has left.
+#[utoipa::path(
+    get,
+    path = "/v1/console/rules/{id}",
+    tag = "console",
+    security(("admin_token" = [])),
+    params(("id" = String, Path, description = "The rule's id.", example = "get-product")),
+    responses(
+        (status = 200, description = "The rule.", body = ConsoleRule),
+        (status = 401, description = "No token, or not the configured one.", body = ErrorBody),
+        (status = 404, description = "The console is off (no admin token), or no rule has the id named.", body = ErrorBody),
+    ),
+)]
 async fn rule(State(state): State<AppState>, _: Admin, Path(id): Path<String>) -> Response {
     let console = console!(state);
     let loaded = state.service.loaded();
@@ -331,12 +385,29 @@ async fn rule(State(state): State<AppState>, _: Admin, Path(id): Path<String>) -
     .into_response()
 }
 
-#[derive(Deserialize)]
+/// A key to forget.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct ResetBody {
+    /// The counter key, as the rule engine builds it (the console shows it).
     key: String,
 }
 
+/// Forgets one key's count under a rule: its next check finds it new. Audited.
+#[utoipa::path(
+    post,
+    path = "/v1/console/rules/{id}/reset",
+    tag = "console",
+    security(("admin_token" = [])),
+    params(("id" = String, Path, description = "The rule's id.", example = "get-product")),
+    request_body(content = ResetBody, example = json!({"key": "4:acme"})),
+    responses(
+        (status = 204, description = "Forgotten."),
+        (status = 422, description = "An unknown rule or a bad key.", body = ErrorBody),
+        (status = 401, description = "No token, or not the configured one.", body = ErrorBody),
+        (status = 404, description = "The console is off (no admin token), or no rule has the id named.", body = ErrorBody),
+    ),
+)]
 async fn reset(
     State(state): State<AppState>,
     admin: Admin,
@@ -361,6 +432,20 @@ async fn reset(
     }
 }
 
+/// Checks a rule as the admin API would take it, changing nothing.
+#[utoipa::path(
+    post,
+    path = "/v1/console/validate",
+    tag = "console",
+    security(("admin_token" = [])),
+    request_body(description = "A rule, in YAML or JSON.", content_type = "application/yaml", content = String, example = "id: tight\nmatch: { path: /v1/search }\ntiers: [{ limit: 5, period: 1m }]\n"),
+    responses(
+        (status = 200, description = "The rule would be taken.", body = Validated),
+        (status = 422, description = "What is wrong, at its line and column.", body = PlacedError),
+        (status = 401, description = "No token, or not the configured one.", body = ErrorBody),
+        (status = 404, description = "The console is off (no admin token), or no rule has the id named.", body = ErrorBody),
+    ),
+)]
 async fn validate(State(state): State<AppState>, _: Admin, body: String) -> Response {
     let _ = console!(state);
     match parse_rule_text(FilePath::new("rule"), &body) {
@@ -396,11 +481,15 @@ fn placed(text: &str, id: &str, message: String) -> Response {
         .into_response()
 }
 
-#[derive(Deserialize)]
+/// A proposed rule and how far back to replay.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct PreviewBody {
+    /// The rule, in YAML or JSON.
     rule: String,
+    /// Minutes of recorded requests to replay, 1 to 60.
     #[serde(default = "five")]
+    #[schema(default = 5, minimum = 1, maximum = 60)]
     minutes: u64,
 }
 
@@ -408,6 +497,21 @@ fn five() -> u64 {
     5
 }
 
+/// Replays the requests recorded lately through a proposed rule (and the rule of that id in
+/// use): how many it would deny, which keys.
+#[utoipa::path(
+    post,
+    path = "/v1/console/preview",
+    tag = "console",
+    security(("admin_token" = [])),
+    request_body(content = PreviewBody, example = json!({"rule": "id: tight\nmatch: { path: /v1/search }\ntiers: [{ limit: 5, period: 1m }]\n", "minutes": 5})),
+    responses(
+        (status = 200, description = "What each would have done.", body = PreviewAnswer),
+        (status = 422, description = "What is wrong with the rule, at its line and column.", body = PlacedError),
+        (status = 401, description = "No token, or not the configured one.", body = ErrorBody),
+        (status = 404, description = "The console is off (no admin token), or no rule has the id named.", body = ErrorBody),
+    ),
+)]
 async fn preview(
     State(state): State<AppState>,
     _: Admin,
@@ -444,13 +548,19 @@ async fn preview(
     axum::Json(json!({ "proposed": proposed, "current": current })).into_response()
 }
 
-#[derive(Deserialize)]
+/// A request to match, or a rule and a key.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct ExplainBody {
+    /// A request, as `/v1/check` takes it.
     request: Option<ExplainRequest>,
+    /// A rule, with `key`.
     rule: Option<String>,
+    /// A counter key under `rule`.
     key: Option<String>,
+    /// The cost to explain.
     #[serde(default = "one")]
+    #[schema(default = 1)]
     cost: u64,
 }
 
@@ -458,16 +568,38 @@ fn one() -> u64 {
     1
 }
 
-#[derive(Deserialize)]
+/// A request to match.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct ExplainRequest {
+    /// Its method.
     method: String,
+    /// Its path (a query is left out).
     path: String,
+    /// Its headers, by name.
     #[serde(default)]
     headers: std::collections::BTreeMap<String, String>,
+    /// The client's address.
+    #[schema(value_type = Option<String>)]
     client_ip: Option<std::net::IpAddr>,
 }
 
+/// What a check would get, and why: the rules that match, their keys and state, the
+/// decision and the headers; nothing is consumed.
+#[utoipa::path(
+    post,
+    path = "/v1/console/explain",
+    tag = "console",
+    security(("admin_token" = [])),
+    request_body(content = ExplainBody, example = json!({"request": {"method": "GET", "path": "/v1/organizations/acme/product/7"}, "cost": 1})),
+    responses(
+        (status = 200, description = "The explanation.", body = Explained),
+        (status = 400, description = "Neither a request nor a rule and key.", body = ErrorBody),
+        (status = 401, description = "No token, or not the configured one.", body = ErrorBody),
+        (status = 404, description = "The console is off (no admin token), or no rule has the id named.", body = ErrorBody),
+        (status = 422, description = "A bad key or cost.", body = ErrorBody),
+    ),
+)]
 async fn explain(
     State(state): State<AppState>,
     _: Admin,
@@ -569,6 +701,18 @@ async fn explain(
     .into_response()
 }
 
+/// The admin actions taken through this instance, newest first.
+#[utoipa::path(
+    get,
+    path = "/v1/console/audit",
+    tag = "console",
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, description = "The audit log.", body = AuditLog),
+        (status = 401, description = "No token, or not the configured one.", body = ErrorBody),
+        (status = 404, description = "The console is off (no admin token), or no rule has the id named.", body = ErrorBody),
+    ),
+)]
 async fn audit(State(state): State<AppState>, _: Admin) -> Response {
     let console = console!(state);
     let audit: Vec<Value> = console

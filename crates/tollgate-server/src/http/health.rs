@@ -7,8 +7,29 @@ use axum::response::{IntoResponse, Response};
 
 use super::AppState;
 
+/// Whether the process answers at all: always 200 `ok`.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "health",
+    responses((status = 200, description = "The process answers.", content_type = "text/plain", body = String, example = "ok\n")),
+)]
+pub(super) async fn healthz() -> &'static str {
+    "ok\n"
+}
+
 /// The Envoy ratelimit service's health check: 200 `OK` while healthy (see
-/// [`Service::healthy`]), else 500.
+/// [`Service::healthy`](crate::service::Service::healthy)), else 500.
+#[utoipa::path(
+    get,
+    path = "/healthcheck",
+    tag = "envoy",
+    description = "As envoyproxy/ratelimit's: 200 `OK` while healthy; 500 once SIGTERM arrives, while its Redis has not answered since start (or, with `REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`, does not answer now), and, with `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`, until a domain is loaded.",
+    responses(
+        (status = 200, description = "Healthy.", content_type = "text/plain", body = String, example = "OK"),
+        (status = 500, description = "Not healthy."),
+    ),
+)]
 pub(super) async fn healthcheck(State(state): State<AppState>) -> Response {
     if state.service.healthy() {
         (StatusCode::OK, "OK").into_response()
@@ -20,6 +41,22 @@ pub(super) async fn healthcheck(State(state): State<AppState>) -> Response {
 /// The Envoy ratelimit service's `POST /json`: a `RateLimitRequest` in protobuf's JSON
 /// mapping, answered as over gRPC, in JSON, with 429 when over the limit; 400 and the reason
 /// for a body that is not a request.
+#[utoipa::path(
+    post,
+    path = "/json",
+    tag = "envoy",
+    request_body(
+        description = "An `envoy.service.ratelimit.v3.RateLimitRequest` in protobuf's JSON mapping.",
+        content_type = "application/json",
+        content = Object,
+        example = json!({"domain": "edge", "descriptors": [{"entries": [{"key": "remote_address", "value": "10.0.0.1"}]}]}),
+    ),
+    responses(
+        (status = 200, description = "A `RateLimitResponse` in protobuf's JSON mapping: within the limits.", content_type = "application/json", body = Object, example = json!({"overallCode": "OK", "statuses": [{"code": "OK", "currentLimit": {"requestsPerUnit": 10, "unit": "SECOND"}, "limitRemaining": 9, "durationUntilReset": "1s"}]})),
+        (status = 429, description = "The same, over a limit.", content_type = "application/json", body = Object),
+        (status = 400, description = "Not a request: `Bad Request: ` and the reason.", content_type = "text/plain", body = String),
+    ),
+)]
 pub(super) async fn envoy_json(
     State(state): State<AppState>,
     request: axum::extract::Request,
@@ -56,6 +93,17 @@ pub(super) async fn envoy_json(
     }
 }
 
+/// Whether the service can decide: rules are loaded and a shared store, if any, answers some
+/// checks.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "health",
+    responses(
+        (status = 200, description = "Ready; on a Redis Cluster with failing masters, `ready, partly:` and which, and how many slots their rules' failure policies decide.", content_type = "text/plain", body = String, example = "ready\n"),
+        (status = 503, description = "The shared store does not answer: every check is decided by its rule's failure policy.", content_type = "text/plain", body = String),
+    ),
+)]
 pub(super) async fn ready(State(state): State<AppState>) -> Response {
     if !state.service.ready() {
         return (
@@ -81,6 +129,16 @@ pub(super) async fn ready(State(state): State<AppState>) -> Response {
     }
 }
 
+/// The metrics, in Prometheus's text format (docs/metrics.md lists them).
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "health",
+    responses(
+        (status = 200, description = "Every metric.", content_type = "text/plain; version=0.0.4", body = String),
+        (status = 404, description = "Metrics are off (a service embedded without them).", content_type = "text/plain", body = String),
+    ),
+)]
 pub(super) async fn render_metrics(State(state): State<AppState>) -> Response {
     state.service.observe();
     if let Some(registry) = &state.connections {

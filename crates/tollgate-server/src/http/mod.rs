@@ -23,6 +23,7 @@ pub mod admin;
 mod check;
 pub mod console;
 mod health;
+pub mod openapi;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -36,11 +37,13 @@ use axum::body::Body;
 use axum::extract::DefaultBodyLimit;
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::envoy::Envoy;
 use crate::net::connections::{Registry, Tracked, Watched};
@@ -73,16 +76,23 @@ const AUTH: &str = "/v1/auth";
 /// check handler bounds its own.
 fn router(state: AppState) -> Router {
     let limit = DefaultBodyLimit::max(state.max_body_bytes);
-    let mut router = Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(health::ready))
-        .route("/healthcheck", get(health::healthcheck))
-        .route("/json", axum::routing::post(health::envoy_json))
-        .route("/metrics", get(health::render_metrics))
-        .merge(admin::router().layer(limit));
-    // The console only where an admin token guards it.
+    let (router, mut document) = OpenApiRouter::with_openapi(openapi::Document::openapi())
+        .routes(routes!(health::healthz))
+        .routes(routes!(health::ready))
+        .routes(routes!(health::healthcheck))
+        .routes(routes!(health::envoy_json))
+        .routes(routes!(health::render_metrics))
+        .routes(routes!(openapi::document))
+        .merge(admin::router().layer(limit))
+        .split_for_parts();
+    // The console's routes are described always, and served only where an admin token
+    // guards them.
+    let (console, described) = console::router().layer(limit).split_for_parts();
+    document.merge(described);
+    openapi::keep(document);
+    let mut router = router;
     if state.admin_token.is_some() && state.service.console().is_some() {
-        router = router.merge(console::router().layer(limit));
+        router = router.merge(console);
     }
     router.with_state(state)
 }

@@ -65,7 +65,7 @@ impl Decide for SubWindows {
                 format!("must be between 1 and {MAX_COUNT}"),
             ));
         }
-        if tier.period_micros() % u64::from(self.count) != 0 {
+        if !tier.period_micros().is_multiple_of(u64::from(self.count)) {
             return Err(Invalid::Tier(
                 "period",
                 format!(

@@ -96,7 +96,7 @@ impl Tier {
         if self.period.is_zero() {
             return Err(("period", "must be longer than zero".into()));
         }
-        if self.period.subsec_nanos() % 1_000 != 0 {
+        if !self.period.subsec_nanos().is_multiple_of(1_000) {
             return Err(("period", "must be a whole number of microseconds".into()));
         }
         if self.period_micros >= MAX_EXACT {

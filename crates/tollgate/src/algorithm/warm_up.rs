@@ -115,7 +115,7 @@ impl Decide for WarmUp {
                 ),
             ));
         }
-        if self.period.subsec_nanos() % 1_000 != 0 {
+        if !self.period.subsec_nanos().is_multiple_of(1_000) {
             return Err(Invalid::Parameter(
                 "warm_up",
                 "must be a whole number of microseconds".into(),

@@ -1,0 +1,307 @@
+//! The OpenAPI document of the HTTP API, served at `GET /v1/openapi.json`. Routes are
+//! registered with their documentation (`utoipa_axum::routes!`), so that a route cannot be
+//! served without being described; the two checks, served before the router, are added here.
+//! The answers the handlers write by hand are described by the types below, which
+//! `tests/openapi.rs` checks real answers against.
+
+use std::sync::OnceLock;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi, ToSchema};
+
+use super::AppState;
+
+/// The document's parts that no route carries: what the API is, its tags, the admin token,
+/// and the checks served before the router.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "tollgate",
+        description = "The HTTP API of the tollgate rate limit service: checks (`/v1/check`, \
+                       `/v1/auth`), the admin API (`/v1/rules`), the console's API \
+                       (`/v1/console/...`), health and metrics, and the Envoy ratelimit \
+                       service's `/healthcheck` and `/json`. Every answer about a limit carries \
+                       `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`, \
+                       `RateLimit-Policy`, `RateLimit`, and `Retry-After` when denied.",
+        license(name = "Apache-2.0", identifier = "Apache-2.0"),
+    ),
+    paths(super::check::check, super::check::auth),
+    tags(
+        (name = "checks", description = "Asked before doing work: is this request within its limits?"),
+        (name = "admin", description = "Rules created, replaced and deleted at run time, behind the admin token."),
+        (name = "console", description = "The console's page and JSON API: on only with an admin token (404 otherwise), behind it."),
+        (name = "health", description = "Liveness, readiness, metrics, and this document."),
+        (name = "envoy", description = "The Envoy ratelimit service's own HTTP surfaces."),
+    ),
+    modifiers(&AdminToken),
+)]
+pub(super) struct Document;
+
+/// The admin token as a security scheme: `Authorization: Bearer <token>`.
+struct AdminToken;
+
+impl Modify for AdminToken {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "admin_token",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "The token `serve --admin-token` (or `TOLLGATE_ADMIN_TOKEN`) sets; without \
+                         one, the admin API answers 403 and the console 404.",
+                    ))
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// The document, made once from the routes `router` built.
+static DOCUMENT: OnceLock<String> = OnceLock::new();
+
+/// Keeps the document of the routes, the first time the router is made.
+pub(super) fn keep(document: utoipa::openapi::OpenApi) {
+    DOCUMENT.get_or_init(|| document.to_pretty_json().unwrap_or_default());
+}
+
+/// The OpenAPI document of the HTTP API.
+#[utoipa::path(
+    get,
+    path = "/v1/openapi.json",
+    tag = "health",
+    responses((status = 200, description = "This document (OpenAPI 3.1).", content_type = "application/json", body = Object)),
+)]
+pub(super) async fn document(State(_): State<AppState>) -> Response {
+    let text = DOCUMENT.get().cloned().unwrap_or_default();
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        text,
+    )
+        .into_response()
+}
+
+/// The answer to a check: whether the request is admitted (every rule admits), and each
+/// rule's decision.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"allowed": true, "decisions": [{"rule": "get-product", "allowed": true, "limit": 1000, "remaining": 999, "reset_after_ms": 9512, "window_s": 10, "shadowed": false, "source": "memory"}]}))]
+pub struct CheckAnswer {
+    /// Whether the request is admitted: every decision admits. A denied check consumed
+    /// nothing, in any rule.
+    pub allowed: bool,
+    /// One decision per rule that applied, in order.
+    pub decisions: Vec<DecisionView>,
+}
+
+/// One rule's decision, by its binding tier (the one that denied with the longest wait, or,
+/// when every tier admitted, the one with the least left).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DecisionView {
+    /// The rule's id.
+    pub rule: String,
+    /// Whether this rule admits.
+    pub allowed: bool,
+    /// The binding tier's capacity: its limit, or a bucket's burst.
+    pub limit: u64,
+    /// What the binding tier would still admit now.
+    pub remaining: u64,
+    /// Milliseconds, rounded up, until the binding tier is back to its full allowance if
+    /// nothing else arrives.
+    pub reset_after_ms: u64,
+    /// When denied: milliseconds, rounded up, until the same request would be admitted;
+    /// never early.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
+    /// The binding tier's window in whole seconds, rounded up.
+    pub window_s: u64,
+    /// A rule in shadow mode would have denied: admitted anyway.
+    pub shadowed: bool,
+    /// What decided.
+    pub source: DecisionSource,
+}
+
+/// What decided: the store, or, when a shared store failed, the rule's failure policy.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DecisionSource {
+    /// The memory store.
+    Memory,
+    /// Redis, in one atomic round trip.
+    Redis,
+    /// The hybrid store's counts.
+    Hybrid,
+    /// The lease store's leases.
+    Lease,
+    /// The local share of the limit (`on_failure: local:SHARE`), while Redis failed.
+    Fallback,
+    /// Admitted uncounted (`on_failure: open`), while Redis failed.
+    FailOpen,
+    /// Denied (`on_failure: closed`), while Redis failed.
+    FailClosed,
+    /// A path added after this version.
+    Other,
+}
+
+/// What is wrong with a request.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"error": "unknown rule `nope`"}))]
+pub struct ErrorBody {
+    /// What is wrong, in words.
+    pub error: String,
+}
+
+/// What is wrong with a rule, at the line and column of the field at fault in the text sent.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"error": "rule `tight`: tiers[0].limit: must be at least 1", "line": 4, "column": 19}))]
+pub struct PlacedError {
+    /// What is wrong.
+    pub error: String,
+    /// The line (from 1).
+    pub line: u64,
+    /// The column (from 1).
+    pub column: u64,
+}
+
+/// The native rules, as written.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RuleList {
+    /// Every native rule: from the files, and created through this API.
+    pub rules: Vec<crate::config::RuleSpec>,
+}
+
+/// The console's overview.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Overview {
+    /// This instance's name among the instances of one Redis.
+    pub instance: String,
+    /// tollgate's version.
+    pub version: String,
+    /// When this instance started (seconds since the epoch).
+    pub started: u64,
+    /// Now (seconds since the epoch).
+    pub now: u64,
+    /// Decisions per second over the last 10 s: `allowed`, `denied`, `shadow`.
+    #[schema(value_type = Object)]
+    pub rate: Value,
+    /// Check latency over the last minute: `p50_us`, `p99_us`.
+    #[schema(value_type = Object)]
+    pub latency: Value,
+    /// Decisions per second for two minutes, oldest first.
+    #[schema(value_type = Vec<Object>)]
+    pub seconds: Vec<Value>,
+    /// The store: `kind`, and its health (keys and bytes held; on Redis, a `PING`'s round
+    /// trip, whether it is `down` or `degraded`, its `nodes`).
+    #[schema(value_type = Object)]
+    pub store: Value,
+    /// The rule files served.
+    pub files: Vec<String>,
+    /// How the rule files loaded: `version`, `loaded_at`, `last_error`.
+    #[schema(value_type = Object)]
+    pub status: Value,
+    /// The instances on the same Redis (this one alone on the memory store).
+    #[schema(value_type = Vec<Object>)]
+    pub instances: Vec<Value>,
+    /// What the recorder holds for the impact preview.
+    #[schema(value_type = Object)]
+    pub recorder: Value,
+}
+
+/// Every rule (native and Envoy's) with what it does and how busy it is.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ConsoleRules {
+    /// Each rule: `id`, `source` (file, admin, envoy), `algorithm`, `tiers`, `shadow`,
+    /// `on_failure`, `store`, `enabled`, `match`, `key`, its `rate` (per second over 10 s),
+    /// `denied_per_minute`, `shadow_per_minute`, `in_use` (the largest share of its limit a
+    /// key uses), `all_instances_per_minute`.
+    #[schema(value_type = Vec<Object>)]
+    pub rules: Vec<Value>,
+}
+
+/// One rule, its recent decisions and its hottest keys.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ConsoleRule {
+    /// What the rule is (as in the list).
+    #[schema(value_type = Object)]
+    pub rule: Value,
+    /// The rule as written, when it is native.
+    #[schema(value_type = Option<Object>)]
+    pub spec: Option<Value>,
+    /// The same, in YAML.
+    pub yaml: Option<String>,
+    /// Decisions per second for two minutes.
+    #[schema(value_type = Vec<Object>)]
+    pub seconds: Vec<Value>,
+    /// Decisions per minute for an hour.
+    #[schema(value_type = Vec<Object>)]
+    pub minutes: Vec<Value>,
+    /// The hottest keys `hits` and `denials`, each with what it has left now.
+    #[schema(value_type = Object)]
+    pub hot: Value,
+}
+
+/// A rule that would be taken.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Validated {
+    /// The rule, as the admin API would keep it.
+    pub rule: crate::config::RuleSpec,
+    /// The same, in YAML.
+    pub yaml: Option<String>,
+}
+
+/// The requests recorded lately, replayed through a proposed rule and through the rule of
+/// that id in use now.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PreviewAnswer {
+    /// What the proposed rule would have done: requests matched, denied, which keys, offered
+    /// against admitted over time.
+    #[schema(value_type = Object)]
+    pub proposed: Value,
+    /// The same for the rule in use, when one has that id.
+    #[schema(value_type = Option<Object>)]
+    pub current: Option<Value>,
+}
+
+/// What a check would get, consuming nothing.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Explained {
+    /// The rules that match, each with its key, state and what it would say.
+    #[schema(value_type = Vec<Object>)]
+    pub matches: Vec<Value>,
+    /// The cost explained.
+    #[serde(default)]
+    pub cost: Option<u64>,
+    /// Whether the check would be admitted.
+    pub allowed: bool,
+    /// The status the caller would get.
+    #[serde(default)]
+    pub status: Option<u16>,
+    /// The rate limit header fields the caller would get.
+    #[schema(value_type = Object)]
+    pub headers: Value,
+}
+
+/// The admin actions taken through this instance, newest first.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AuditLog {
+    /// Each: `at` (seconds since the epoch), `action`, `rule`, `key`, `by` (the client's
+    /// address), `display`.
+    #[schema(value_type = Vec<Object>)]
+    pub audit: Vec<Value>,
+}
