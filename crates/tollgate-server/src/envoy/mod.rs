@@ -1,9 +1,10 @@
 //! Everything that exists because envoyproxy/ratelimit does: its file format ([`file`](mod@file)), its
-//! environment settings ([`settings`]), its answer to descriptors ([`answer`]) over gRPC
+//! environment settings ([`settings`], every one of them in [`catalog`]), its answer to descriptors ([`answer`]) over gRPC
 //! ([`rls`]) and `POST /json` ([`json`]), its local cache of descriptors over their limit
 //! ([`over_cache`]), its statsd sink ([`statsd`]) and its debug listener ([`debug`]).
 
 pub mod answer;
+pub mod catalog;
 pub mod debug;
 pub mod file;
 pub mod json;

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::catalog::{SETTINGS, Status};
 use crate::config::{
     ConfigError, DEFAULT_REDIS_TIMEOUT, DEFAULT_SYNC_INTERVAL, EnvoySettings, RedisMode,
     RedisOptions, ServerConfig, Startup, Statsd, StoreConfig, TlsFiles,
@@ -15,17 +16,8 @@ use crate::config::{
 /// TLS on the gRPC listener from the environment (see [`TlsFiles`]).
 ///
 /// # Errors
-/// `GRPC_SERVER_USE_TLS` without a certificate or key, or `GRPC_CLIENT_TLS_SAN`, which
-/// tollgate does not check (a client allowed by its CA is not refused for its name).
+/// `GRPC_SERVER_USE_TLS` without a certificate or key.
 pub fn grpc_tls_from_env() -> Result<Option<TlsFiles>, ConfigError> {
-    if env("GRPC_CLIENT_TLS_SAN").is_some() {
-        return Err(env_error(
-            "GRPC_CLIENT_TLS_SAN",
-            "tollgate does not check the name in a client's certificate; any client whose \
-             certificate GRPC_CLIENT_TLS_CACERT's CA signed is admitted: unset it, or give \
-             that CA to these clients alone",
-        ));
-    }
     if !env_flag("GRPC_SERVER_USE_TLS")? {
         return Ok(None);
     }
@@ -41,107 +33,23 @@ pub fn grpc_tls_from_env() -> Result<Option<TlsFiles>, ConfigError> {
     }))
 }
 
-/// The Envoy ratelimit service's settings whose purpose tollgate meets without them: set,
-/// `serve` says so at start, in these words.
-const MET_BY_DESIGN: &[(&str, &str)] = &[
-    (
-        "REDIS_PIPELINE_WINDOW",
-        "tollgate writes every check queued while a write is in flight together, without \
-         waiting",
-    ),
-    (
-        "REDIS_PIPELINE_LIMIT",
-        "tollgate writes every check queued while a write is in flight together, without \
-         waiting",
-    ),
-    (
-        "REDIS_CLUSTER_PIPELINE_PARALLELISM",
-        "tollgate sends the checks of a cluster's nodes at once",
-    ),
-    (
-        "RUNTIME_WATCH_ROOT",
-        "tollgate watches the runtime directory and follows RUNTIME_ROOT when it is swapped",
-    ),
-];
-
-/// The Envoy ratelimit service's settings that ask for what tollgate does not do: `serve`
-/// and `validate` refuse them, with what to do instead, when they are set to anything but
-/// the value that asks for nothing (the second element; `None`: any value is refused).
-const REFUSED: &[(&str, Option<&str>, &str)] = &[
-    (
-        "CONFIG_TYPE",
-        Some("FILE"),
-        "tollgate reads its rules from files (CONFIG_TYPE=FILE), not from an xDS server",
-    ),
-    (
-        "TRACING_ENABLED",
-        Some("false"),
-        "tollgate does not export traces; it logs with LOG_LEVEL and LOG_FORMAT",
-    ),
-    (
-        "PROMETHEUS_MAPPER_YAML",
-        None,
-        "tollgate names its statistics as the default mapping does; a mapping of your own \
-         does not apply",
-    ),
-    (
-        "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
-        Some("false"),
-        "tollgate reports response times in seconds",
-    ),
-    (
-        "USE_DOG_STATSD_MOGRIFIERS",
-        None,
-        "tollgate sends DogStatsD names as statsd names, with EXTRA_TAGS as tags, and does not \
-         rewrite them",
-    ),
-    (
-        "REDIS_PERSECOND",
-        Some("false"),
-        "tollgate keeps every limit in one store: unset it, and per-second limits live in \
-         REDIS_URL's server",
-    ),
-    (
-        "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
-        Some("false"),
-        "tollgate verifies the Redis server's certificate and name; give its CA with \
-         REDIS_TLS_CACERT",
-    ),
-    (
-        "REDIS_POOL_ON_EMPTY_BEHAVIOR",
-        Some("WAIT"),
-        "tollgate's connections are multiplexed and never run out: only WAIT applies",
-    ),
-    (
-        "REDIS_SENTINEL_AUTH",
-        None,
-        "tollgate connects to a single server or a cluster, not through Sentinel",
-    ),
-    (
-        "MEMCACHE_HOST_PORT",
-        None,
-        "memcache is not a store of tollgate's (redis is)",
-    ),
-    (
-        "MEMCACHE_SRV",
-        None,
-        "memcache is not a store of tollgate's (redis is)",
-    ),
-];
-
 /// The Envoy ratelimit service's settings set in the environment whose purpose tollgate
 /// meets by design, with why: `serve` logs each at start.
 pub fn met_by_design() -> Vec<(&'static str, &'static str)> {
-    MET_BY_DESIGN
+    SETTINGS
         .iter()
-        .copied()
-        .filter(|(name, _)| env(name).is_some())
+        .filter(|s| s.status == Status::MetByDesign && env(s.name).is_some())
+        .map(|s| (s.name, s.what))
         .collect()
 }
 
-/// The first setting of [`REFUSED`] set to a value that asks for what tollgate does not do.
+/// The first refused setting (see [`SETTINGS`]) set to a value that asks for what tollgate
+/// does not do.
 fn refused() -> Result<(), ConfigError> {
-    for (name, harmless, why) in REFUSED {
+    for (name, harmless, why) in SETTINGS.iter().filter_map(|s| match s.status {
+        Status::Refused(harmless) => Some((s.name, harmless, s.what)),
+        _ => None,
+    }) {
         if let Some(value) = env(name) {
             let asks = match harmless {
                 None => true,
@@ -463,19 +371,10 @@ pub fn server_from_env() -> Result<ServerConfig, ConfigError> {
 /// `REDIS_TLS_CACERT`, `REDIS_TLS_CLIENT_CERT` and `REDIS_TLS_CLIENT_KEY`, `REDIS_POOL_SIZE`
 /// (connections), `REDIS_TIMEOUT` (before the failure policy decides; tollgate's 20 ms when
 /// unset), `CACHE_KEY_PREFIX` and `EXPIRATION_JITTER_MAX_SECONDS` (when set).
-/// `BACKEND_TYPE` other than `redis` is refused: memcache is not a store of tollgate's.
 ///
 /// # Errors
 /// A setting tollgate cannot honour, naming it.
 pub fn store_from_env() -> Result<Option<StoreConfig>, ConfigError> {
-    if let Some(backend) = env("BACKEND_TYPE")
-        && !backend.eq_ignore_ascii_case("redis")
-    {
-        return Err(env_error(
-            "BACKEND_TYPE",
-            format!("`{backend}` is not a store of tollgate's (redis is)"),
-        ));
-    }
     let Some(url) = env("REDIS_URL") else {
         return Ok(None);
     };

@@ -1,39 +1,6 @@
 //! Prometheus metrics. The service records through the `metrics` facade; `/metrics` renders
-//! the recorder installed at start.
-//!
-//! - `tollgate_decisions_total{rule, outcome}`: outcome `allowed`, `denied`, or
-//!   `shadow_denied` (a shadow rule that would have denied); per-value names (Envoy's
-//!   `detailed_metric`) take at most 1,000 `rule` values, then `_other`, counted in
-//!   `tollgate_metric_series_folded_total`;
-//! - `tollgate_near_limit_total{rule}`: admitted with under a fifth of the limit left;
-//! - `tollgate_policy_decisions_total{rule, source}`: decided by the failure policy
-//!   (`fallback`, `fail_open`, `fail_closed`) because the store failed;
-//! - `tollgate_store_seconds{store}`: how long the store took to decide a check (a histogram,
-//!   buckets from 10 µs to 1 s);
-//! - `tollgate_store_errors_total{store, kind}`: calls to Redis that failed, `kind` `error`
-//!   (an error answer or a lost connection) or `timeout` (no answer in time);
-//! - `tollgate_fallback_active`: 1 while the failure policy decides because Redis keeps
-//!   failing (strict and lease: the breaker keeps checks away; hybrid: syncs failed too long;
-//!   on a cluster, the checks of a failing master's slots);
-//! - on a Redis Cluster, `tollgate_redis_node_up{node}` (0 while that master's breaker keeps
-//!   its checks away), `tollgate_redis_node_slots{node}` and `tollgate_redis_slots_failing`;
-//! - `tollgate_reloads_total{result}`: `ok` or `error`;
-//! - `tollgate_keys`, `tollgate_bytes`: what the store holds in this process (bytes as the
-//!   memory store's `max_bytes` counts them: its tables' buckets and what lives outside);
-//! - `tollgate_evictions_total`: keys the memory store forgot while their state mattered, to
-//!   stay within its bounds; `tollgate_limiting_evictions_total`, those that were used up
-//!   (their next check was admitted as a new key's); `tollgate_refused_keys_total`, new keys
-//!   it found no room for, decided by their rule's failure policy;
-//! - `tollgate_redis_calls_saved`: decisions taken without a Redis call (hybrid, lease);
-//! - `tollgate_connections_open`, `tollgate_connections_evicted_total`: connections of both
-//!   listeners open now, and closed so far to make room for new ones at the cap;
-//! - for Envoy domains, the Envoy ratelimit service's statistics as its Prometheus mapping
-//!   names them, so that its dashboards and alerts keep working:
-//!   `ratelimit_service_rate_limit_{total_hits,over_limit,near_limit,within_limit,shadow_mode}`
-//!   with the labels `domain`, `key1` and, for descriptors of two entries or more, `key2`
-//!   (hits, not requests: a request of `hits_addend` 5 counts 5). Per-value names (detailed
-//!   metrics, limits sent with a descriptor) take at most 1,000 label sets, then
-//!   `key1="_other"`.
+//! the recorder installed at start. Every metric is in [`CATALOG`], with its labels and what
+//! it means: `/metrics` says it in its `# HELP` lines, and docs/metrics.md lists it.
 
 use std::collections::HashSet;
 use std::sync::{Arc, LazyLock, RwLock};
@@ -46,6 +13,228 @@ use tollgate::{Decision, Source, StoreFailures};
 pub mod statsd;
 
 use statsd::Stat;
+
+/// What kind of metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Only grows.
+    Counter,
+    /// Goes up and down.
+    Gauge,
+    /// Observations in buckets (`_bucket`, `_sum`, `_count`).
+    Histogram,
+}
+
+/// One metric the service exports.
+#[derive(Debug, Clone, Copy)]
+pub struct Metric {
+    /// Its name.
+    pub name: &'static str,
+    /// What kind it is.
+    pub kind: Kind,
+    /// Its labels.
+    pub labels: &'static [&'static str],
+    /// What it means.
+    pub help: &'static str,
+}
+
+const fn metric(
+    name: &'static str,
+    kind: Kind,
+    labels: &'static [&'static str],
+    help: &'static str,
+) -> Metric {
+    Metric {
+        name,
+        kind,
+        labels,
+        help,
+    }
+}
+
+/// Every metric the service exports.
+pub const CATALOG: &[Metric] = &[
+    metric(
+        "tollgate_decisions_total",
+        Kind::Counter,
+        &["rule", "outcome"],
+        "Decisions by rule and outcome: `allowed`, `denied`, or `shadow_denied` (a shadow rule that would have denied). Per-value names (Envoy's `detailed_metric`) take at most 1,000 `rule` values, then `_other`.",
+    ),
+    metric(
+        "tollgate_near_limit_total",
+        Kind::Counter,
+        &["rule"],
+        "Admitted with under a fifth of the binding tier's limit left.",
+    ),
+    metric(
+        "tollgate_policy_decisions_total",
+        Kind::Counter,
+        &["rule", "source"],
+        "Decided by the rule's failure policy because the store failed: `source` `fallback` (the local share), `fail_open` or `fail_closed`.",
+    ),
+    metric(
+        "tollgate_store_seconds",
+        Kind::Histogram,
+        &["store"],
+        "How long the store took to decide a check, in seconds (buckets from 10 µs to 1 s).",
+    ),
+    metric(
+        "tollgate_store_errors_total",
+        Kind::Counter,
+        &["store", "kind"],
+        "Calls to Redis that failed: `kind` `error` (an error answer or a lost connection) or `timeout` (no answer in time).",
+    ),
+    metric(
+        "tollgate_fallback_active",
+        Kind::Gauge,
+        &[],
+        "1 while a failure policy decides because Redis keeps failing (strict and lease: the breaker keeps checks away; hybrid: syncs failed too long; on a cluster, the checks of a failing master's slots).",
+    ),
+    metric(
+        "tollgate_redis_node_up",
+        Kind::Gauge,
+        &["node"],
+        "Redis Cluster: 1 while the master answers, 0 while its breaker keeps its checks away.",
+    ),
+    metric(
+        "tollgate_redis_node_slots",
+        Kind::Gauge,
+        &["node"],
+        "Redis Cluster: the slots the master serves.",
+    ),
+    metric(
+        "tollgate_redis_slots_failing",
+        Kind::Gauge,
+        &[],
+        "Redis Cluster: the slots of failing masters, whose checks the failure policies decide.",
+    ),
+    metric(
+        "tollgate_reloads_total",
+        Kind::Counter,
+        &["result"],
+        "Loads of the rule files (and of the rules other instances shared): `ok` or `error` (the previous rules keep serving).",
+    ),
+    metric(
+        "tollgate_keys",
+        Kind::Gauge,
+        &[],
+        "Keys the store holds in this process.",
+    ),
+    metric(
+        "tollgate_bytes",
+        Kind::Gauge,
+        &[],
+        "Bytes the memory store holds, as its `max_bytes` counts them (its tables' buckets, used or not, and keys longer than 18 bytes).",
+    ),
+    metric(
+        "tollgate_evictions_total",
+        Kind::Counter,
+        &[],
+        "Keys the memory store forgot while their state mattered, to stay within its bounds.",
+    ),
+    metric(
+        "tollgate_limiting_evictions_total",
+        Kind::Counter,
+        &[],
+        "Of those, keys that were used up: their next check was admitted as a new key's.",
+    ),
+    metric(
+        "tollgate_refused_keys_total",
+        Kind::Counter,
+        &[],
+        "New keys a full memory store (`when_full: refuse`) found no room for, decided by their rule's failure policy.",
+    ),
+    metric(
+        "tollgate_redis_calls_saved",
+        Kind::Gauge,
+        &[],
+        "Decisions taken without a Redis call (hybrid and lease stores).",
+    ),
+    metric(
+        "tollgate_connections_open",
+        Kind::Gauge,
+        &[],
+        "Connections of both listeners open now.",
+    ),
+    metric(
+        "tollgate_connections_evicted_total",
+        Kind::Counter,
+        &[],
+        "Connections closed to make room for new ones at `server.max_connections`.",
+    ),
+    metric(
+        "tollgate_metric_series_folded_total",
+        Kind::Counter,
+        &[],
+        "Decisions counted under `_other` because per-value names reached their bound of 1,000.",
+    ),
+    metric(
+        "ratelimit_service_rate_limit_total_hits",
+        Kind::Counter,
+        &["domain", "key1", "key2"],
+        "Envoy domains, as envoyproxy/ratelimit's Prometheus mapping names them: every hit of a descriptor (a request of `hits_addend` 5 counts 5). `key2` for descriptors of two entries or more; per-value names take at most 1,000 label sets, then `key1=\"_other\"`.",
+    ),
+    metric(
+        "ratelimit_service_rate_limit_over_limit",
+        Kind::Counter,
+        &["domain", "key1", "key2"],
+        "Envoy domains: hits over the limit.",
+    ),
+    metric(
+        "ratelimit_service_rate_limit_near_limit",
+        Kind::Counter,
+        &["domain", "key1", "key2"],
+        "Envoy domains: hits within the limit past `NEAR_LIMIT_RATIO` of it.",
+    ),
+    metric(
+        "ratelimit_service_rate_limit_within_limit",
+        Kind::Counter,
+        &["domain", "key1", "key2"],
+        "Envoy domains: hits within the limit.",
+    ),
+    metric(
+        "ratelimit_service_rate_limit_shadow_mode",
+        Kind::Counter,
+        &["domain", "key1", "key2"],
+        "Envoy domains: hits over a limit in shadow mode.",
+    ),
+    metric(
+        "ratelimit_service_rate_limit_over_limit_with_local_cache",
+        Kind::Counter,
+        &["domain", "key1", "key2"],
+        "Envoy domains: hits over the limit answered from the local cache, without the store (`LOCAL_CACHE_SIZE_IN_BYTES`).",
+    ),
+    metric(
+        "ratelimit_service_config_load_success",
+        Kind::Counter,
+        &[],
+        "Envoy's name for rule files loaded.",
+    ),
+    metric(
+        "ratelimit_service_config_load_error",
+        Kind::Counter,
+        &[],
+        "Envoy's name for rule files refused.",
+    ),
+    metric(
+        "ratelimit_service_total_requests",
+        Kind::Counter,
+        &["grpc_method"],
+        "`ShouldRateLimit` calls.",
+    ),
+    metric(
+        "ratelimit_service_response_time_seconds",
+        Kind::Histogram,
+        &["grpc_method"],
+        "How long `ShouldRateLimit` calls took, in seconds.",
+    ),
+    metric(
+        "ratelimit_service_should_rate_limit_error",
+        Kind::Counter,
+        &["err_type"],
+        "`ShouldRateLimit` calls that failed: `err_type` `redis_error` (a failure policy decided) or `service_error` (a request refused as bad).",
+    ),
+];
 
 /// Buckets of `tollgate_store_seconds`: a memory store decides in microseconds, Redis in
 /// tenths of a millisecond to milliseconds, a guard's timeout in tens of milliseconds.
@@ -69,7 +258,15 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
         Matcher::Full("tollgate_store_seconds".into()),
         &STORE_SECONDS,
     )?;
-    Ok(builder.install_recorder()?)
+    let handle = builder.install_recorder()?;
+    for m in CATALOG {
+        match m.kind {
+            Kind::Counter => metrics::describe_counter!(m.name, m.help),
+            Kind::Gauge => metrics::describe_gauge!(m.name, m.help),
+            Kind::Histogram => metrics::describe_histogram!(m.name, m.help),
+        }
+    }
+    Ok(handle)
 }
 
 /// Folds histogram samples into their buckets every [`UPKEEP`], for ever.
