@@ -295,6 +295,24 @@ async fn the_console_in_a_browser() {
         .script("return sessionStorage.getItem('tollgate-token')")
         .await;
     assert_eq!(kept, json!(null));
+
+    // Done, the browser leaves nothing behind: no process of its profile, no profile.
+    let profile = browser.profile();
+    let profile_name = profile.to_string_lossy().into_owned();
+    assert!(
+        !browser::processes_naming(&profile_name).is_empty(),
+        "the browser runs in its profile"
+    );
+    drop(browser);
+    assert_eq!(
+        browser::processes_naming(&profile_name),
+        Vec::<u32>::new(),
+        "browser processes left running"
+    );
+    assert!(
+        !profile.exists(),
+        "the profile {profile_name} is left behind"
+    );
 }
 
 /// Without an admin token there is no console: the page and its API are not found.

@@ -398,3 +398,104 @@ fn readme_layout_follows_the_tree() {
         );
     }
 }
+
+/// The repository's root.
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A heading's anchor as GitHub makes it: lower case, spaces to dashes, other punctuation out.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Every markdown page the documentation is made of: README, BENCHMARKS and docs/.
+fn pages() -> Vec<PathBuf> {
+    let mut pages = vec![root().join("README.md"), root().join("BENCHMARKS.md")];
+    let mut docs: Vec<PathBuf> = std::fs::read_dir(root().join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    docs.sort();
+    pages.extend(docs);
+    pages
+}
+
+#[test]
+fn readme_orients_and_links_every_page_of_the_reference() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let lines = readme.lines().count();
+    assert!(
+        lines <= 250,
+        "README.md is {lines} lines: it orients, the reference is in docs/"
+    );
+    for page in pages().iter().skip(2) {
+        let name = page.file_name().unwrap().to_string_lossy();
+        assert!(
+            readme.contains(&format!("(docs/{name})")),
+            "README.md does not link docs/{name}"
+        );
+    }
+}
+
+#[test]
+fn links_between_the_pages_resolve() {
+    let mut checked = 0;
+    for page in pages() {
+        let text = std::fs::read_to_string(&page).unwrap();
+        let mut in_code = false;
+        for line in text.lines() {
+            if line.trim_start().starts_with("```") {
+                in_code = !in_code;
+            }
+            if in_code {
+                continue;
+            }
+            for part in line.split("](").skip(1) {
+                let Some(target) = part.split(')').next() else {
+                    continue;
+                };
+                if target.contains("://") || target.starts_with("mailto:") || target.contains(' ') {
+                    continue;
+                }
+                let (file, fragment) = target.split_once('#').unwrap_or((target, ""));
+                let linked = if file.is_empty() {
+                    page.clone()
+                } else {
+                    page.parent().unwrap().join(file)
+                };
+                assert!(
+                    linked.exists(),
+                    "{}: a link to {target}, which does not exist",
+                    page.display()
+                );
+                if !fragment.is_empty() && linked.extension().is_some_and(|e| e == "md") {
+                    let text = std::fs::read_to_string(&linked).unwrap();
+                    let anchors: BTreeSet<String> = text
+                        .lines()
+                        .filter(|l| l.starts_with('#'))
+                        .map(|l| anchor(l.trim_start_matches('#')))
+                        .collect();
+                    assert!(
+                        anchors.contains(fragment),
+                        "{}: a link to {target}, a heading {} does not have",
+                        page.display(),
+                        linked.display()
+                    );
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 30, "only {checked} links checked");
+}

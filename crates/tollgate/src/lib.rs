@@ -35,11 +35,14 @@
 mod algorithm;
 mod clock;
 mod decision;
-/// README.md's Rust snippets, compiled (and the first run) as doctests, so that they work as
-/// pasted.
+/// README.md's Rust snippets, compiled and run as doctests, so that they work as pasted.
 #[cfg(all(doctest, feature = "redis", feature = "tower"))]
 #[doc = include_str!("../../../README.md")]
 mod readme {}
+/// docs/library.md's Rust snippets, compiled (and those that need no server run) as doctests.
+#[cfg(all(doctest, feature = "redis", feature = "tower"))]
+#[doc = include_str!("../../../docs/library.md")]
+mod library {}
 
 pub mod engine;
 mod error;

@@ -28,7 +28,6 @@ pub fn rule_files() -> Value {
     }
     json!({
         "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": "https://tollgate.dev/schema/rule-file.json",
         "title": "tollgate rule file",
         "description": "A tollgate rule file: the native format (server, store, rules) or the Envoy ratelimit service's (domain, descriptors).",
         "anyOf": choices,

@@ -42,6 +42,12 @@ pub(crate) fn now_micros() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
+/// The last finished second before `now` (a second since the epoch), and the last second of
+/// the last finished minute: where the charts end.
+fn finished(now: u64) -> (u64, u64) {
+    (now.saturating_sub(1), (now - now % 60).saturating_sub(1))
+}
+
 /// A counter key as a person reads it: the rule engine writes each part after its length
 /// (`5:acme03:GET`); the parts are shown apart (`acme0 · GET`). A key not of that shape is
 /// shown as it is (invalid UTF-8 replaced).
@@ -246,8 +252,10 @@ impl Console {
         all
     }
 
-    /// The rule named `name`'s decisions at `now` (a second since the epoch), and its `n`
-    /// hottest keys; `None` when it decided nothing.
+    /// The rule named `name`'s decisions before `now` (a second since the epoch): per second
+    /// up to the last finished one and per minute up to the last finished one, so that no
+    /// chart's last point is a bucket still being counted; and its `n` hottest keys now.
+    /// `None` when it decided nothing.
     pub fn rule(&self, name: &str, now: u64, n: usize) -> Option<RuleView> {
         let shards: Vec<_> = self.shards.iter().map(Shard::lock).collect();
         let kept: Vec<&Kept> = shards
@@ -257,14 +265,15 @@ impl Console {
         if kept.is_empty() {
             return None;
         }
+        let (second, minute) = finished(now);
         let mut view = RuleView {
-            seconds: Series::default().seconds(now),
-            minutes: Series::default().minutes(now),
+            seconds: Series::default().seconds(second),
+            minutes: Series::default().minutes(minute),
             ..RuleView::default()
         };
         for k in &kept {
-            add_points(&mut view.seconds, &k.series.seconds(now));
-            add_points(&mut view.minutes, &k.series.minutes(now));
+            add_points(&mut view.seconds, &k.series.seconds(second));
+            add_points(&mut view.minutes, &k.series.minutes(minute));
         }
         let summaries: Vec<_> = kept.iter().flat_map(|k| k.hot.now(now)).collect();
         view.hits = top::merged(summaries.iter().map(|(h, _)| *h), n);
@@ -272,13 +281,14 @@ impl Console {
         Some(view)
     }
 
-    /// Every rule's decisions of each of the last [`series::SECONDS`] seconds up to `now`,
-    /// oldest first.
+    /// Every rule's decisions of each of the last [`series::SECONDS`] finished seconds before
+    /// `now`, oldest first.
     pub fn seconds(&self, now: u64) -> Vec<series::Point> {
-        let mut all = Series::default().seconds(now);
+        let (second, _) = finished(now);
+        let mut all = Series::default().seconds(second);
         for shard in &self.shards {
             for kept in shard.lock().rules.values() {
-                add_points(&mut all, &kept.series.seconds(now));
+                add_points(&mut all, &kept.series.seconds(second));
             }
         }
         all
@@ -463,7 +473,7 @@ mod tests {
         });
         assert_eq!(console.rules(), ["api"]);
         assert_eq!(console.last(second, 10).allowed, 200);
-        let view = console.rule("api", second, 3).unwrap();
+        let view = console.rule("api", second + 1, 3).unwrap();
         assert_eq!(
             view.seconds.iter().map(|p| p.counts.allowed).sum::<u64>(),
             200
@@ -484,5 +494,38 @@ mod tests {
         assert_eq!(console.recorded().requests, 200);
         assert!(console.recorded().bytes <= 4 << 20);
         assert!(console.rule("other", second, 3).is_none());
+    }
+
+    #[test]
+    fn charts_end_at_the_last_finished_second_and_minute() {
+        let console = Console::new(1 << 20, false);
+        let rule = tollgate::Rule::new(
+            "api",
+            tollgate::Algorithm::FixedWindow,
+            [tollgate::Tier::per_minute(1000)],
+        )
+        .unwrap();
+        let limiter = tollgate::Limiter::new(rule);
+        // 90 s into a minute: this second and this minute are still being counted.
+        let now = 1_800_000_000 / 60 * 60 + 90;
+        for second in [now - 1, now] {
+            let decisions = limiter
+                .check_batch_now(&[tollgate::Item::new("api", b"k", 1)])
+                .unwrap();
+            console.checked(
+                second,
+                Duration::from_micros(5),
+                std::iter::once(&b"k"[..]).zip(decisions.iter()),
+            );
+        }
+        let view = console.rule("api", now, 3).unwrap();
+        let last = view.seconds.last().unwrap();
+        assert_eq!((last.at, last.counts.allowed), (now - 1, 1));
+        assert_eq!(
+            view.seconds.iter().map(|p| p.counts.allowed).sum::<u64>(),
+            1
+        );
+        assert_eq!(view.minutes.last().unwrap().at, now - now % 60 - 60);
+        assert_eq!(console.seconds(now).last().unwrap().at, now - 1);
     }
 }

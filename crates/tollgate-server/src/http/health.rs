@@ -18,8 +18,7 @@ pub(super) async fn healthz() -> &'static str {
     "ok\n"
 }
 
-/// The Envoy ratelimit service's health check: 200 `OK` while healthy (see
-/// [`Service::healthy`](crate::service::Service::healthy)), else 500.
+/// The Envoy ratelimit service's health check: 200 `OK` while healthy, else 500.
 #[utoipa::path(
     get,
     path = "/healthcheck",

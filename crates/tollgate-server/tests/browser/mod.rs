@@ -1,7 +1,8 @@
 //! A headless Chromium driven over WebDriver (Debian's `chromium` and `chromium-driver`, which
 //! `scripts/test` installs when missing): the test starts its own `chromedriver` on a free
-//! port, one browser session, and stops both when dropped. Screenshots go to
-//! `target/console-screenshots/`.
+//! port, one browser session in a profile of its own, and when dropped quits the browser, stops
+//! the driver, ends any of the browser's processes still running and removes the profile.
+//! Screenshots go to `target/console-screenshots/`.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -23,9 +24,42 @@ pub(crate) struct Browser {
 
 impl Drop for Browser {
     fn drop(&mut self) {
+        // The session's end quits the browser; killing the driver alone leaves it running.
+        let _ = self.quit_session();
         let _ = self.driver.kill();
         let _ = self.driver.wait();
+        // Whatever of the browser still runs (a helper the quit left behind) is found by its
+        // profile, which no other process names.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let left = processes_naming(&self._profile.path().to_string_lossy());
+            if left.is_empty() {
+                break;
+            }
+            if Instant::now() > deadline {
+                let _ = Command::new("kill")
+                    .arg("-9")
+                    .args(left.iter().map(u32::to_string))
+                    .status();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
+}
+
+/// The processes whose command line names `text`.
+pub(crate) fn processes_naming(text: &str) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|line| String::from_utf8_lossy(&line).contains(text))
+        })
+        .collect()
 }
 
 fn found(program: &str, candidates: &[&str]) -> String {
@@ -110,6 +144,28 @@ impl Browser {
             _profile: profile,
             shots,
         }
+    }
+
+    /// Ends the session (`DELETE /session/{id}`), which quits the browser; blocking, for
+    /// `drop`.
+    fn quit_session(&self) -> std::io::Result<()> {
+        use std::io::{Read, Write};
+        let address = self.base.trim_start_matches("http://");
+        let mut stream = std::net::TcpStream::connect(address)?;
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        write!(
+            stream,
+            "DELETE /session/{} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n",
+            self.session
+        )?;
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer)?;
+        Ok(())
+    }
+
+    /// The browser's profile directory.
+    pub(crate) fn profile(&self) -> PathBuf {
+        self._profile.path().to_path_buf()
     }
 
     async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
