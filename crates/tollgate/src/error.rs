@@ -35,6 +35,20 @@ pub enum Error {
         /// The most that tier admits at once.
         capacity: u64,
     },
+    /// No open reservation has this id: it is unknown, already settled, or expired.
+    #[error("no open reservation `{id}`: unknown, settled or expired")]
+    UnknownReservation {
+        /// The id given.
+        id: String,
+    },
+    /// A report's cost beyond what can be counted exactly (2^53).
+    #[error("cost {cost} is more than can be counted (at most {max})")]
+    CostTooLarge {
+        /// The cost given.
+        cost: u64,
+        /// The largest accepted.
+        max: u64,
+    },
     /// A rule that cannot be enforced as defined, or not on this store.
     #[error(transparent)]
     Rule(#[from] RuleError),
@@ -69,6 +83,13 @@ pub enum Error {
         message: String,
         /// Whether retrying may help.
         transient: bool,
+    },
+    /// What was asked is not something this store does: a report or a reservation on the
+    /// hybrid or lease store, which count admitted permits only.
+    #[error("{what}")]
+    Unsupported {
+        /// What, and why.
+        what: String,
     },
     /// [`Limiter::acquire`](crate::Limiter::acquire) could not be admitted within its timeout.
     /// It gives up as soon as the wait is known to exceed the timeout, without sleeping first.

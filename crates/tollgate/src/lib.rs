@@ -49,19 +49,22 @@ mod error;
 #[cfg(feature = "tower")]
 pub mod layer;
 mod limiter;
+mod reservation;
 pub mod retry;
 mod rule;
 mod store;
 
-pub use algorithm::{Algorithm, LeakyBucket, SubWindows, Tier, TokenBucket, WarmUp};
+pub use algorithm::{Algorithm, LeakyBucket, Settle, SubWindows, Tier, TokenBucket, WarmUp};
 pub use clock::{Clock, MAX_TIMESTAMP, ManualClock, SystemClock};
 pub use decision::{Decision, Decisions, Source};
 pub use error::{Error, RuleError};
 pub use limiter::{Item, Limiter, LimiterBuilder, MAX_BATCH};
-pub use rule::{FailurePolicy, Rule};
+pub use reservation::Reservation;
+pub use rule::{FailurePolicy, OnExpiry, Reservations, Rule};
 pub use store::{
-    AnyPlan, AnyStore, LocalStore, MAX_KEY_LEN, MIN_MAX_BYTES, MemoryPlan, MemoryStore,
-    MemoryStoreBuilder, Planned, Store, WhenFull,
+    AnyPlan, AnyStore, DEFAULT_MAX_RESERVATIONS, LocalStore, MAX_KEY_LEN, MIN_MAX_BYTES,
+    MemoryPlan, MemoryStore, MemoryStoreBuilder, Planned, ReservationRecord, ReservedItem, Store,
+    WhenFull,
 };
 #[cfg(feature = "redis")]
 pub use store::{

@@ -5,11 +5,19 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
+use crate::algorithm::Settle;
 use crate::clock::{Clock, MAX_TIMESTAMP, SystemClock};
+use crate::decision::Source;
 use crate::decision::{Decision, Decisions};
 use crate::error::{Error, RuleError};
+use crate::reservation::{Reservation, new_id};
 use crate::rule::Rule;
+use crate::rule::{OnExpiry, Reservations};
 use crate::store::{LocalStore, MAX_KEY_LEN, MemoryStore, Planned, Store};
+use crate::store::{ReservationRecord, ReservedItem};
+
+/// Costs of a settlement stay below this (2^53), where every quantity is exact in a double.
+const MAX_COST: u64 = 1 << 53;
 
 /// The most items one batch may hold.
 pub const MAX_BATCH: usize = 1_024;
@@ -144,6 +152,239 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         Ok(batch.spread(decisions))
     }
 
+    /// Takes `cost` permits of `key` under every rule of this limiter, whatever its state: a
+    /// report of work whose cost is known once it is done (an LLM answer's tokens). Past a
+    /// limit the key is in debt, and its checks are denied until time pays the debt back (see
+    /// [`Settle::Report`]). The decision says what the key has left: denied while in debt.
+    ///
+    /// # Errors
+    /// [`Error::CostTooLarge`] for a cost of 2^53 or more; [`Error::KeyTooLong`];
+    /// [`Error::Store`] when a shared store did not take it (a report is never made up by a
+    /// failure policy: the caller hears of it); [`Error::Unsupported`] on the hybrid and
+    /// lease stores.
+    pub async fn report(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, Error> {
+        let key = key.as_ref();
+        let items: Vec<Item<'_>> = self
+            .rules()
+            .map(|r| Item::new(r.name(), key, cost))
+            .collect();
+        let decisions = self.settle_batch(&items, Settle::Report).await?;
+        Ok(decisions.binding().expect("a limiter has a rule"))
+    }
+
+    /// Settles `items`: takes each item's cost whatever its key's state
+    /// ([`Settle::Report`]), or gives it back ([`Settle::Credit`], what a reservation did not
+    /// use). Each item on its own: nothing is refused. The decisions say what each key has
+    /// left after it.
+    ///
+    /// # Errors
+    /// As [`report`](Self::report), and as [`check_batch`](Self::check_batch) for the items.
+    pub async fn settle_batch(
+        &self,
+        items: &[Item<'_>],
+        settle: Settle,
+    ) -> Result<Decisions, Error> {
+        self.store.settles()?;
+        let batch = self.settled_batch(items)?;
+        let decisions = self
+            .store
+            .settle(&batch.planned, now(&self.clock), settle)
+            .await?;
+        Ok(batch.spread(decisions))
+    }
+
+    /// Reserves an estimate of work whose cost is known once it is done: decides `items` as
+    /// [`check_batch`](Self::check_batch) does (all-or-nothing, exact where a check is), and
+    /// when admitted, records what was taken under an id, to be settled by
+    /// [`commit`](Self::commit) (the real cost: less gives the difference back where the
+    /// algorithm can, more takes the excess as a report does) or [`cancel`](Self::cancel)
+    /// (gives it all back). Unsettled within `ttl` (or the shortest of its rules'
+    /// [`Reservations::ttl`](crate::Reservations)), a reservation settles by itself as its
+    /// rules say: consumed at its estimate (the default: a caller that crashed never gets its
+    /// work for free) or released; see [`settle_expired`](Self::settle_expired). On a Redis
+    /// store the record lives in Redis: it outlives the process, and any instance settles it.
+    ///
+    /// # Errors
+    /// As [`check_batch`](Self::check_batch); [`Error::Unsupported`] when the store holds its
+    /// most open reservations (what was taken is given back) or holds none (hybrid, lease);
+    /// [`Error::Store`] when a shared store did not keep the record (what was taken is given
+    /// back as well).
+    pub async fn reserve(
+        &self,
+        items: &[Item<'_>],
+        ttl: Option<Duration>,
+    ) -> Result<Reservation, Error> {
+        self.store.settles()?;
+        let batch = self.batch(items)?;
+        let now = now(&self.clock);
+        let decisions = batch.spread(self.store.check(&batch.planned, now, None).await?);
+        let decided_by_policy = decisions.iter().any(|d| {
+            matches!(
+                d.source(),
+                Source::FailOpen | Source::FailClosed | Source::Fallback
+            )
+        });
+        if !decisions.allowed() || decided_by_policy {
+            return Ok(Reservation {
+                id: None,
+                decisions,
+                expires: 0,
+            });
+        }
+        let ttl = ttl.unwrap_or_else(|| {
+            let rules = batch
+                .planned
+                .iter()
+                .map(|p| p.rule.reservation_policy().ttl);
+            rules.min().unwrap_or_default()
+        });
+        let ttl = u64::try_from(ttl.min(Reservations::MAX_TTL).as_micros()).unwrap_or(u64::MAX);
+        let record = ReservationRecord {
+            id: new_id(),
+            at: now,
+            expires: now.saturating_add(ttl),
+            items: batch
+                .planned
+                .iter()
+                .map(|p| ReservedItem {
+                    rule: p.rule.name().to_string(),
+                    key: p.key.to_vec(),
+                    cost: p.cost,
+                    release: p.rule.reservation_policy().on_expiry == OnExpiry::Released,
+                })
+                .collect(),
+        };
+        if let Err(e) = self.store.keep_reservation(&record, now).await {
+            // Nothing may stay taken for a reservation nobody can settle.
+            let credit = Settle::Credit { at: now };
+            if let Err(lost) = self.store.settle(&batch.planned, now, credit).await {
+                tracing::warn!(error = %lost, "a refused reservation's estimate stays taken");
+            }
+            return Err(e);
+        }
+        Ok(Reservation {
+            id: Some(record.id),
+            decisions,
+            expires: record.expires,
+        })
+    }
+
+    /// Settles reservation `id` at its real cost `actual`, for each of its items: less than
+    /// the estimate gives the difference back where the algorithm can, more takes the excess
+    /// as [`report`](Self::report) does. The decisions say what each key has left. A
+    /// reservation is settled once: a second commit (or one after it expired) finds it gone.
+    ///
+    /// # Errors
+    /// [`Error::UnknownReservation`] for an id unknown, settled or expired; as
+    /// [`report`](Self::report).
+    pub async fn commit(&self, id: &str, actual: u64) -> Result<Decisions, Error> {
+        if actual >= MAX_COST {
+            return Err(Error::CostTooLarge {
+                cost: actual,
+                max: MAX_COST - 1,
+            });
+        }
+        let record = self.take(id).await?;
+        self.settle_record(&record, |cost| match actual.cmp(&cost) {
+            std::cmp::Ordering::Less => Some((Settle::Credit { at: record.at }, cost - actual)),
+            std::cmp::Ordering::Greater => Some((Settle::Report, actual - cost)),
+            std::cmp::Ordering::Equal => None,
+        })
+        .await
+    }
+
+    /// Cancels reservation `id`: every item's estimate comes back where the algorithm can.
+    ///
+    /// # Errors
+    /// As [`commit`](Self::commit).
+    pub async fn cancel(&self, id: &str) -> Result<Decisions, Error> {
+        let record = self.take(id).await?;
+        self.settle_record(&record, |cost| {
+            (cost > 0).then_some((Settle::Credit { at: record.at }, cost))
+        })
+        .await
+    }
+
+    /// Settles up to `limit` reservations expired unsettled, as their rules say: an estimate
+    /// to release comes back, one consumed stays taken. Any number of processes may call this
+    /// at once (a service does every second): each reservation is settled by one. Returns how
+    /// many were settled.
+    ///
+    /// # Errors
+    /// As [`report`](Self::report).
+    pub async fn settle_expired(&self, limit: usize) -> Result<usize, Error> {
+        let records = self
+            .store
+            .expired_reservations(now(&self.clock), limit)
+            .await?;
+        for record in &records {
+            let released: Vec<Item<'_>> = record
+                .items
+                .iter()
+                .filter(|i| i.release && i.cost > 0 && self.by_name.contains_key(i.rule.as_str()))
+                .map(|i| Item::new(&i.rule, &i.key, i.cost))
+                .collect();
+            if !released.is_empty() {
+                self.settle_batch(&released, Settle::Credit { at: record.at })
+                    .await?;
+            }
+        }
+        Ok(records.len())
+    }
+
+    /// Takes reservation `id`'s record out of the store.
+    async fn take(&self, id: &str) -> Result<ReservationRecord, Error> {
+        self.store
+            .take_reservation(id, now(&self.clock))
+            .await?
+            .ok_or_else(|| Error::UnknownReservation { id: id.into() })
+    }
+
+    /// Settles each item of `record` as `change(its estimate)` says (none: nothing to do);
+    /// the decisions of every item, in order (a look for those left as they were).
+    async fn settle_record(
+        &self,
+        record: &ReservationRecord,
+        change: impl Fn(u64) -> Option<(Settle, u64)>,
+    ) -> Result<Decisions, Error> {
+        // Rules removed since the reservation (a reload) have nothing left to settle.
+        let known: Vec<&ReservedItem> = record
+            .items
+            .iter()
+            .filter(|i| self.by_name.contains_key(i.rule.as_str()))
+            .collect();
+        let mut decisions: Vec<Option<Decision>> = vec![None; known.len()];
+        let kinds = [
+            None,
+            Some(Settle::Report),
+            Some(Settle::Credit { at: record.at }),
+        ];
+        for kind in kinds {
+            let (places, items): (Vec<usize>, Vec<Item<'_>>) = known
+                .iter()
+                .enumerate()
+                .filter_map(|(place, i)| {
+                    let (settle, cost) = match change(i.cost) {
+                        Some((settle, cost)) => (Some(settle), cost),
+                        None => (None, 0),
+                    };
+                    (settle == kind).then(|| (place, Item::new(&i.rule, &i.key, cost)))
+                })
+                .unzip();
+            if items.is_empty() {
+                continue;
+            }
+            let settled = match kind {
+                Some(settle) => self.settle_batch(&items, settle).await?,
+                None => self.check_batch(&items).await?,
+            };
+            for (place, decision) in places.into_iter().zip(settled.iter()) {
+                decisions[place] = Some(*decision);
+            }
+        }
+        Ok(Decisions::many(decisions.into_iter().flatten().collect()))
+    }
+
     /// Forgets `key`'s state under the rule named `rule` (its next check finds it new): an
     /// operator lifting a limit on one key by hand.
     ///
@@ -224,6 +465,28 @@ impl<S: Store, C: Clock> Limiter<S, C> {
 
     /// `items` resolved to their rules' plans, duplicates merged, each validated.
     fn batch<'a>(&'a self, items: &[Item<'a>]) -> Result<Batch<'a, S::Plan>, Error> {
+        let batch = self.merged(items)?;
+        for p in &batch.planned {
+            p.rule.check_cost(p.cost)?;
+        }
+        Ok(batch)
+    }
+
+    /// `items` resolved for a settlement: as [`batch`](Self::batch), any cost below 2^53
+    /// (a report may take more than a tier holds: that is a debt).
+    fn settled_batch<'a>(&'a self, items: &[Item<'a>]) -> Result<Batch<'a, S::Plan>, Error> {
+        let batch = self.merged(items)?;
+        if let Some(p) = batch.planned.iter().find(|p| p.cost >= MAX_COST) {
+            return Err(Error::CostTooLarge {
+                cost: p.cost,
+                max: MAX_COST - 1,
+            });
+        }
+        Ok(batch)
+    }
+
+    /// `items` resolved to their rules' plans, duplicates merged, keys and rules validated.
+    fn merged<'a>(&'a self, items: &[Item<'a>]) -> Result<Batch<'a, S::Plan>, Error> {
         if items.len() > MAX_BATCH {
             return Err(Error::TooManyItems {
                 len: items.len(),
@@ -260,9 +523,6 @@ impl<S: Store, C: Clock> Limiter<S, C> {
                     planned.push(rule.planned(item.key, item.cost));
                 }
             }
-        }
-        for p in &planned {
-            p.rule.check_cost(p.cost)?;
         }
         Ok(Batch { planned, positions })
     }

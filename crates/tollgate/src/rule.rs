@@ -4,7 +4,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::algorithm::{Algorithm, Attempt, Decide, Invalid, Tier, Verdict};
+use crate::algorithm::{Algorithm, Attempt, Decide, Invalid, Settle, Tier, Verdict};
 use crate::decision::{Decision, Label, Policy, Source, intern};
 use crate::error::{Error, RuleError};
 
@@ -48,6 +48,42 @@ struct RuleInner {
     /// The rule scaled to its local share, when its failure policy is [`FailurePolicy::Local`].
     local: Option<Rule>,
     shadow: bool,
+    reservations: Reservations,
+}
+
+/// How a rule's reservations live and end (see
+/// [`Limiter::reserve`](crate::Limiter::reserve)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reservations {
+    /// How long a reservation lives unsettled, unless its call says otherwise (5 minutes).
+    pub ttl: std::time::Duration,
+    /// What becomes of its estimate when it expires unsettled.
+    pub on_expiry: OnExpiry,
+}
+
+impl Reservations {
+    /// The longest a reservation may live.
+    pub const MAX_TTL: std::time::Duration = std::time::Duration::from_secs(86_400);
+}
+
+impl Default for Reservations {
+    fn default() -> Self {
+        Self {
+            ttl: std::time::Duration::from_secs(300),
+            on_expiry: OnExpiry::Consumed,
+        }
+    }
+}
+
+/// What becomes of a reservation's estimate when it expires unsettled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnExpiry {
+    /// It stays taken, as if the work used exactly its estimate: a caller that crashed never
+    /// gets its work for free (the default).
+    #[default]
+    Consumed,
+    /// It comes back, as if the work was cancelled.
+    Released,
 }
 
 impl Rule {
@@ -120,8 +156,37 @@ impl Rule {
                 failure: FailurePolicy::Open,
                 local: None,
                 shadow: false,
+                reservations: Reservations::default(),
             }),
         })
+    }
+
+    /// The same rule with `reservations` for its reservations: how long one lives unsettled,
+    /// and whether its estimate comes back when it expires.
+    ///
+    /// # Errors
+    /// A [`RuleError`] for a time to live of zero or over a day.
+    pub fn reservations(self, reservations: Reservations) -> Result<Self, RuleError> {
+        if reservations.ttl.is_zero() || reservations.ttl > Reservations::MAX_TTL {
+            return Err(RuleError {
+                rule: self.name().into(),
+                field: "reservations.ttl".into(),
+                reason: format!(
+                    "{:?} must be longer than zero and at most a day",
+                    reservations.ttl
+                ),
+            });
+        }
+        let mut inner = Arc::unwrap_or_clone(self.inner);
+        inner.reservations = reservations;
+        Ok(Self {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// How the rule's reservations live and end.
+    pub fn reservation_policy(&self) -> Reservations {
+        self.inner.reservations
     }
 
     /// The same rule with `policy` for when its shared store fails.
@@ -299,6 +364,9 @@ impl Rule {
         if self.inner.forgets && self.expires_at(algorithm, state) <= attempt.now {
             state.fill(0);
         }
+        if let Some(settle) = attempt.settle {
+            return self.settled(algorithm, state, attempt, settle);
+        }
         let tiers = self.tiers();
         if let [tier] = tiers {
             let verdict = algorithm.decide(tier, state, &attempt);
@@ -321,6 +389,34 @@ impl Rule {
             self.denied(algorithm, state, &attempt);
         }
         probe
+    }
+
+    /// Settles `attempt`'s cost in every tier (takes it, or gives it back), then looks: the
+    /// decision says what the key has left, denied while it is in debt.
+    #[cold]
+    fn settled<A: Decide>(
+        &self,
+        algorithm: &A,
+        state: &mut [u64],
+        attempt: Attempt,
+        settle: Settle,
+    ) -> Decision {
+        let (now, cost) = (attempt.now, attempt.cost);
+        for (i, tier) in self.tiers().iter().enumerate() {
+            let words = &mut state[self.tier_words(i)];
+            match settle {
+                Settle::Report => algorithm.debit(tier, words, now, cost),
+                Settle::Credit { at } => algorithm.credit(tier, words, now, cost, at),
+            }
+        }
+        let look = Attempt {
+            now,
+            cost: 0,
+            max_delay: None,
+            commit: false,
+            settle: None,
+        };
+        self.evaluate(algorithm, state, look)
     }
 
     /// Records in every tier what a denial of `attempt` records (see [`Decide::denied`]).

@@ -1,6 +1,8 @@
 //! One behaviour suite, run against every store: memory, Redis, Redis Cluster, hybrid and
 //! lease. Each behaviour is a generic function; the macro at the end runs each on each store,
-//! on a manual clock (the Redis stores decide at the caller's time).
+//! on a manual clock (the Redis stores decide at the caller's time). Metered work (reports
+//! and reservations) runs on the stores that hold it (memory, Redis, Redis Cluster); the
+//! hybrid and lease stores refuse it.
 
 mod support;
 
@@ -9,7 +11,8 @@ use std::time::Duration;
 use support::{RedisCluster, RedisServer};
 use tollgate::{
     Algorithm, Clock, Error, HybridConfig, HybridStore, Item, LeaseConfig, LeaseStore, Limiter,
-    MAX_KEY_LEN, ManualClock, MemoryStore, RedisStore, Rule, Source, Store, StoreTime, Tier,
+    MAX_KEY_LEN, ManualClock, MemoryStore, OnExpiry, RedisStore, Reservations, Rule, Source, Store,
+    StoreTime, Tier,
 };
 
 /// A store to run the behaviours on, and the servers it needs.
@@ -331,6 +334,156 @@ async fn a_reset_key_starts_afresh_and_others_keep_their_counts<B: Backend>(back
     ));
 }
 
+async fn a_report_past_the_limit_is_a_debt_that_ends_with_the_window<B: Backend>(backend: B) {
+    let clock = ManualClock::new();
+    clock.advance(Duration::from_secs(20));
+    let limiter = limiter(
+        &backend,
+        &clock,
+        vec![window("tokens", [Tier::new(10, Duration::from_secs(10))])],
+    );
+    assert!(limiter.check("t", 4).await.unwrap().allowed());
+    // The work used 21 more than it checked: the window is over by 15.
+    let after = limiter.report("t", 21).await.unwrap();
+    assert!(!after.allowed(), "{after:?}");
+    assert_eq!(after.remaining(), 0);
+    assert_eq!(after.retry_after(), Some(Duration::from_secs(10)));
+    // Even a look is refused while in debt; the next window starts afresh.
+    assert!(!limiter.check("t", 0).await.unwrap().allowed());
+    clock.advance(Duration::from_secs(10));
+    let next = limiter.check("t", 1).await.unwrap();
+    assert!(next.allowed());
+    assert_eq!(next.remaining(), 9);
+    // A report within the limit is admitted and says what is left.
+    let within = limiter.report("t", 3).await.unwrap();
+    assert!(within.allowed());
+    assert_eq!(within.remaining(), 6);
+    assert!(matches!(
+        limiter.report("t", 1 << 53).await,
+        Err(Error::CostTooLarge { .. })
+    ));
+}
+
+async fn a_reservation_settles_at_the_real_cost<B: Backend>(backend: B) {
+    let clock = ManualClock::new();
+    clock.advance(Duration::from_secs(20));
+    let limiter = limiter(
+        &backend,
+        &clock,
+        vec![window("budget", [Tier::new(10, Duration::from_secs(10))])],
+    );
+    let item = [Item::new("budget", "acme", 6)];
+    let reserved = limiter.reserve(&item, None).await.unwrap();
+    assert!(reserved.allowed());
+    assert_eq!(reserved.decision().remaining(), 4);
+    let id = reserved.id().unwrap().to_string();
+    assert_eq!(id.len(), 32);
+    // Used 2 of the 6 reserved: 4 come back.
+    let settled = limiter.commit(&id, 2).await.unwrap();
+    assert_eq!(settled[0].remaining(), 8);
+    assert!(matches!(
+        limiter.commit(&id, 2).await,
+        Err(Error::UnknownReservation { .. })
+    ));
+    assert!(matches!(
+        limiter.cancel(&id).await,
+        Err(Error::UnknownReservation { .. })
+    ));
+    // Used more than reserved: the excess is taken, past the limit if need be.
+    let id = limiter
+        .reserve(&item, None)
+        .await
+        .unwrap()
+        .id()
+        .unwrap()
+        .to_string();
+    let settled = limiter.commit(&id, 11).await.unwrap();
+    assert!(!settled[0].allowed(), "in debt: 2 + 11 of 10");
+    // A reservation that is denied takes nothing and has no id.
+    let denied = limiter.reserve(&item, None).await.unwrap();
+    assert!(!denied.allowed() && denied.id().is_none());
+    clock.advance(Duration::from_secs(10));
+    // Cancelled: everything comes back.
+    let id = limiter
+        .reserve(&item, None)
+        .await
+        .unwrap()
+        .id()
+        .unwrap()
+        .to_string();
+    assert_eq!(limiter.cancel(&id).await.unwrap()[0].remaining(), 10);
+    assert!(matches!(
+        limiter.commit("0123456789abcdef0123456789abcdef", 1).await,
+        Err(Error::UnknownReservation { .. })
+    ));
+}
+
+async fn an_unsettled_reservation_expires_as_its_rule_says<B: Backend>(backend: B) {
+    let clock = ManualClock::new();
+    clock.advance(Duration::from_secs(20));
+    let ttl = Duration::from_secs(2);
+    let kept = window("kept", [Tier::per_minute(10)])
+        .reservations(Reservations {
+            ttl,
+            on_expiry: OnExpiry::Consumed,
+        })
+        .unwrap();
+    let released = window("released", [Tier::per_minute(10)])
+        .reservations(Reservations {
+            ttl,
+            on_expiry: OnExpiry::Released,
+        })
+        .unwrap();
+    let limiter = limiter(&backend, &clock, vec![kept, released]);
+    let items = [Item::new("kept", "k", 7), Item::new("released", "k", 7)];
+    let reserved = limiter.reserve(&items, None).await.unwrap();
+    let id = reserved.id().unwrap().to_string();
+    assert_eq!(
+        limiter.settle_expired(100).await.unwrap(),
+        0,
+        "not expired yet"
+    );
+    clock.advance(Duration::from_secs(3));
+    assert_eq!(limiter.settle_expired(100).await.unwrap(), 1);
+    assert_eq!(
+        limiter.settle_expired(100).await.unwrap(),
+        0,
+        "settled once"
+    );
+    let look = |rule: &'static str| {
+        let limiter = &limiter;
+        async move {
+            limiter
+                .check_batch(&[Item::new(rule, "k", 0)])
+                .await
+                .unwrap()[0]
+                .remaining()
+        }
+    };
+    assert_eq!(look("kept").await, 3, "consumed at its estimate");
+    assert_eq!(look("released").await, 10, "given back");
+    assert!(matches!(
+        limiter.commit(&id, 1).await,
+        Err(Error::UnknownReservation { .. })
+    ));
+}
+
+async fn metered_work_is_refused_where_the_store_cannot_count_it<B: Backend>(backend: B) {
+    let clock = ManualClock::new();
+    let limiter = limiter(&backend, &clock, vec![window("m", [Tier::per_minute(10)])]);
+    assert!(matches!(
+        limiter.report("k", 1).await,
+        Err(Error::Unsupported { .. })
+    ));
+    let reserved = limiter.reserve(&[Item::new("m", "k", 1)], None).await;
+    assert!(
+        matches!(reserved, Err(Error::Unsupported { .. })),
+        "{reserved:?}"
+    );
+    // Nothing stays taken by the refused reservation.
+    assert_eq!(limiter.check("k", 0).await.unwrap().remaining(), 10);
+}
+
 macro_rules! behaviours {
     ($($behaviour:ident),* $(,)?) => {
         mod memory {
@@ -364,6 +517,45 @@ macro_rules! behaviours {
             })*
         }
     };
+}
+
+macro_rules! metered {
+    ($($behaviour:ident),* $(,)?) => {
+        mod metered_memory {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $behaviour() {
+                super::$behaviour(super::Memory::start().await).await;
+            })*
+        }
+        mod metered_redis {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $behaviour() {
+                super::$behaviour(super::Strict::single().await).await;
+            })*
+        }
+        mod metered_cluster {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $behaviour() {
+                super::$behaviour(super::Strict::cluster().await).await;
+            })*
+        }
+    };
+}
+
+metered!(
+    a_report_past_the_limit_is_a_debt_that_ends_with_the_window,
+    a_reservation_settles_at_the_real_cost,
+    an_unsettled_reservation_expires_as_its_rule_says,
+);
+
+#[tokio::test]
+async fn the_hybrid_store_refuses_metered_work() {
+    metered_work_is_refused_where_the_store_cannot_count_it(Hybrid::start().await).await;
+}
+
+#[tokio::test]
+async fn the_lease_store_refuses_metered_work() {
+    metered_work_is_refused_where_the_store_cannot_count_it(Lease::start().await).await;
 }
 
 behaviours!(

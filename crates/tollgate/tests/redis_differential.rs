@@ -1,5 +1,6 @@
 //! The Redis scripts decide exactly as the Rust algorithms: the memory store and the Redis
-//! store are driven through the same timelines and must give identical decisions, for every
+//! store are driven through the same timelines (checks, waits, reports past the limit and
+//! give-backs of what was taken earlier) and must give identical decisions, for every
 //! algorithm, single and multi-tier.
 
 mod support;
@@ -8,8 +9,8 @@ use std::time::Duration;
 
 use support::RedisServer;
 use tollgate::{
-    Algorithm, Clock, Decision, Error, LeakyBucket, Limiter, ManualClock, RedisStore, Rule,
-    StoreTime, SubWindows, Tier, TokenBucket, WarmUp,
+    Algorithm, Clock, Decision, Error, Item, LeakyBucket, Limiter, ManualClock, RedisStore, Rule,
+    Settle, StoreTime, SubWindows, Tier, TokenBucket, WarmUp,
 };
 
 /// xorshift64*: a reproducible stream of arrival sequences.
@@ -155,7 +156,28 @@ async fn differential(server: &RedisServer) {
             redis_clock.advance(Duration::from_micros(gap));
             let key = format!("key-{}", random.below(3));
             let cost = random.below(4).min(rule.capacity());
-            let (expected, actual) = if random.below(8) == 0 {
+            let settle = match random.below(10) {
+                0 => Some(Settle::Report),
+                1 => Some(Settle::Credit {
+                    at: memory_clock
+                        .now_micros()
+                        .saturating_sub(random.below(1_500_000)),
+                }),
+                _ => None,
+            };
+            let (expected, actual) = if let Some(settle) = settle {
+                // A report may take far more than a tier holds: a debt.
+                let cost = match settle {
+                    Settle::Report => random.below(3) * rule.capacity() + random.below(4),
+                    Settle::Credit { .. } => random.below(6),
+                };
+                let item = [Item::new(rule.name(), &key, cost)];
+                let binding = |d: Result<tollgate::Decisions, Error>| d.map(|d| d[0]);
+                (
+                    binding(memory.settle_batch(&item, settle).await),
+                    binding(redis.settle_batch(&item, settle).await),
+                )
+            } else if random.below(8) == 0 {
                 let timeout = Duration::from_micros(random.below(400_000));
                 (
                     memory.acquire(&key, cost, timeout).await,

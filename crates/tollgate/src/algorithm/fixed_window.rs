@@ -3,9 +3,22 @@
 //!
 //! State words: `[window start (µs), permits counted in it]`.
 
-use super::Tier;
 use super::Verdict;
 use super::{Attempt, Decide};
+use super::{MAX_EXACT, Tier};
+
+/// The window of `now` and its count in `state`; a count from a later window (written by a
+/// clock ahead of ours) keeps counting.
+#[inline]
+pub(super) fn window(tier: &Tier, state: &[u64], now: u64) -> (u64, u64) {
+    let period = tier.period_micros();
+    let aligned = now - now % period;
+    if state[0] >= aligned {
+        (state[0], state[1])
+    } else {
+        (aligned, 0)
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct FixedWindow;
@@ -22,13 +35,7 @@ impl Decide for FixedWindow {
     #[inline]
     fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
         let (limit, period, now) = (tier.limit(), tier.period_micros(), attempt.now);
-        let aligned = now - now % period;
-        // A count from a later window (written by a clock ahead of ours) keeps counting.
-        let (start, count) = if state[0] >= aligned {
-            (state[0], state[1])
-        } else {
-            (aligned, 0)
-        };
+        let (start, count) = window(tier, state, now);
         let reset_after = start + period - now;
         let after = count.saturating_add(attempt.cost);
         if after <= limit {
@@ -39,6 +46,19 @@ impl Decide for FixedWindow {
             Verdict::allow(limit, limit - after, reset_after)
         } else {
             Verdict::deny(limit, limit.saturating_sub(count), reset_after, reset_after)
+        }
+    }
+
+    fn debit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64) {
+        let (start, count) = window(tier, state, now);
+        state[0] = start;
+        state[1] = count.saturating_add(cost).min(MAX_EXACT - 1);
+    }
+
+    fn credit(&self, tier: &Tier, state: &mut [u64], _now: u64, cost: u64, at: u64) {
+        // Only while the window of `at` is the one counted: a later window never held it.
+        if state[0] == at - at % tier.period_micros() {
+            state[1] = state[1].saturating_sub(cost);
         }
     }
 

@@ -7,9 +7,38 @@
 //!
 //! State words: `[TAT (µs)]`, or `[TAT (µs), TAT fraction]`.
 
-use super::Tier;
 use super::Verdict;
 use super::{Attempt, Decide, Invalid};
+use super::{MAX_EXACT, Tier};
+
+/// The TAT and its fraction at `now`: once the TAT has passed, the bucket is empty and the
+/// schedule restarts from now. A fraction kept under an earlier rate of this rule counts as
+/// under a microsecond.
+#[inline]
+fn schedule(state: &[u64], now: u64, per_micro: u64) -> (u64, u64) {
+    let fraction = state.get(1).map_or(0, |&f| f.min(per_micro - 1));
+    if state[0] >= now {
+        (state[0], fraction)
+    } else {
+        (now, 0)
+    }
+}
+
+/// The bucket's level at `now`, in units.
+fn level(state: &[u64], now: u64, per_micro: u64) -> u64 {
+    let (tat, fraction) = schedule(state, now, per_micro);
+    (tat - now)
+        .saturating_mul(per_micro)
+        .saturating_add(fraction)
+}
+
+/// Writes the schedule of a bucket at `level` units at `now`.
+fn set_level(state: &mut [u64], now: u64, per_micro: u64, level: u64) {
+    state[0] = now + level / per_micro;
+    if let Some(word) = state.get_mut(1) {
+        *word = level % per_micro;
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Gcra;
@@ -39,15 +68,7 @@ impl Decide for Gcra {
     fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
         let rate = tier.rate();
         let now = attempt.now;
-        // A fraction kept under an earlier rate of this rule counts as under a microsecond.
-        let fraction = state.get(1).map_or(0, |&f| f.min(rate.per_micro - 1));
-        let tat = state[0];
-        // Once the TAT has passed, the bucket is empty and the schedule restarts from now.
-        let (tat, fraction) = if tat >= now {
-            (tat, fraction)
-        } else {
-            (now, 0)
-        };
+        let (tat, fraction) = schedule(state, now, rate.per_micro);
         let level = (tat - now)
             .saturating_mul(rate.per_micro)
             .saturating_add(fraction);
@@ -60,6 +81,22 @@ impl Decide for Gcra {
             }
         }
         verdict
+    }
+
+    fn debit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64) {
+        let rate = tier.rate();
+        // The level in units, kept below 2^53 so that it stays exact in a double.
+        let level = level(state, now, rate.per_micro)
+            .saturating_add(rate.units(cost))
+            .min(MAX_EXACT - 1);
+        set_level(state, now, rate.per_micro, level);
+    }
+
+    fn credit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64, _at: u64) {
+        let rate = tier.rate();
+        // Never below empty: the schedule moves back by the cost, never before now.
+        let level = level(state, now, rate.per_micro).saturating_sub(rate.units(cost));
+        set_level(state, now, rate.per_micro, level);
     }
 
     fn expires_at(&self, _tier: &Tier, state: &[u64]) -> u64 {

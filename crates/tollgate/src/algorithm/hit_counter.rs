@@ -11,24 +11,12 @@
 //! service's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`.
 
 use super::Verdict;
+use super::fixed_window::window;
 use super::{Attempt, Decide, FixedWindow};
 use super::{MAX_EXACT, Tier};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct HitCounter;
-
-/// The window of `now` and its count in `state`.
-#[inline]
-fn window(tier: &Tier, state: &[u64], now: u64) -> (u64, u64) {
-    let period = tier.period_micros();
-    let aligned = now - now % period;
-    // A count from a later window (written by a clock ahead of ours) keeps counting.
-    if state[0] >= aligned {
-        (state[0], state[1])
-    } else {
-        (aligned, 0)
-    }
-}
 
 impl Decide for HitCounter {
     fn name(&self) -> &'static str {
@@ -63,6 +51,14 @@ impl Decide for HitCounter {
             state[0] = start;
             state[1] = after;
         }
+    }
+
+    fn debit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64) {
+        FixedWindow.debit(tier, state, now, cost);
+    }
+
+    fn credit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64, at: u64) {
+        FixedWindow.credit(tier, state, now, cost, at);
     }
 
     fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {

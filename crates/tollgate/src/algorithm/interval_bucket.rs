@@ -5,9 +5,9 @@
 //!
 //! State words: `[permits used in the current period, its start (µs; 0 = none)]`.
 
-use super::Tier;
 use super::Verdict;
 use super::{Attempt, Decide};
+use super::{MAX_EXACT, Tier};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct IntervalBucket;
@@ -40,6 +40,22 @@ impl Decide for IntervalBucket {
         let started = running || attempt.cost > 0;
         let reset_after = if started { start + period - now } else { 0 };
         Verdict::allow(limit, limit - after, reset_after)
+    }
+
+    fn debit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64) {
+        let [used, start] = [state[0], state[1]];
+        let running = start != 0 && now < start + tier.period_micros();
+        let (used, start) = if running { (used, start) } else { (0, now) };
+        state[0] = used.saturating_add(cost).min(MAX_EXACT - 1);
+        state[1] = start;
+    }
+
+    fn credit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64, at: u64) {
+        let start = state[1];
+        // Only within the period `at` was taken in: a new period starts full.
+        if start != 0 && at >= start && now < start + tier.period_micros() {
+            state[0] = state[0].saturating_sub(cost);
+        }
     }
 
     fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {

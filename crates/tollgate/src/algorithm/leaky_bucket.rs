@@ -5,9 +5,9 @@
 //!
 //! State words: `[water level (rate units), time of the last admission (µs)]`.
 
-use super::Tier;
 use super::Verdict;
 use super::{Attempt, Decide, Invalid};
+use super::{MAX_EXACT, Tier};
 
 /// Parameters of [`Algorithm::LeakyBucket`](super::Algorithm::LeakyBucket).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -71,6 +71,22 @@ impl Decide for LeakyBucket {
             state[1] = attempt.now.max(last);
         }
         verdict
+    }
+
+    fn debit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64) {
+        let rate = tier.rate();
+        let [level, last] = [state[0], state[1]];
+        let level = level.saturating_sub(rate.drained(now.saturating_sub(last)));
+        state[0] = level.saturating_add(rate.units(cost)).min(MAX_EXACT - 1);
+        state[1] = now.max(last);
+    }
+
+    fn credit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64, _at: u64) {
+        let rate = tier.rate();
+        let [level, last] = [state[0], state[1]];
+        let level = level.saturating_sub(rate.drained(now.saturating_sub(last)));
+        state[0] = level.saturating_sub(rate.units(cost));
+        state[1] = now.max(last);
     }
 
     fn script_parameters(&self, _tier: &Tier) -> [f64; 5] {

@@ -133,6 +133,12 @@ impl Decide for Algorithm {
     fn denied(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) {
         self.imp().denied(tier, state, attempt)
     }
+    fn debit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64) {
+        self.imp().debit(tier, state, now, cost)
+    }
+    fn credit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64, at: u64) {
+        self.imp().credit(tier, state, now, cost, at)
+    }
     fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {
         self.imp().expires_at(tier, state)
     }
@@ -168,6 +174,24 @@ pub(crate) struct Attempt {
     pub(crate) max_delay: Option<u64>,
     /// Whether to write the new state when admitted.
     pub(crate) commit: bool,
+    /// A settlement instead of a check: the cost is taken or given back whatever the
+    /// tier's state (see [`Decide::debit`], [`Decide::credit`]).
+    pub(crate) settle: Option<Settle>,
+}
+
+/// What a settlement does to each item of a batch: takes its cost whatever the key's state,
+/// or gives it back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    /// Takes each item's cost, past the limit if need be (the key is then in debt): a report
+    /// of work whose cost is known after it is done.
+    Report,
+    /// Gives back each item's cost, taken at `at` (µs since the Unix epoch), where the
+    /// algorithm can: what a reservation did not use.
+    Credit {
+        /// When the cost was taken.
+        at: u64,
+    },
 }
 
 impl Attempt {
@@ -224,6 +248,23 @@ pub(crate) trait Decide {
     /// records that moment, so the key starts refilling; the hit counter counts the hits when
     /// this tier itself is over. Nothing else consumes.
     fn denied(&self, _tier: &Tier, _state: &mut [u64], _attempt: &Attempt) {}
+
+    /// Takes `cost` permits at `now` whatever the tier's state: a report of work done. Past the
+    /// limit the key is in debt, and checks are denied until the passing of time pays it back:
+    /// a bucket (token, leaky, GCRA) refills through its debt at its rate; a window's debt ends
+    /// with the window (the sliding window counter carries a share of it into the next window
+    /// through its weighting); the sliding log keeps at most `limit` entries, so a report past
+    /// its limit fills it (a look admits, a permit does not) for at most one period.
+    /// Quantities saturate below 2^53.
+    fn debit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64);
+
+    /// Gives back `cost` permits taken at `at` (µs; a reservation that used less than its
+    /// estimate, or none of it), where the algorithm can: a window gives back while the
+    /// permits still count (the window of `at` is current, or the previous one for the
+    /// sliding window counter), a bucket lowers its level (never below empty), the sliding
+    /// log drops up to `cost` entries logged at or after `at`; warm-up keeps what it took.
+    /// Never gives back more than is counted.
+    fn credit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64, at: u64);
 
     /// The time (µs since the epoch) from which `state` is equivalent to all zeros and may be
     /// dropped; the TTL a store gives it.

@@ -73,6 +73,7 @@ fn attempt(now: u64, cost: u64, commit: bool) -> Attempt {
         cost,
         max_delay: None,
         commit,
+        settle: None,
     }
 }
 

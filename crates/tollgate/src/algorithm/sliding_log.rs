@@ -99,6 +99,38 @@ impl Decide for SlidingLog {
         Verdict::allow(limit, limit - used - cost, reset_after)
     }
 
+    fn debit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64) {
+        let limit = tier.limit();
+        let log = Log { state, limit };
+        let at = now.max(log.recent(1).unwrap_or(0));
+        // More than `limit` entries would overwrite each other: the debt is one full log.
+        for _ in 0..cost.min(limit) {
+            state[1 + (state[0] % limit) as usize] = at;
+            state[0] += 1;
+        }
+    }
+
+    fn credit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64, at: u64) {
+        let (limit, period) = (tier.limit(), tier.period_micros());
+        let log = Log { state, limit };
+        // The entries held, oldest first; up to `cost` of those still in the window and
+        // logged at or after `at` go, the oldest of them first.
+        let held = log.logged().min(limit);
+        let mut entries: Vec<u64> = (1..=held).rev().filter_map(|k| log.recent(k)).collect();
+        let mut left = cost;
+        entries.retain(|&t| {
+            let drop = left > 0 && t >= at && t + period > now;
+            left -= u64::from(drop);
+            !drop
+        });
+        if left == cost {
+            return;
+        }
+        state.fill(0);
+        state[0] = entries.len() as u64;
+        state[1..=entries.len()].copy_from_slice(&entries);
+    }
+
     fn layout(&self, tier: &Tier, feed: &mut dyn FnMut(u64)) {
         // A log of timestamps whatever the limit: a new limit keeps the most recent ones.
         feed(tier.period_micros());

@@ -6,9 +6,9 @@
 //! The estimate is computed in doubles, in the same order of operations as the Redis script, so
 //! both reach the same decisions; with `limit x period` below 2^53 it is exact.
 
-use super::Tier;
 use super::Verdict;
 use super::{Attempt, Decide};
+use super::{MAX_EXACT, Tier};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SlidingWindow;
@@ -116,6 +116,26 @@ impl Decide for SlidingWindow {
                 windows.earliest(cost, limit) - now,
             )
         }
+    }
+
+    fn debit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64) {
+        let w = Windows::at(state, now, tier.period_micros());
+        let current = w.current.saturating_add(cost).min(MAX_EXACT - 1);
+        state.copy_from_slice(&[w.start, w.previous, current]);
+    }
+
+    fn credit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64, at: u64) {
+        let period = tier.period_micros();
+        let mut w = Windows::at(state, now, period);
+        let window = at - at % period;
+        if window == w.start {
+            w.current = w.current.saturating_sub(cost);
+        } else if window + period == w.start {
+            w.previous = w.previous.saturating_sub(cost);
+        } else {
+            return;
+        }
+        state.copy_from_slice(&[w.start, w.previous, w.current]);
     }
 
     fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {

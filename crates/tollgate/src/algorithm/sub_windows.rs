@@ -5,9 +5,9 @@
 //! State words: `[index of the newest sub-window written, count of sub-window i at i % count]`
 //! where a sub-window's index is its start time divided by its length.
 
-use super::Tier;
 use super::Verdict;
 use super::{Attempt, Decide, Invalid};
+use super::{MAX_EXACT, Tier};
 
 /// Parameters of [`Algorithm::SubWindows`](super::Algorithm::SubWindows).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,6 +117,28 @@ impl Decide for SubWindows {
             reset_after
         };
         Verdict::allow(limit, limit - used - cost, reset_after)
+    }
+
+    fn debit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64) {
+        let count = u64::from(self.count);
+        let current = (now / (tier.period_micros() / count)).max(state[0]);
+        let stale = (state[0] + 1).max(current.saturating_sub(count - 1));
+        for i in stale..=current {
+            state[1 + (i % count) as usize] = 0;
+        }
+        let slot = &mut state[1 + (current % count) as usize];
+        *slot = slot.saturating_add(cost).min(MAX_EXACT - 1);
+        state[0] = current;
+    }
+
+    fn credit(&self, tier: &Tier, state: &mut [u64], _now: u64, cost: u64, at: u64) {
+        let count = u64::from(self.count);
+        let index = at / (tier.period_micros() / count);
+        // Only a sub-window still held: not overwritten by a later one in its slot.
+        if index <= state[0] && state[0] - index < count {
+            let slot = &mut state[1 + (index % count) as usize];
+            *slot = slot.saturating_sub(cost);
+        }
     }
 
     fn script_parameters(&self, _tier: &Tier) -> [f64; 5] {

@@ -51,6 +51,7 @@ impl Key {
             cost,
             max_delay,
             commit: true,
+            settle: None,
         };
         self.rule
             .evaluate(self.rule.algorithm(), &mut self.state, attempt)

@@ -1,11 +1,13 @@
 //! Token bucket: capacity `burst`, refilled continuously at `limit` per `period`, computed
 //! lazily when a key is checked; no background refill.
 //!
-//! State words: `[tokens (rate units), time of the last admission (µs; 0 = never)]`.
+//! State words: `[tokens (rate units), time of the last admission (µs; 0 = never)]`. A key in
+//! debt (a report past what the bucket held) has no tokens and its last admission in the
+//! future: the bucket refills from then on, so the debt is paid back at the bucket's rate.
 
-use super::Tier;
 use super::Verdict;
 use super::{Attempt, Decide, Invalid};
+use super::{MAX_EXACT, Tier};
 
 /// Parameters of [`Algorithm::TokenBucket`](super::Algorithm::TokenBucket).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -13,6 +15,21 @@ pub struct TokenBucket {
     /// Tokens in a key's bucket when it is first seen, and again once it has stayed full for a
     /// whole period and is forgotten; defaults to a full bucket.
     pub initial_tokens: Option<u64>,
+}
+
+impl TokenBucket {
+    /// The tokens at `now` and the time of the last admission: a key never seen holds its
+    /// initial tokens; a bucket refills from its last admission, none while in debt.
+    fn refilled(&self, tier: &Tier, state: &[u64], now: u64) -> (u64, u64) {
+        let (rate, burst) = (tier.rate(), tier.burst());
+        match [state[0], state[1]] {
+            [_, 0] => (rate.units(self.initial_tokens.unwrap_or(burst)), 0),
+            [tokens, last] => {
+                let refill = rate.drained(now.saturating_sub(last));
+                (tokens.saturating_add(refill).min(rate.units(burst)), last)
+            }
+        }
+    }
 }
 
 impl Decide for TokenBucket {
@@ -47,20 +64,58 @@ impl Decide for TokenBucket {
     fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
         let (rate, burst) = (tier.rate(), tier.burst());
         let capacity = rate.units(burst);
-        let [tokens, last] = [state[0], state[1]];
-        let (tokens, last) = if last == 0 {
-            (rate.units(self.initial_tokens.unwrap_or(burst)), 0)
-        } else {
-            let refill = rate.drained(attempt.now.saturating_sub(last));
-            (tokens.saturating_add(refill).min(capacity), last)
-        };
-        // The bucket's emptiness is a leaky bucket's level: one arithmetic for both.
-        let verdict = rate.bucket(burst, capacity - tokens, attempt.cost);
+        let (tokens, last) = self.refilled(tier, state, attempt.now);
+        // The bucket's emptiness is a leaky bucket's level: one arithmetic for both; a debt
+        // is a level above the bucket's capacity.
+        let debt = rate.drained(last.saturating_sub(attempt.now));
+        let level = (capacity - tokens).saturating_add(debt);
+        let verdict = rate.bucket(burst, level, attempt.cost);
         if verdict.allowed && attempt.writes() {
             state[0] = tokens - rate.units(attempt.cost);
             state[1] = attempt.now.max(last);
         }
         verdict
+    }
+
+    fn debit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64) {
+        let rate = tier.rate();
+        let (tokens, last) = self.refilled(tier, state, now);
+        let need = rate.units(cost);
+        if tokens >= need {
+            state[0] = tokens - need;
+            state[1] = now.max(last);
+        } else {
+            // What the bucket owes, as the time it takes to refill (rounded up), the owed
+            // units kept with its capacity below 2^53 so that they stay exact in a double.
+            let capacity = rate.units(tier.burst());
+            let owed = rate
+                .drained(last.saturating_sub(now))
+                .saturating_add(need - tokens)
+                .min(MAX_EXACT - 1 - capacity);
+            state[0] = 0;
+            state[1] = now + rate.micros(owed);
+        }
+    }
+
+    fn credit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64, _at: u64) {
+        let rate = tier.rate();
+        let capacity = rate.units(tier.burst());
+        let (tokens, last) = self.refilled(tier, state, now);
+        let give = rate.units(cost);
+        if last > now {
+            // A debt first: each whole microsecond of it the credit covers comes back.
+            let owed = last - now;
+            let back = give / rate.per_micro;
+            if back < owed {
+                state[1] = last - back;
+                return;
+            }
+            state[0] = (give - owed * rate.per_micro).min(capacity);
+            state[1] = now;
+        } else {
+            state[0] = tokens.saturating_add(give).min(capacity);
+            state[1] = now.max(last);
+        }
     }
 
     fn script_parameters(&self, _tier: &Tier) -> [f64; 5] {

@@ -13,9 +13,9 @@
 
 use std::time::Duration;
 
-use super::Tier;
 use super::Verdict;
 use super::{Attempt, Decide, Invalid};
+use super::{MAX_EXACT, Tier};
 
 /// Parameters of [`Algorithm::WarmUp`](super::Algorithm::WarmUp).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -95,6 +95,21 @@ impl Curve {
     }
 }
 
+impl WarmUp {
+    /// The permits stored and the next free time at `now`: a key never seen is cold, and an
+    /// idle one cools down.
+    fn at(&self, curve: &Curve, state: &[u64], now: u64) -> (f64, u64) {
+        match state[1] {
+            0 => (curve.max, now),
+            next if now > next => {
+                let cooled = f64::from_bits(state[0]) + (now - next) as f64 / curve.cooldown;
+                (cooled.min(curve.max), now)
+            }
+            next => (f64::from_bits(state[0]), next),
+        }
+    }
+}
+
 impl Decide for WarmUp {
     fn name(&self) -> &'static str {
         "warm_up"
@@ -146,14 +161,7 @@ impl Decide for WarmUp {
     fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
         let curve = Curve::new(self, tier);
         let (limit, now) = (tier.limit(), attempt.now);
-        let (stored, next) = match state[1] {
-            0 => (curve.max, now),
-            next if now > next => {
-                let cooled = f64::from_bits(state[0]) + (now - next) as f64 / curve.cooldown;
-                (cooled.min(curve.max), now)
-            }
-            next => (f64::from_bits(state[0]), next),
-        };
+        let (stored, next) = self.at(&curve, state, now);
         let delay = next - now;
         let patience = attempt.max_delay.unwrap_or(0);
         if delay > patience {
@@ -170,6 +178,20 @@ impl Decide for WarmUp {
         let remaining = if next_after <= now { limit } else { 0 };
         Verdict::allow(limit, remaining, next_after - now).with_delay(delay)
     }
+
+    fn debit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64) {
+        let curve = Curve::new(self, tier);
+        let (stored, next) = self.at(&curve, state, now);
+        let cost = cost as f64;
+        let spent = cost.min(stored);
+        let wait = curve.cost(stored, spent) + (cost - spent) * curve.stable;
+        state[0] = (stored - spent).to_bits();
+        state[1] = next.saturating_add(wait.ceil() as u64).min(MAX_EXACT - 1);
+    }
+
+    /// Warm-up keeps what it took: its schedule's cost depends on how cold the key was, which
+    /// a later give-back cannot undo.
+    fn credit(&self, _tier: &Tier, _state: &mut [u64], _now: u64, _cost: u64, _at: u64) {}
 
     fn script_parameters(&self, tier: &Tier) -> [f64; 5] {
         let c = Curve::new(self, tier);

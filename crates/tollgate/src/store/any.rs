@@ -203,6 +203,95 @@ impl Store for AnyStore {
         }
     }
 
+    fn settles(&self) -> Result<(), Error> {
+        match self {
+            Self::Memory(s) => s.settles(),
+            #[cfg(feature = "redis")]
+            Self::Redis(s) => s.settles(),
+            #[cfg(feature = "redis")]
+            Self::Hybrid(s) => s.settles(),
+            #[cfg(feature = "redis")]
+            Self::Lease(s) => s.settles(),
+        }
+    }
+
+    async fn settle(
+        &self,
+        items: &[Planned<'_, AnyPlan>],
+        now: u64,
+        settle: super::Settle,
+    ) -> Result<Decisions, Error> {
+        match self {
+            Self::Memory(s) => {
+                let items = narrow(items, AnyPlan::memory).ok_or_else(foreign)?;
+                s.settle(&items, now, settle).await
+            }
+            #[cfg(feature = "redis")]
+            Self::Redis(s) => {
+                let items = narrow(items, AnyPlan::redis).ok_or_else(foreign)?;
+                s.settle(&items, now, settle).await
+            }
+            #[cfg(feature = "redis")]
+            Self::Hybrid(s) => {
+                let items = narrow(items, AnyPlan::hybrid).ok_or_else(foreign)?;
+                s.settle(&items, now, settle).await
+            }
+            #[cfg(feature = "redis")]
+            Self::Lease(s) => {
+                let items = narrow(items, AnyPlan::lease).ok_or_else(foreign)?;
+                s.settle(&items, now, settle).await
+            }
+        }
+    }
+
+    async fn keep_reservation(
+        &self,
+        record: &super::ReservationRecord,
+        now: u64,
+    ) -> Result<(), Error> {
+        match self {
+            Self::Memory(s) => s.keep_reservation(record, now).await,
+            #[cfg(feature = "redis")]
+            Self::Redis(s) => s.keep_reservation(record, now).await,
+            #[cfg(feature = "redis")]
+            Self::Hybrid(s) => s.keep_reservation(record, now).await,
+            #[cfg(feature = "redis")]
+            Self::Lease(s) => s.keep_reservation(record, now).await,
+        }
+    }
+
+    async fn take_reservation(
+        &self,
+        id: &str,
+        now: u64,
+    ) -> Result<Option<super::ReservationRecord>, Error> {
+        match self {
+            Self::Memory(s) => s.take_reservation(id, now).await,
+            #[cfg(feature = "redis")]
+            Self::Redis(s) => s.take_reservation(id, now).await,
+            #[cfg(feature = "redis")]
+            Self::Hybrid(s) => s.take_reservation(id, now).await,
+            #[cfg(feature = "redis")]
+            Self::Lease(s) => s.take_reservation(id, now).await,
+        }
+    }
+
+    async fn expired_reservations(
+        &self,
+        now: u64,
+        limit: usize,
+    ) -> Result<Vec<super::ReservationRecord>, Error> {
+        match self {
+            Self::Memory(s) => s.expired_reservations(now, limit).await,
+            #[cfg(feature = "redis")]
+            Self::Redis(s) => s.expired_reservations(now, limit).await,
+            #[cfg(feature = "redis")]
+            Self::Hybrid(s) => s.expired_reservations(now, limit).await,
+            #[cfg(feature = "redis")]
+            Self::Lease(s) => s.expired_reservations(now, limit).await,
+        }
+    }
+
     async fn reset(&self, items: &[Planned<'_, AnyPlan>], now: u64) -> Result<(), Error> {
         match self {
             Self::Memory(s) => {

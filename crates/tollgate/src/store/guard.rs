@@ -223,6 +223,15 @@ impl<'a> Route<'a> {
     }
 }
 
+/// Why the backends did not decide a guarded call.
+#[derive(Debug)]
+enum Unanswered {
+    /// A breaker keeps a backend away; asked again in `retry_after` µs.
+    Open { retry_after: u64 },
+    /// A backend failed, or none answered within the timeout: why.
+    Failed(String),
+}
+
 /// Why a guarded call failed: the error, and the backend of the route at fault (`None`: each
 /// one that did not answer).
 #[derive(Debug)]
@@ -362,11 +371,60 @@ impl Guard {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<Decisions, Failure>>,
     {
+        match self.call(now, route, remote).await {
+            Ok(decisions) => decisions,
+            Err(Unanswered::Open { retry_after }) => {
+                self.by_policy(items, now, max_delay, retry_after)
+            }
+            Err(Unanswered::Failed(_)) => match route.settled.get() {
+                Some(settled) => settled.clone(),
+                None => self.by_policy(items, now, max_delay, self.single.breaker.cooldown()),
+            },
+        }
+    }
+
+    /// Settles `items` (a report, a give-back; or keeps or takes a reservation's record) by
+    /// `remote()`, as [`decide`](Self::decide) asks the backends, but with no failure policy:
+    /// what the backends did not take is an error the caller hears of, never made up here.
+    ///
+    /// # Errors
+    /// [`Error::Store`] when a breaker keeps the backend away, or it failed or did not answer
+    /// within the timeout.
+    pub(crate) async fn settle<T, F, Fut>(
+        &self,
+        now: u64,
+        route: &Route<'_>,
+        remote: F,
+    ) -> Result<T, Error>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, Failure>>,
+    {
+        self.call(now, route, remote).await.map_err(|unanswered| {
+            let message = match unanswered {
+                Unanswered::Open { retry_after } => format!(
+                    "the store keeps failing: asked again in {:?}",
+                    std::time::Duration::from_micros(retry_after)
+                ),
+                Unanswered::Failed(why) => why,
+            };
+            Error::Store {
+                message,
+                transient: true,
+            }
+        })
+    }
+
+    /// Calls `remote()` unless a breaker of `route` keeps its backend away, within the
+    /// timeout; records each backend's outcome in its breaker.
+    async fn call<T, F, Fut>(&self, now: u64, route: &Route<'_>, remote: F) -> Result<T, Unanswered>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, Failure>>,
+    {
         let mut probes = match &route.backends {
             Backends::One(backend) => match backend.breaker.gate(now) {
-                Gate::Open { retry_after } => {
-                    return self.by_policy(items, now, max_delay, retry_after);
-                }
+                Gate::Open { retry_after } => return Err(Unanswered::Open { retry_after }),
                 Gate::Pass(probe) => Probes::One(probe),
             },
             Backends::Many(backends) => {
@@ -374,7 +432,7 @@ impl Guard {
                 for backend in backends {
                     match backend.breaker.gate(now) {
                         Gate::Open { retry_after } => {
-                            return self.by_policy(items, now, max_delay, retry_after);
+                            return Err(Unanswered::Open { retry_after });
                         }
                         Gate::Pass(probe) => probes.push(probe),
                     }
@@ -393,7 +451,7 @@ impl Guard {
                 for i in 0..route.len() {
                     route.get(i).success(probes.take(i));
                 }
-                return decisions;
+                return Ok(decisions);
             }
             Ok(Err(failure)) => (failure.backend, failure.error.to_string(), false),
             Err(_) => (None, format!("no answer within {timeout:?}"), true),
@@ -410,10 +468,7 @@ impl Guard {
                 backend.success(probes.take(i));
             }
         }
-        if let Some(settled) = route.settled.get() {
-            return settled.clone();
-        }
-        self.by_policy(items, now, max_delay, self.single.breaker.cooldown())
+        Err(Unanswered::Failed(why))
     }
 
     /// The decisions of the failure policies; `retry_after` (µs) is when the backend is asked

@@ -507,6 +507,7 @@ impl Inner {
             cost: item.cost,
             max_delay,
             commit: false,
+            settle: None,
         };
         let mut wants = Wants::Nothing;
         let verdicts: Vec<Verdict> = item
@@ -948,6 +949,43 @@ impl Store for HybridStore {
 
     /// Forgets the keys here (their counts not pushed yet included) and deletes their
     /// windows' counters in Redis (the window of now, and those either side of it).
+    fn settles(&self) -> Result<(), Error> {
+        Err(no_reservations())
+    }
+
+    async fn keep_reservation(
+        &self,
+        _record: &super::ReservationRecord,
+        _now: u64,
+    ) -> Result<(), Error> {
+        Err(no_reservations())
+    }
+
+    async fn take_reservation(
+        &self,
+        _id: &str,
+        _now: u64,
+    ) -> Result<Option<super::ReservationRecord>, Error> {
+        Err(no_reservations())
+    }
+
+    async fn expired_reservations(
+        &self,
+        _now: u64,
+        _limit: usize,
+    ) -> Result<Vec<super::ReservationRecord>, Error> {
+        Ok(Vec::new())
+    }
+
+    async fn settle(
+        &self,
+        _items: &[Planned<'_, HybridPlan>],
+        _now: u64,
+        _settle: super::Settle,
+    ) -> Result<Decisions, Error> {
+        Err(no_reservations())
+    }
+
     async fn reset(&self, items: &[Planned<'_, HybridPlan>], now: u64) -> Result<(), Error> {
         let inner = &*self.inner;
         let now = inner.store_time(now);
@@ -1033,5 +1071,14 @@ impl Score for Scorer<'_> {
             least = least.min(left as f64 / tier.limit() as f64);
         }
         live.then_some(least)
+    }
+}
+
+/// Why the hybrid store takes no reports or reservations.
+fn no_reservations() -> Error {
+    Error::Unsupported {
+        what: "the hybrid store counts the permits it admits, so it takes no reports or \
+               reservations: use the strict Redis store for rules that do"
+            .into(),
     }
 }

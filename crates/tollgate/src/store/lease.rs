@@ -663,6 +663,43 @@ impl Store for LeaseStore {
     /// Forgets the keys' leases here and deletes their windows' counters in Redis (the
     /// window of now, and those either side of it). Other instances spend the leases they
     /// hold, then lease from the new budget.
+    fn settles(&self) -> Result<(), Error> {
+        Err(no_reservations())
+    }
+
+    async fn keep_reservation(
+        &self,
+        _record: &super::ReservationRecord,
+        _now: u64,
+    ) -> Result<(), Error> {
+        Err(no_reservations())
+    }
+
+    async fn take_reservation(
+        &self,
+        _id: &str,
+        _now: u64,
+    ) -> Result<Option<super::ReservationRecord>, Error> {
+        Err(no_reservations())
+    }
+
+    async fn expired_reservations(
+        &self,
+        _now: u64,
+        _limit: usize,
+    ) -> Result<Vec<super::ReservationRecord>, Error> {
+        Ok(Vec::new())
+    }
+
+    async fn settle(
+        &self,
+        _items: &[Planned<'_, LeasePlan>],
+        _now: u64,
+        _settle: super::Settle,
+    ) -> Result<Decisions, Error> {
+        Err(no_reservations())
+    }
+
     async fn reset(&self, items: &[Planned<'_, LeasePlan>], now: u64) -> Result<(), Error> {
         let inner = &*self.inner;
         let now = now.saturating_add_signed(inner.offset.load(Ordering::Relaxed));
@@ -706,5 +743,14 @@ impl Score for Scorer<'_> {
             least = least.min(left as f64 / tier.limit() as f64);
         }
         live.then_some(least)
+    }
+}
+
+/// Why the lease store takes no reports or reservations.
+fn no_reservations() -> Error {
+    Error::Unsupported {
+        what: "the lease store counts the permits it admits, so it takes no reports or \
+               reservations: use the strict Redis store for rules that do"
+            .into(),
     }
 }

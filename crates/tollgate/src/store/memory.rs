@@ -13,6 +13,7 @@ use std::future::{Future, ready};
 use std::sync::{Arc, RwLockReadGuard};
 
 use super::MAX_KEY_LEN;
+use super::book::{Book, ReservationRecord};
 use super::slots::{Slots, Versions};
 pub use super::table::WhenFull;
 use super::table::{Bounds, Class, Entry, Locked, Score, Shard, Table, Words};
@@ -33,6 +34,8 @@ pub struct MemoryStore {
 struct Inner {
     table: Table,
     slots: Slots,
+    /// Open reservations.
+    book: Book,
 }
 
 /// What a rule is in this store: its slot and where its keys' words live.
@@ -65,6 +68,7 @@ impl Default for MemoryStore {
 #[derive(Debug, Clone)]
 pub struct MemoryStoreBuilder {
     bounds: Bounds,
+    max_reservations: usize,
 }
 
 /// The least `max_bytes` a memory store takes: room for a few tables of small states.
@@ -94,6 +98,14 @@ impl MemoryStoreBuilder {
     /// decide for new keys until old ones expire (counted in [`MemoryStore::refused`]).
     pub fn when_full(mut self, when_full: WhenFull) -> Self {
         self.bounds.when_full = when_full;
+        self
+    }
+
+    /// Keeps at most `max_reservations` open reservations (default
+    /// [`DEFAULT_MAX_RESERVATIONS`](super::DEFAULT_MAX_RESERVATIONS)): a reservation beyond
+    /// them is refused, with nothing taken.
+    pub fn max_reservations(mut self, max_reservations: usize) -> Self {
+        self.max_reservations = max_reservations;
         self
     }
 
@@ -145,6 +157,7 @@ impl MemoryStoreBuilder {
             inner: Arc::new(Inner {
                 table: Table::new(self.bounds),
                 slots: Slots::default(),
+                book: Book::new(self.max_reservations),
             }),
         })
     }
@@ -165,6 +178,7 @@ impl MemoryStore {
     pub fn builder() -> MemoryStoreBuilder {
         let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
         MemoryStoreBuilder {
+            max_reservations: super::DEFAULT_MAX_RESERVATIONS,
             bounds: Bounds {
                 max_keys: 1_000_000,
                 max_bytes: Self::DEFAULT_MAX_BYTES,
@@ -320,6 +334,7 @@ impl MemoryStore {
             cost,
             max_delay,
             commit,
+            settle: None,
         };
         let (mut decisions, mut new): (Vec<Decision>, Vec<bool>) = items
             .iter()
@@ -410,6 +425,43 @@ impl Store for MemoryStore {
         ready(Ok(self.check_now(items, now, max_delay)))
     }
 
+    fn settles(&self) -> Result<(), Error> {
+        Ok(())
+    }
+
+    fn settle(
+        &self,
+        items: &[Planned<'_, MemoryPlan>],
+        now: u64,
+        settle: super::Settle,
+    ) -> impl Future<Output = Result<Decisions, Error>> + Send {
+        ready(Ok(self.settle_now(items, now, settle)))
+    }
+
+    fn keep_reservation(
+        &self,
+        record: &ReservationRecord,
+        _now: u64,
+    ) -> impl Future<Output = Result<(), Error>> + Send {
+        ready(self.inner.book.keep(record.clone()))
+    }
+
+    fn take_reservation(
+        &self,
+        id: &str,
+        _now: u64,
+    ) -> impl Future<Output = Result<Option<ReservationRecord>, Error>> + Send {
+        ready(Ok(self.inner.book.take(id)))
+    }
+
+    fn expired_reservations(
+        &self,
+        now: u64,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<ReservationRecord>, Error>> + Send {
+        ready(Ok(self.inner.book.expired(now, limit)))
+    }
+
     fn shutdown(&self) -> impl Future<Output = ()> + Send {
         ready(())
     }
@@ -441,6 +493,7 @@ impl LocalStore for MemoryStore {
             cost: item.cost,
             max_delay,
             commit: true,
+            settle: None,
         };
         self.check_one(item, attempt).shadow(item.rule.is_shadow())
     }
@@ -455,6 +508,33 @@ impl LocalStore for MemoryStore {
             [item] => Decisions::one(self.check_one_now(item, now, max_delay)),
             items => self.check_many(items, now, max_delay),
         }
+    }
+}
+
+impl MemoryStore {
+    /// Open reservations now.
+    pub fn reservations(&self) -> usize {
+        self.inner.book.len()
+    }
+
+    /// Settles `items` now, as [`Store::settle`](super::Store::settle) does, without waiting.
+    pub fn settle_now(
+        &self,
+        items: &[Planned<'_, MemoryPlan>],
+        now: u64,
+        settle: super::Settle,
+    ) -> Decisions {
+        let decided = items.iter().map(|item| {
+            let attempt = Attempt {
+                now,
+                cost: item.cost,
+                max_delay: None,
+                commit: true,
+                settle: Some(settle),
+            };
+            self.check_one(item, attempt).shadow(item.rule.is_shadow())
+        });
+        Decisions::many(decided.collect())
     }
 }
 
@@ -504,6 +584,7 @@ impl Score for Scorer<'_> {
             cost: 0,
             max_delay: None,
             commit: false,
+            settle: None,
         };
         let binding = rule.evaluate(algorithm, state, look);
         Some(binding.remaining() as f64 / binding.limit().max(1) as f64)

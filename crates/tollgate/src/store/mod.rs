@@ -4,6 +4,7 @@
 //! failure policy behind a timeout and a circuit breaker per backend.
 
 mod any;
+mod book;
 mod lock;
 mod memory;
 mod slots;
@@ -24,6 +25,7 @@ use std::fmt;
 use std::future::Future;
 
 pub use any::{AnyPlan, AnyStore};
+pub use book::{DEFAULT_MAX_RESERVATIONS, ReservationRecord, ReservedItem};
 #[cfg(feature = "redis")]
 pub use guard::StoreFailures;
 #[cfg(feature = "redis")]
@@ -34,6 +36,7 @@ pub use memory::{MIN_MAX_BYTES, MemoryPlan, MemoryStore, MemoryStoreBuilder, Whe
 #[cfg(feature = "redis")]
 pub use redis::{NodeHealth, RedisPlan, RedisStore, RedisStoreBuilder, StoreTime};
 
+pub(crate) use crate::algorithm::Settle;
 use crate::decision::{Decision, Decisions};
 use crate::error::Error;
 #[cfg(feature = "redis")]
@@ -122,6 +125,61 @@ pub trait Store: Clone + Send + Sync + 'static {
         now: u64,
         max_delay: Option<u64>,
     ) -> impl Future<Output = Result<Decisions, Error>> + Send;
+
+    /// Whether the store takes settlements and reservations; one that does not refuses them
+    /// with [`Error::Unsupported`], taking nothing.
+    fn settles(&self) -> Result<(), Error>;
+
+    /// Settles `items` at `now` (µs, as for [`check`](Self::check)): takes each item's cost
+    /// whatever its key's state ([`Settle::Report`]), or gives it back
+    /// ([`Settle::Credit`]); each item on its own, as nothing is refused. The decisions say
+    /// what each key has left after it, as a look (cost 0) sees it: denied while in debt.
+    ///
+    /// # Errors
+    /// [`Error::Store`] when a shared store's backend did not take it: no failure policy
+    /// makes up a settlement. [`Error::Unsupported`] from a store that does not hold
+    /// settlements (the hybrid and lease stores count admitted permits only).
+    fn settle(
+        &self,
+        items: &[Planned<'_, Self::Plan>],
+        now: u64,
+        settle: Settle,
+    ) -> impl Future<Output = Result<Decisions, Error>> + Send;
+
+    /// Keeps a reservation's record (see [`ReservationRecord`]) until it is taken out or expires, at
+    /// `now` (µs).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] when the store holds its most open reservations already, or
+    /// holds none (hybrid, lease); [`Error::Store`] when a shared store did not take it.
+    fn keep_reservation(
+        &self,
+        record: &ReservationRecord,
+        now: u64,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Takes the record of reservation `id` out: `None` when there is none (unknown, settled,
+    /// or expired and taken out by [`expired_reservations`](Self::expired_reservations)).
+    /// Each record is taken out once, whatever the concurrency.
+    ///
+    /// # Errors
+    /// As [`keep_reservation`](Self::keep_reservation).
+    fn take_reservation(
+        &self,
+        id: &str,
+        now: u64,
+    ) -> impl Future<Output = Result<Option<ReservationRecord>, Error>> + Send;
+
+    /// Takes out up to `limit` records expired at `now` (µs), oldest first: each is handed
+    /// to one caller only, so that it is settled once.
+    ///
+    /// # Errors
+    /// As [`keep_reservation`](Self::keep_reservation).
+    fn expired_reservations(
+        &self,
+        now: u64,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<ReservationRecord>, Error>> + Send;
 
     /// Finishes what the store holds for the shared state (pending counts, unused leases)
     /// before the process exits. Checks after it still work, from process memory.

@@ -40,10 +40,11 @@ use self::queue::Queue;
 pub(crate) use self::script::Entry;
 pub use self::topology::NodeHealth;
 use self::topology::Topology;
-use super::Planned;
+use super::book::ReservationRecord;
 use super::guard::{
     Backend, Failure, Guard, GuardConfig, GuardPlan, Guarded, Route, StoreFailures,
 };
+use super::{Planned, Settle};
 use crate::algorithm::Verdict;
 use crate::decision::{Decision, Decisions, Source};
 use crate::error::Error;
@@ -86,6 +87,8 @@ pub struct RedisStore {
     jitter_turn: Arc<AtomicU64>,
     /// On a cluster, the node of each slot, each with its own breaker.
     topology: Option<Arc<Topology>>,
+    /// The most open reservations kept.
+    max_reservations: usize,
 }
 
 /// Loads of the function library, one at a time: after a restart, every check in flight finds
@@ -175,6 +178,7 @@ pub struct RedisStoreBuilder {
     guard: GuardConfig,
     key_prefix: Vec<u8>,
     expiry_jitter: Duration,
+    max_reservations: usize,
 }
 
 #[derive(Clone)]
@@ -214,7 +218,16 @@ impl RedisStoreBuilder {
             guard: GuardConfig::default(),
             key_prefix: Vec::new(),
             expiry_jitter: Duration::ZERO,
+            max_reservations: super::DEFAULT_MAX_RESERVATIONS,
         }
+    }
+
+    /// Keeps at most `max_reservations` open reservations in Redis, for every instance
+    /// together (default [`DEFAULT_MAX_RESERVATIONS`](super::DEFAULT_MAX_RESERVATIONS)): a
+    /// reservation beyond them is refused, and what it took given back.
+    pub fn max_reservations(mut self, max_reservations: usize) -> Self {
+        self.max_reservations = max_reservations;
+        self
     }
 
     /// Pipelined connections to a single server (default 1; at least 1), for a process whose
@@ -407,6 +420,7 @@ impl RedisStoreBuilder {
             expiry_jitter_ms: u64::try_from(self.expiry_jitter.as_millis()).unwrap_or(u64::MAX),
             jitter_turn: Arc::new(AtomicU64::new(0)),
             topology,
+            max_reservations: self.max_reservations,
         })
     }
 }
@@ -643,16 +657,34 @@ impl RedisStore {
     /// The caller's time and TTL padding as the functions read them: `None` for the server's
     /// `TIME`.
     fn header(&self, now: u64, cost: u64, max_delay: Option<u64>) -> Vec<u8> {
+        self.header_of(now, cost, max_delay, None)
+    }
+
+    /// The header of a call, with what a settlement does (see `lua/prelude.lua`).
+    fn header_of(
+        &self,
+        now: u64,
+        cost: u64,
+        max_delay: Option<u64>,
+        settle: Option<Settle>,
+    ) -> Vec<u8> {
         let (at, padding) = match self.time {
             StoreTime::Server => (-1.0, 0),
             StoreTime::Local => (now as f64, CALLER_TIME_TTL_PADDING_MS),
         };
         let padding = (padding + self.jitter()) as f64;
+        let (mode, credit_at) = match settle {
+            None => (0.0, 0.0),
+            Some(Settle::Report) => (1.0, 0.0),
+            Some(Settle::Credit { at }) => (2.0, at as f64),
+        };
         packed([
             at,
             cost as f64,
             max_delay.map_or(-1.0, |d| d as f64),
             padding,
+            mode,
+            credit_at,
         ])
     }
 
@@ -819,6 +851,86 @@ impl RedisStore {
         let decisions = decisions
             .into_iter()
             .map(|d| d.expect("every item decided"));
+        Ok(Decisions::many(decisions.collect()))
+    }
+
+    /// The name of the reservations' index (`None`) or of reservation `id`'s record: one hash
+    /// tag for all, so that each call about them is atomic, on a cluster too.
+    fn book_key(&self, id: Option<&str>) -> Vec<u8> {
+        match id {
+            None => self.key(b"tg:r:{reservations}"),
+            Some(id) => self.key(format!("tg:r:{{reservations}}:{id}").as_bytes()),
+        }
+    }
+
+    /// Calls `entry` about the reservations, guarded as a settlement: no failure policy.
+    async fn book_call(
+        &self,
+        entry: &Entry,
+        keys: &[Vec<u8>],
+        args: &[&[u8]],
+        now: u64,
+    ) -> Result<Vec<u8>, Error> {
+        let backend = match &self.topology {
+            Some(topology) => topology
+                .node(slot(&keys[0]))
+                .unwrap_or_else(|| self.guard.single_shared()),
+            None => self.guard.single_shared(),
+        };
+        let route = Route::many(vec![backend]);
+        let remote = || async {
+            let reply = self
+                .invoke(entry, keys, args)
+                .await
+                .map_err(|error| Failure {
+                    error: store_error(error),
+                    backend: Some(0),
+                })?;
+            route.answered(0);
+            Ok::<_, Failure>(reply)
+        };
+        self.guard.settle(now, &route, remote).await
+    }
+
+    /// Settles `items` on Redis, with no failure policy: each slot's items in one call of the
+    /// settle function, the slots at once. Nothing is refused, so nothing is all-or-nothing.
+    async fn remote_settle(
+        &self,
+        items: &[Planned<'_, RedisPlan>],
+        now: u64,
+        settle: Settle,
+        route: &Route<'_>,
+        places: &[usize],
+    ) -> Result<Decisions, Failure> {
+        let groups = match &self.connection {
+            Connection::Single(_) => vec![(0..items.len()).collect()],
+            Connection::Cluster(_) => slot_groups(items),
+        };
+        let place = |group: &[usize]| places.get(group[0]).copied().unwrap_or(0);
+        let calls = groups.iter().map(|group| {
+            let mut call = self.batch_call(items, group, now, None, false);
+            call.args[0] = self.header_of(now, 0, None, Some(settle));
+            async move {
+                let args: Vec<&[u8]> = call.args.iter().map(Vec::as_slice).collect();
+                let reply = self
+                    .invoke(&script::SETTLE_ENTRY, &call.keys, &args)
+                    .await
+                    .map_err(|error| Failure {
+                        error: store_error(error),
+                        backend: Some(place(group)),
+                    })?;
+                route.answered(place(group));
+                Ok::<_, Failure>(reply)
+            }
+        });
+        let replies = futures_join(calls).await;
+        let mut decisions: Vec<Option<Decision>> = vec![None; items.len()];
+        for (group, reply) in groups.iter().zip(replies) {
+            read_batch(items, group, &reply?, &mut decisions)?;
+        }
+        let decisions = decisions
+            .into_iter()
+            .map(|d| d.expect("every item settled"));
         Ok(Decisions::many(decisions.collect()))
     }
 
@@ -1010,6 +1122,79 @@ impl super::Store for RedisStore {
             .guard
             .decide(items, now, max_delay, &route, remote)
             .await)
+    }
+
+    fn settles(&self) -> Result<(), Error> {
+        Ok(())
+    }
+
+    async fn settle(
+        &self,
+        items: &[Planned<'_, RedisPlan>],
+        now: u64,
+        settle: Settle,
+    ) -> Result<Decisions, Error> {
+        let (route, places) = self.route(items);
+        let remote = || self.remote_settle(items, now, settle, &route, &places);
+        self.guard.settle(now, &route, remote).await
+    }
+
+    async fn keep_reservation(&self, record: &ReservationRecord, now: u64) -> Result<(), Error> {
+        let (index, name) = (self.book_key(None), self.book_key(Some(&record.id)));
+        // The record outlives its expiry by an hour, for whoever settles expired ones.
+        let ttl_ms = record.expires.saturating_sub(now) / 1_000 + 3_600_000;
+        let args = packed([
+            record.expires as f64,
+            ttl_ms as f64,
+            self.max_reservations as f64,
+        ]);
+        let encoded = record.encode();
+        let reply = self
+            .book_call(&script::KEEP_ENTRY, &[index, name], &[&encoded, &args], now)
+            .await?;
+        match reply
+            .get(..8)
+            .map(|b| f64::from_le_bytes(b.try_into().unwrap_or_default()))
+        {
+            Some(1.0) => Ok(()),
+            _ => Err(super::book::full(self.max_reservations)),
+        }
+    }
+
+    async fn take_reservation(
+        &self,
+        id: &str,
+        now: u64,
+    ) -> Result<Option<ReservationRecord>, Error> {
+        let keys = [self.book_key(None), self.book_key(Some(id))];
+        let reply = self.book_call(&script::TAKE_ENTRY, &keys, &[], now).await?;
+        if reply.is_empty() {
+            return Ok(None);
+        }
+        ReservationRecord::decode(&reply).map(Some)
+    }
+
+    async fn expired_reservations(
+        &self,
+        now: u64,
+        limit: usize,
+    ) -> Result<Vec<ReservationRecord>, Error> {
+        let args = packed([now as f64, limit as f64]);
+        let keys = [self.book_key(None)];
+        let reply = self
+            .book_call(&script::EXPIRED_ENTRY, &keys, &[&args], now)
+            .await?;
+        let mut records = Vec::new();
+        let mut rest = &reply[..];
+        while let Some((head, tail)) = rest.split_first_chunk::<8>() {
+            let len = f64::from_le_bytes(*head) as usize;
+            let Some((record, tail)) = tail.split_at_checked(len) else {
+                break;
+            };
+            records.push(ReservationRecord::decode(record)?);
+            rest = tail;
+        }
+        Ok(records)
     }
 
     async fn shutdown(&self) {}

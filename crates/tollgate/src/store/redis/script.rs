@@ -21,6 +21,7 @@ use crate::algorithm::Algorithm;
 const PRELUDE: &str = include_str!("lua/prelude.lua");
 const BATCH: &str = include_str!("lua/batch.lua");
 const COUNTERS: &str = include_str!("lua/counters.lua");
+const RESERVATIONS: &str = include_str!("lua/reservations.lua");
 
 /// What an algorithm's file may leave out: whether its expired states are read as new (see
 /// `Decide::forgets`).
@@ -106,9 +107,9 @@ fn registration(driver: Driver) -> &'static str {
     match driver {
         Driver::Words => {
             "{decide = decide, denied = denied, expires_at = expires_at, \
-             forgets = forgets}"
+             forgets = forgets, debit = debit, credit = credit}"
         }
-        Driver::Log => "{decide = decide, log = true}",
+        Driver::Log => "{decide = decide, debit = debit, credit = credit, log = true}",
     }
 }
 
@@ -139,7 +140,8 @@ fn algorithm_blocks(functions: bool) -> String {
 /// its code so that different versions of tollgate can share a server.
 pub(crate) struct Library {
     /// `tollgate_<hash>`; each function is `<name>_<algorithm>`, and `<name>_batch`,
-    /// `<name>_add`, `<name>_lease` and `<name>_claim`.
+    /// `<name>_settle`, `<name>_add`, `<name>_lease`, `<name>_claim`, and the reservations'
+    /// `<name>_keep`, `<name>_take` and `<name>_expired`.
     pub(crate) name: String,
     /// The source given to `FUNCTION LOAD REPLACE`.
     pub(crate) code: String,
@@ -150,7 +152,10 @@ pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
     body.push_str(&algorithm_blocks(true));
     body.push_str(BATCH);
     body.push_str(COUNTERS);
-    for function in ["batch", "add", "lease", "claim"] {
+    body.push_str(RESERVATIONS);
+    for function in [
+        "batch", "settle", "add", "lease", "claim", "keep", "take", "expired",
+    ] {
         body.push_str(&format!(
             "\nredis.register_function('__LIBRARY___{function}', \
              function(keys, args) return {function}(keys, args) end)\n"
@@ -206,6 +211,21 @@ pub(crate) static BATCH_ENTRY: LazyLock<Entry> = LazyLock::new(|| {
     }
 });
 
+/// Settlements: reports and credits of items of any algorithms in one call (`lua/batch.lua`).
+pub(crate) static SETTLE_ENTRY: LazyLock<Entry> = LazyLock::new(|| {
+    let script = format!(
+        "{PRELUDE}{}{}{}{BATCH}\nreturn settle(KEYS, ARGV)\n",
+        Driver::Words.code(),
+        Driver::Log.code(),
+        algorithm_blocks(false)
+    );
+    Entry {
+        function: format!("{}_settle", LIBRARY.name),
+        script: Script::new(&script),
+        key_per_tier: false,
+    }
+});
+
 /// Counters of the hybrid and lease stores (`lua/counters.lua`): adding to them.
 pub(crate) static ADD_ENTRY: LazyLock<Entry> = LazyLock::new(|| counters("add"));
 
@@ -217,6 +237,24 @@ pub(crate) static LEASE_ENTRY: LazyLock<Entry> = LazyLock::new(|| counters("leas
 
 fn counters(function: &str) -> Entry {
     let script = format!("{PRELUDE}{COUNTERS}\nreturn {function}(KEYS, ARGV)\n");
+    Entry {
+        function: format!("{}_{function}", LIBRARY.name),
+        script: Script::new(&script),
+        key_per_tier: false,
+    }
+}
+
+/// Reservations' records (`lua/reservations.lua`): keeping one.
+pub(crate) static KEEP_ENTRY: LazyLock<Entry> = LazyLock::new(|| reservations("keep"));
+
+/// Reservations' records: taking one out.
+pub(crate) static TAKE_ENTRY: LazyLock<Entry> = LazyLock::new(|| reservations("take"));
+
+/// Reservations' records: taking out the expired ones.
+pub(crate) static EXPIRED_ENTRY: LazyLock<Entry> = LazyLock::new(|| reservations("expired"));
+
+fn reservations(function: &str) -> Entry {
+    let script = format!("{PRELUDE}{RESERVATIONS}\nreturn {function}(KEYS, ARGV)\n");
     Entry {
         function: format!("{}_{function}", LIBRARY.name),
         script: Script::new(&script),

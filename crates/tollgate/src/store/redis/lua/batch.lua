@@ -79,3 +79,45 @@ local function batch(keys, args)
   end
   return pack('<' .. rep('d', #reply), unpack(reply))
 end
+
+-- A settlement: every item takes its cost whatever its key's state (a report), or gives it
+-- back (a credit, of a cost taken at args[1]'s time), each on its own: nothing is refused.
+-- Arguments as a batch's (dry unused). Returns every tier's verdict of a look (cost 0) after
+-- the settlement, as a batch does: denied while the key is in debt.
+local function settle(keys, args)
+  local settled = attempt_of(args[1])
+  local a = {now = settled.now, ttl_padding = settled.ttl_padding, credit_at = settled.credit_at}
+  local report = settled.settle == 1
+  local _, position = unpack_packed('<d', args[2])
+  local first, reply = 1, {}
+  for i = 1, #args - 2 do
+    local algorithm, cost, shadow, count
+    algorithm, cost, shadow, count, position = unpack_packed('<dddd', args[2], position)
+    local f, tiers = algorithms[algorithm], tiers_of(args[2 + i])
+    local change = f.credit
+    if report then change = f.debit end
+    local verdicts = {}
+    if f.log then
+      a.cost = cost
+      for t = 1, #tiers do change(tiers[t], keys[first + t - 1], a) end
+      a.cost = 0
+      log_ask(tiers, keys, first, a, f.decide, verdicts, {})
+    else
+      local key = keys[first]
+      local stored = call('GET', key)
+      local w = {unpack_packed(tiers.state_format, stored or tiers.zero_state)}
+      if stored and forgotten(tiers, w, a, f.expires_at, f.forgets) then
+        w = {unpack_packed(tiers.state_format, tiers.zero_state)}
+      end
+      local kept = stored and latest(tiers, w, f.expires_at)
+      a.cost = cost
+      for t = 1, #tiers do change(tiers[t], w, a) end
+      a.cost = 0
+      ask(tiers, w, a, f.decide, verdicts, false)
+      write(key, stored, tiers, w, a, latest(tiers, w, f.expires_at), kept)
+    end
+    for _, v in ipairs(verdicts) do reply[#reply + 1] = v end
+    first = first + count
+  end
+  return pack('<' .. rep('d', #reply), unpack(reply))
+end

@@ -19,6 +19,29 @@ end
 
 local function denied(t, w, a) end
 
+-- The bucket's level at `now` in units, and its schedule written back from a level.
+local function level_at(t, w, now)
+  local o, n = t.offset, t.per_micro
+  local tat, fraction = w[o + 1], 0
+  if t.words > 1 then fraction = min(w[o + 2], n - 1) end
+  if tat < now then tat, fraction = now, 0 end
+  return (tat - now) * n + fraction
+end
+
+local function set_level(t, w, now, level)
+  local o, n = t.offset, t.per_micro
+  w[o + 1] = now + floor(level / n)
+  if t.words > 1 then w[o + 2] = level % n end
+end
+
+local function debit(t, w, a)
+  set_level(t, w, a.now, min(level_at(t, w, a.now) + units(t, a.cost), MAX_EXACT))
+end
+
+local function credit(t, w, a)
+  set_level(t, w, a.now, max(level_at(t, w, a.now) - units(t, a.cost), 0))
+end
+
 local function expires_at(t, w)
   local o = t.offset
   if t.words > 1 and w[o + 2] > 0 then return w[o + 1] + 1 end

@@ -25,6 +25,16 @@ local function denied(t, w, a)
   if after > t.limit then w[t.offset + 1], w[t.offset + 2] = start, after end
 end
 
+local function debit(t, w, a)
+  local start, count = window(t, w, a.now)
+  w[t.offset + 1], w[t.offset + 2] = start, min(count + a.cost, MAX_EXACT)
+end
+
+local function credit(t, w, a)
+  local o, at = t.offset, a.credit_at
+  if w[o + 1] == at - at % t.period then w[o + 2] = max(w[o + 2] - a.cost, 0) end
+end
+
 local function expires_at(t, w)
   return w[t.offset + 1] + t.period
 end

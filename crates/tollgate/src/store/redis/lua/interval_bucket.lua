@@ -19,6 +19,22 @@ end
 
 local function denied(t, w, a) end
 
+local function debit(t, w, a)
+  local o = t.offset
+  local used, start = w[o + 1], w[o + 2]
+  if not (start ~= 0 and a.now < start + t.period) then used, start = 0, a.now end
+  w[o + 1], w[o + 2] = min(used + a.cost, MAX_EXACT), start
+end
+
+-- Only within the period the credit was taken in.
+local function credit(t, w, a)
+  local o = t.offset
+  local start = w[o + 2]
+  if start ~= 0 and a.credit_at >= start and a.now < start + t.period then
+    w[o + 1] = max(w[o + 1] - a.cost, 0)
+  end
+end
+
 local function expires_at(t, w)
   local start = w[t.offset + 2]
   if start == 0 then return 0 end

@@ -20,6 +20,18 @@ end
 
 local function denied(t, w, a) end
 
+local function debit(t, w, a)
+  local o, last = t.offset, w[t.offset + 2]
+  local level = max(w[o + 1] - drained(t, max(a.now - last, 0)), 0)
+  w[o + 1], w[o + 2] = min(level + units(t, a.cost), MAX_EXACT), max(a.now, last)
+end
+
+local function credit(t, w, a)
+  local o, last = t.offset, w[t.offset + 2]
+  local level = max(w[o + 1] - drained(t, max(a.now - last, 0)), 0)
+  w[o + 1], w[o + 2] = max(level - units(t, a.cost), 0), max(a.now, last)
+end
+
 local function expires_at(t, w)
   return w[t.offset + 2] + micros(t, w[t.offset + 1])
 end

@@ -16,26 +16,35 @@ local function log_ask(tiers, keys, first, a, decide, verdicts, newest)
   return allowed
 end
 
+-- Adds `count` members at time `at` to the set `key`.
+local function log_add(key, at, count)
+  local at_stamp = decimal(at)
+  local seen = call('ZCOUNT', key, at_stamp, at_stamp)
+  local batch = {}
+  for j = 1, count do
+    batch[#batch + 1] = at
+    batch[#batch + 1] = at_stamp .. ':' .. decimal(seen + j)
+    if #batch >= 1000 or j == count then
+      call('ZADD', key, unpack(batch))
+      batch = {}
+    end
+  end
+end
+
+-- Drops the members older than the window and sets the set to expire when its newest
+-- member, at `at`, leaves it.
+local function log_expire(t, key, a, at)
+  call('ZREMRANGEBYSCORE', key, '-inf', decimal(a.now - t.period))
+  call('PEXPIRE', key, decimal(ceil_div(at + t.period - a.now, 1000) + a.ttl_padding))
+end
+
 -- Logs a.cost permits in every tier's set.
 local function log_commit(tiers, keys, first, a, newest)
-  local now, cost = a.now, a.cost
   for i = 1, #tiers do
     local key = keys[first + i - 1]
-    local at = max(now, newest[i])
-    local at_stamp = decimal(at)
-    local seen = call('ZCOUNT', key, at_stamp, at_stamp)
-    local batch = {}
-    for j = 1, cost do
-      batch[#batch + 1] = at
-      batch[#batch + 1] = at_stamp .. ':' .. decimal(seen + j)
-      if #batch >= 1000 or j == cost then
-        call('ZADD', key, unpack(batch))
-        batch = {}
-      end
-    end
-    call('ZREMRANGEBYSCORE', key, '-inf', decimal(now - tiers[i].period))
-    local ttl = ceil_div(at + tiers[i].period - now, 1000) + a.ttl_padding
-    call('PEXPIRE', key, decimal(ttl))
+    local at = max(a.now, newest[i])
+    log_add(key, at, a.cost)
+    log_expire(tiers[i], key, a, at)
   end
 end
 

@@ -3,11 +3,13 @@
 -- it; on servers without functions, one EVAL script per algorithm instead). A call is one
 -- atomic step: nothing can expire or change between reading a key and writing it.
 --
--- args[1]  four little-endian doubles: now in microseconds since the Unix epoch (-1 to read
+-- args[1]  six little-endian doubles: now in microseconds since the Unix epoch (-1 to read
 --          the server's TIME); the cost in permits (0 looks without consuming); the longest
 --          delay the caller accepts from a shaper in µs (-1 for none); milliseconds added to
 --          every TTL (0 on the server's time; more on the caller's, whose clock says when
---          state expires while Redis expires keys by its own; plus the store's expiry jitter)
+--          state expires while Redis expires keys by its own; plus the store's expiry jitter);
+--          what a settlement does (0 none: a check; 1 a report, which takes the cost whatever
+--          the state; 2 a credit, which gives back the cost taken at the next double, µs)
 -- args[2]  eleven little-endian doubles per tier: limit, period (µs), burst, per_permit,
 --          per_micro, state words, and five algorithm parameters
 -- Returns one string of six little-endian doubles per tier, in order: allowed (1/0), limit,
@@ -74,8 +76,12 @@ local function bucket(t, burst, level, cost)
     ceil_div(after - capacity, per_micro))
 end
 
+-- The largest integer a double holds exactly (2^53 - 1): settled quantities stop there.
+local MAX_EXACT = 9007199254740991
+
 -- Each algorithm's functions by its index (script.rs), for batches of several algorithms:
--- decide, and for word states denied and expires_at; `log` for the sliding log.
+-- decide, debit and credit, and for word states denied and expires_at; `log` for the
+-- sliding log.
 local algorithms = {}
 
 -- Parsed tiers by their packed arguments: a rule's never change. Bounded: cleared when full.
@@ -117,10 +123,11 @@ local function attempt_of(packed)
   local a = attempts[packed]
   if not a then
     if not floor then bind() end
-    local now, cost, max_delay, ttl_padding = unpack_packed('<dddd', packed)
+    local now, cost, max_delay, ttl_padding, settle, credit_at =
+      unpack_packed('<dddddd', packed)
     if max_delay < 0 then max_delay = nil end
     a = {server_time = now < 0, at = max(now, 1), cost = cost, max_delay = max_delay,
-      ttl_padding = ttl_padding}
+      ttl_padding = ttl_padding, settle = settle, credit_at = credit_at}
     if attempts_count >= 1000 then attempts, attempts_count = {}, 0 end
     attempts[packed], attempts_count = a, attempts_count + 1
   end

@@ -9,6 +9,23 @@ local function recent(t, key, k)
   return tonumber(found[2])
 end
 
+-- Takes a.cost permits whatever the log holds: at most `limit` are logged (the debt is one
+-- full log), and the newest `limit` members are kept.
+local function debit(t, key, a)
+  local newest = recent(t, key, 1) or 0
+  log_add(key, max(a.now, newest), min(a.cost, t.limit))
+  call('ZREMRANGEBYRANK', key, 0, -(t.limit + 1))
+  log_expire(t, key, a, max(a.now, newest))
+end
+
+-- Gives back up to a.cost members still in the window and logged at or after the credit's
+-- time, the oldest of them first.
+local function credit(t, key, a)
+  local from = max(a.credit_at, a.now - t.period + 1)
+  local found = call('ZRANGEBYSCORE', key, decimal(from), '+inf', 'LIMIT', 0, a.cost)
+  if #found > 0 then call('ZREM', key, unpack(found)) end
+end
+
 -- Decides without writing: the newest permit's time, then the verdict.
 local function decide(t, key, a)
   local limit, period, cost, now = t.limit, t.period, a.cost, a.now

@@ -59,6 +59,27 @@ end
 
 local function denied(t, w, a) end
 
+local function debit(t, w, a)
+  local o = t.offset
+  local win = windows(t, w, a.now)
+  w[o + 1], w[o + 2], w[o + 3] = win.start, win.previous, min(win.current + a.cost, MAX_EXACT)
+end
+
+-- In the current window, or the previous one while it still weighs.
+local function credit(t, w, a)
+  local o, period, at = t.offset, t.period, a.credit_at
+  local win = windows(t, w, a.now)
+  local window = at - at % period
+  if window == win.start then
+    win.current = max(win.current - a.cost, 0)
+  elseif window + period == win.start then
+    win.previous = max(win.previous - a.cost, 0)
+  else
+    return
+  end
+  w[o + 1], w[o + 2], w[o + 3] = win.start, win.previous, win.current
+end
+
 local function expires_at(t, w)
   return reset_at(windows(t, w, w[t.offset + 1]), t.period)
 end

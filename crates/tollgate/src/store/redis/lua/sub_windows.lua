@@ -40,6 +40,27 @@ end
 
 local function denied(t, w, a) end
 
+local function debit(t, w, a)
+  local o, count = t.offset, t.p1
+  local newest = w[o + 1]
+  local current = max(floor(a.now / (t.period / count)), newest)
+  for i = max(newest + 1, current - (count - 1), 0), current do w[o + 2 + i % count] = 0 end
+  local s = o + 2 + current % count
+  w[s] = min(w[s] + a.cost, MAX_EXACT)
+  w[o + 1] = current
+end
+
+-- Only a sub-window still held: not overwritten by a later one in its slot.
+local function credit(t, w, a)
+  local o, count = t.offset, t.p1
+  local index = floor(a.credit_at / (t.period / count))
+  local newest = w[o + 1]
+  if index <= newest and newest - index < count then
+    local s = o + 2 + index % count
+    w[s] = max(w[s] - a.cost, 0)
+  end
+end
+
 local function expires_at(t, w)
   return (w[t.offset + 1] + t.p1) * (t.period / t.p1)
 end

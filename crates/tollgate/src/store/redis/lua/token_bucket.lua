@@ -1,7 +1,8 @@
 -- Token bucket (src/algorithm/token_bucket.rs). Parameter p1: initial tokens, or -1 for a full
--- bucket. Words: tokens (rate units), time of the last admission (0 = never). A bucket with
--- fewer initial tokens than its burst expires once it has stayed full for a whole period; a
--- key whose every tier has expired is then read as a key never seen (`forgets`).
+-- bucket. Words: tokens (rate units), time of the last admission (0 = never); a key in debt
+-- has no tokens and its last admission in the future. A bucket with fewer initial tokens than
+-- its burst expires once it has stayed full for a whole period; a key whose every tier has
+-- expired is then read as a key never seen (`forgets`).
 
 local function expires_at(t, w)
   local o = t.offset
@@ -13,23 +14,59 @@ end
 
 local function forgets(tiers) return tiers[1].p1 >= 0 end
 
-local function decide(t, w, a)
-  local o, burst = t.offset, t.burst
-  local capacity = units(t, burst)
+-- The tokens at `now` and the time of the last admission.
+local function refilled(t, w, now)
+  local o = t.offset
   local tokens, last = w[o + 1], w[o + 2]
   if last == 0 then
     local initial = t.p1
-    if initial < 0 then initial = burst end
-    tokens = units(t, initial)
-  else
-    tokens = min(tokens + drained(t, max(a.now - last, 0)), capacity)
+    if initial < 0 then initial = t.burst end
+    return units(t, initial), 0
   end
+  return min(tokens + drained(t, max(now - last, 0)), units(t, t.burst)), last
+end
+
+local function decide(t, w, a)
+  local o, burst = t.offset, t.burst
+  local capacity = units(t, burst)
+  local tokens, last = refilled(t, w, a.now)
+  local debt = drained(t, max(last - a.now, 0))
   local allowed, limit, remaining, reset_after, retry_after =
-    bucket(t, burst, capacity - tokens, a.cost)
+    bucket(t, burst, capacity - tokens + debt, a.cost)
   if allowed == 1 and a.writes then
     w[o + 1], w[o + 2] = tokens - units(t, a.cost), max(a.now, last)
   end
   return allowed, limit, remaining, reset_after, retry_after, 0
+end
+
+local function debit(t, w, a)
+  local o, now = t.offset, a.now
+  local tokens, last = refilled(t, w, now)
+  local need = units(t, a.cost)
+  if tokens >= need then
+    w[o + 1], w[o + 2] = tokens - need, max(now, last)
+  else
+    local owed = min(drained(t, max(last - now, 0)) + need - tokens,
+      MAX_EXACT - units(t, t.burst))
+    w[o + 1], w[o + 2] = 0, now + micros(t, owed)
+  end
+end
+
+local function credit(t, w, a)
+  local o, now = t.offset, a.now
+  local tokens, last = refilled(t, w, now)
+  local give, capacity = units(t, a.cost), units(t, t.burst)
+  if last > now then
+    local owed = last - now
+    local back = floor(give / t.per_micro)
+    if back < owed then
+      w[o + 2] = last - back
+      return
+    end
+    w[o + 1], w[o + 2] = min(give - owed * t.per_micro, capacity), now
+  else
+    w[o + 1], w[o + 2] = min(tokens + give, capacity), max(now, last)
+  end
 end
 
 local function denied(t, w, a)

@@ -14,14 +14,21 @@ local function ramp_cost(t, stored, take)
   return spent + t.p1 * take
 end
 
-local function decide(t, w, a)
-  local o, limit, now = t.offset, t.limit, a.now
+-- The permits stored and the next free time at `now`.
+local function at_now(t, w, now)
+  local o = t.offset
   local stored, next_free = w[o + 1], w[o + 2]
   if next_free == 0 then
-    stored, next_free = t.p3, now
+    return t.p3, now
   elseif now > next_free then
-    stored, next_free = min(stored + (now - next_free) / t.p5, t.p3), now
+    return min(stored + (now - next_free) / t.p5, t.p3), now
   end
+  return stored, next_free
+end
+
+local function decide(t, w, a)
+  local o, limit, now = t.offset, t.limit, a.now
+  local stored, next_free = at_now(t, w, now)
   local delay = next_free - now
   local patience = a.max_delay or 0
   if delay > patience then return deny(limit, 0, delay, delay - patience) end
@@ -35,6 +42,17 @@ local function decide(t, w, a)
 end
 
 local function denied(t, w, a) end
+
+local function debit(t, w, a)
+  local o = t.offset
+  local stored, next_free = at_now(t, w, a.now)
+  local spent = min(a.cost, stored)
+  local wait = ramp_cost(t, stored, spent) + (a.cost - spent) * t.p1
+  w[o + 1], w[o + 2] = stored - spent, min(next_free + ceil(wait), MAX_EXACT)
+end
+
+-- Warm-up keeps what it took.
+local function credit(t, w, a) end
 
 local function expires_at(t, w)
   local o = t.offset
