@@ -35,6 +35,15 @@ pub enum Error {
         /// The most that tier admits at once.
         capacity: u64,
     },
+    /// The store holds its most open reservations: settle some, or wait for them to expire.
+    #[error(
+        "the store holds {max} open reservations, its most: commit or cancel some, or let them \
+         expire"
+    )]
+    ReservationsFull {
+        /// The most it holds.
+        max: usize,
+    },
     /// No open reservation has this id: it is unknown, already settled, or expired.
     #[error("no open reservation `{id}`: unknown, settled or expired")]
     UnknownReservation {

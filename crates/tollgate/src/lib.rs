@@ -58,11 +58,11 @@ pub use algorithm::{Algorithm, LeakyBucket, Settle, SubWindows, Tier, TokenBucke
 pub use clock::{Clock, MAX_TIMESTAMP, ManualClock, SystemClock};
 pub use decision::{Decision, Decisions, Source};
 pub use error::{Error, RuleError};
-pub use limiter::{Item, Limiter, LimiterBuilder, MAX_BATCH};
+pub use limiter::{Item, Limiter, LimiterBuilder};
 pub use reservation::Reservation;
 pub use rule::{FailurePolicy, OnExpiry, Reservations, Rule};
 pub use store::{
-    AnyPlan, AnyStore, DEFAULT_MAX_RESERVATIONS, LocalStore, MAX_KEY_LEN, MIN_MAX_BYTES,
+    AnyPlan, AnyStore, DEFAULT_MAX_RESERVATIONS, LocalStore, MAX_BATCH, MAX_KEY_LEN, MIN_MAX_BYTES,
     MemoryPlan, MemoryStore, MemoryStoreBuilder, Planned, ReservationRecord, ReservedItem, Store,
     WhenFull,
 };

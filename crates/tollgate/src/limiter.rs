@@ -13,14 +13,11 @@ use crate::error::{Error, RuleError};
 use crate::reservation::{Reservation, new_id};
 use crate::rule::Rule;
 use crate::rule::{OnExpiry, Reservations};
-use crate::store::{LocalStore, MAX_KEY_LEN, MemoryStore, Planned, Store};
+use crate::store::{LocalStore, MAX_BATCH, MAX_KEY_LEN, MemoryStore, Planned, Store};
 use crate::store::{ReservationRecord, ReservedItem};
 
 /// Costs of a settlement stay below this (2^53), where every quantity is exact in a double.
 const MAX_COST: u64 = 1 << 53;
-
-/// The most items one batch may hold.
-pub const MAX_BATCH: usize = 1_024;
 
 /// Enforces one or more [`Rule`]s over a [`Store`]: process memory by default, or Redis
 /// (strict, hybrid or lease) with the `redis` feature.
@@ -205,8 +202,9 @@ impl<S: Store, C: Clock> Limiter<S, C> {
     /// store the record lives in Redis: it outlives the process, and any instance settles it.
     ///
     /// # Errors
-    /// As [`check_batch`](Self::check_batch); [`Error::Unsupported`] when the store holds its
-    /// most open reservations (what was taken is given back) or holds none (hybrid, lease);
+    /// As [`check_batch`](Self::check_batch); [`Error::ReservationsFull`] when the store holds
+    /// its most open reservations (what was taken is given back); [`Error::Unsupported`] on a
+    /// store that holds none (hybrid, lease);
     /// [`Error::Store`] when a shared store did not keep the record (what was taken is given
     /// back as well).
     pub async fn reserve(
@@ -318,26 +316,43 @@ impl<S: Store, C: Clock> Limiter<S, C> {
             .expired_reservations(now(&self.clock), limit)
             .await?;
         for record in &records {
-            let released: Vec<Item<'_>> = record
-                .items
-                .iter()
-                .filter(|i| i.release && i.cost > 0 && self.by_name.contains_key(i.rule.as_str()))
-                .map(|i| Item::new(&i.rule, &i.key, i.cost))
-                .collect();
-            if !released.is_empty() {
-                self.settle_batch(&released, Settle::Credit { at: record.at })
-                    .await?;
-            }
+            self.expired(record).await?;
         }
         Ok(records.len())
     }
 
-    /// Takes reservation `id`'s record out of the store.
+    /// Takes reservation `id`'s record out of the store. One expired but not yet settled by
+    /// [`settle_expired`](Self::settle_expired) is settled now, as its rules say, and is as
+    /// unknown as one settled.
     async fn take(&self, id: &str) -> Result<ReservationRecord, Error> {
-        self.store
-            .take_reservation(id, now(&self.clock))
+        let now = now(&self.clock);
+        let unknown = || Error::UnknownReservation { id: id.into() };
+        let record = self
+            .store
+            .take_reservation(id, now)
             .await?
-            .ok_or_else(|| Error::UnknownReservation { id: id.into() })
+            .ok_or_else(unknown)?;
+        if record.expires <= now {
+            self.expired(&record).await?;
+            return Err(unknown());
+        }
+        Ok(record)
+    }
+
+    /// Settles `record`, expired unsettled, as its rules say: what is to be released comes
+    /// back.
+    async fn expired(&self, record: &ReservationRecord) -> Result<(), Error> {
+        let released: Vec<Item<'_>> = record
+            .items
+            .iter()
+            .filter(|i| i.release && i.cost > 0 && self.by_name.contains_key(i.rule.as_str()))
+            .map(|i| Item::new(&i.rule, &i.key, i.cost))
+            .collect();
+        if !released.is_empty() {
+            self.settle_batch(&released, Settle::Credit { at: record.at })
+                .await?;
+        }
+        Ok(())
     }
 
     /// Settles each item of `record` as `change(its estimate)` says (none: nothing to do);

@@ -235,6 +235,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     provider::watch::watch(&files, service.clone());
     tokio::spawn(hangups);
     tokio::spawn(service.clone().follow_shared());
+    tokio::spawn(service.clone().settle_expired());
     tracing::info!(addr = %listener.local_addr()?, tls = http_tls.is_some(), "HTTP listening");
     let stopping = service.clone();
     let (failed_tx, failed) = tokio::sync::oneshot::channel::<anyhow::Error>();

@@ -24,7 +24,8 @@ use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 use tollgate::engine::{KeyPart, Match, PathPattern, Route};
 use tollgate::{
-    Algorithm, FailurePolicy, LeakyBucket, Rule, SubWindows, Tier, TokenBucket, WarmUp, WhenFull,
+    Algorithm, FailurePolicy, LeakyBucket, OnExpiry, Reservations, Rule, SubWindows, Tier,
+    TokenBucket, WarmUp, WhenFull,
 };
 
 use super::duration::{self, parse_duration};
@@ -300,6 +301,62 @@ pub struct RuleSpec {
     #[serde(default = "open")]
     #[schemars(extend("default" = "open"))]
     pub on_failure: String,
+    /// How the rule's reservations live and end (`POST /v1/reservations`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservations: Option<ReservationsSpec>,
+}
+
+/// How a rule's reservations live and end.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReservationsSpec {
+    /// How long a reservation lives unsettled, unless its call says otherwise; at most a day.
+    #[serde(
+        default,
+        with = "optional_period",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(schema_with = "duration::schema", extend("default" = "5m"))]
+    #[schema(value_type = Option<String>, example = "5m")]
+    pub ttl: Option<Duration>,
+    /// What becomes of the estimate of a reservation that expires unsettled: `consumed` (it
+    /// stays taken, as if the work used exactly its estimate: a caller that crashed never
+    /// gets its work for free) or `released` (it comes back).
+    #[serde(default)]
+    #[schemars(extend("default" = "consumed"))]
+    pub on_expiry: OnExpirySpec,
+}
+
+/// What becomes of an unsettled reservation's estimate.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum OnExpirySpec {
+    /// It stays taken.
+    #[default]
+    Consumed,
+    /// It comes back.
+    Released,
+}
+
+mod optional_period {
+    use std::time::Duration;
+
+    use serde::{Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => super::period::serialize(d, s),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        super::duration::deserialize(d).map(Some)
+    }
 }
 
 /// A rule's conditions as written: a request must meet all of them.
@@ -407,8 +464,19 @@ impl RuleSpec {
             }
         });
         let policy = parse_policy(&self.on_failure).map_err(|e| field("on_failure", e))?;
+        let reservations = match &self.reservations {
+            None => Reservations::default(),
+            Some(spec) => Reservations {
+                ttl: spec.ttl.unwrap_or(Reservations::default().ttl),
+                on_expiry: match spec.on_expiry {
+                    OnExpirySpec::Consumed => OnExpiry::Consumed,
+                    OnExpirySpec::Released => OnExpiry::Released,
+                },
+            },
+        };
         let rule = Rule::new(self.id.clone(), algorithm, tiers)
             .and_then(|r| r.on_failure(policy))
+            .and_then(|r| r.reservations(reservations))
             .map_err(|e| e.to_string())?
             .shadow(self.shadow);
         let path = self

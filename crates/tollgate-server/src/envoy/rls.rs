@@ -229,7 +229,10 @@ async fn answered(
     let answer = envoy
         .check_descriptors(&request.domain, &descriptors)
         .await
-        .map_err(|CheckError::Invalid(message)| Status::invalid_argument(message))?;
+        .map_err(|e| match e {
+            CheckError::Invalid(message) => Status::invalid_argument(message),
+            other => Status::unavailable(other.to_string()),
+        })?;
     let statuses: Vec<DescriptorStatus> = answer.outcomes.iter().map(status).collect();
     let overall = if answer.over {
         Code::OverLimit

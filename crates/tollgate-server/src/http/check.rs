@@ -18,14 +18,14 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::{AppState, bad_request};
 use crate::envoy::{DescriptorOutcome, EnvoyAnswer};
-use crate::service::{CheckError, Outcome};
+use crate::service::{CheckError, Outcome, Target};
 
 /// A check's body: one of a request to match (`request`), a rule and a key (`rule`, `key`),
 /// or Envoy descriptors (`domain`, `descriptors`); and the cost. Its strings are borrowed from
 /// the request's bytes where JSON escapes allow.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct CheckBody<'a> {
+pub(super) struct CheckBody<'a> {
     /// A request, checked against every rule it matches, all-or-nothing.
     #[serde(borrow)]
     request: Option<RequestBody<'a>>,
@@ -37,10 +37,16 @@ struct CheckBody<'a> {
     domain: Option<String>,
     /// Envoy descriptors of `domain`.
     descriptors: Option<Vec<DescriptorBody>>,
-    /// Permits to take; 0 only looks. A cost some tier can never admit is refused (400).
+    /// Permits to take; 0 only looks. A cost some tier can never admit is refused (400). For
+    /// `/v1/report`, the cost of the work done (any, up to 2^53 - 1); for `/v1/reservations`,
+    /// the estimate.
     #[serde(default = "one")]
     #[schema(default = 1)]
     cost: u64,
+    /// `/v1/reservations` only: how long the reservation lives unsettled (`30s`, `5m`; at
+    /// most a day), instead of its rules' own.
+    #[schema(example = "2m")]
+    ttl: Option<String>,
 }
 
 /// A request to match against the rules.
@@ -66,7 +72,7 @@ struct RequestBody<'a> {
 
 /// Header (name, value) pairs, borrowed from the body where they have no escapes.
 #[derive(Debug, Default)]
-struct Headers<'a>(Vec<(Cow<'a, str>, Cow<'a, str>)>);
+pub(super) struct Headers<'a>(Vec<(Cow<'a, str>, Cow<'a, str>)>);
 
 impl tollgate::engine::Headers for Headers<'_> {
     fn get(&self, name: &str) -> Option<&[u8]> {
@@ -152,7 +158,7 @@ fn one() -> u64 {
 /// `{"allowed": bool, "decisions": [{"rule", "allowed", "limit", "remaining",
 /// "reset_after_ms", "retry_after_ms" (when denied), "window_s", "shadowed", "source"}]}`.
 /// Rule names are letters, digits and `_ - . : /`, so they need no escaping.
-fn answer_json(allowed: bool, decisions: &[Decision]) -> Vec<u8> {
+pub(super) fn answer_json(allowed: bool, decisions: &[Decision]) -> Vec<u8> {
     let mut out = Vec::with_capacity(40 + 200 * decisions.len());
     let number = |out: &mut Vec<u8>, name: &str, n: u64| {
         out.extend_from_slice(name.as_bytes());
@@ -235,54 +241,17 @@ fn source_name(source: Source) -> &'static str {
     ),
 )]
 pub(super) async fn check(state: AppState, request: axum::extract::Request) -> Response {
-    let json = request
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json"));
-    if !json {
-        return bad_request(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "expected a body of content-type application/json",
-        );
-    }
-    let bytes = match axum::body::to_bytes(request.into_body(), state.max_body_bytes).await {
+    let bytes = match json_body(&state, request).await {
         Ok(bytes) => bytes,
-        Err(e) => {
-            let over = std::error::Error::source(&e)
-                .is_some_and(|e| e.is::<http_body_util::LengthLimitError>());
-            return match over {
-                true => bad_request(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    format!("the body is over {} bytes", state.max_body_bytes),
-                ),
-                false => bad_request(
-                    StatusCode::BAD_REQUEST,
-                    format!("cannot read the body: {e}"),
-                ),
-            };
-        }
+        Err(refused) => return refused,
     };
-    // Checked once here: parsing from a `str` spares serde_json checking each string again.
-    let text = match std::str::from_utf8(&bytes) {
-        Ok(text) => text,
-        Err(e) => {
-            return bad_request(
-                StatusCode::BAD_REQUEST,
-                format!("the body is not UTF-8: {e}"),
-            );
-        }
-    };
-    let body: CheckBody<'_> = match serde_json::from_str(text) {
+    let body = match parsed(&bytes) {
         Ok(body) => body,
-        Err(e) => {
-            let status = match e.classify() {
-                serde_json::error::Category::Data => StatusCode::UNPROCESSABLE_ENTITY,
-                _ => StatusCode::BAD_REQUEST,
-            };
-            return bad_request(status, format!("invalid body: {e}"));
-        }
+        Err(refused) => return refused,
     };
+    if body.ttl.is_some() {
+        return bad_request(StatusCode::BAD_REQUEST, "`ttl` is for /v1/reservations");
+    }
     let cost = body.cost;
     match (&body.request, &body.rule, &body.domain) {
         (Some(r), None, None) if body.key.is_none() && body.descriptors.is_none() => {
@@ -316,13 +285,121 @@ pub(super) async fn check(state: AppState, request: axum::extract::Request) -> R
                 .collect();
             match state.envoy.check_descriptors(domain, &list).await {
                 Ok(answer) => answer_descriptors(&answer),
-                Err(CheckError::Invalid(message)) => bad_request(StatusCode::BAD_REQUEST, message),
+                Err(e) => refused(e),
             }
         }
         _ => bad_request(
             StatusCode::BAD_REQUEST,
             "give one of: `request`; `rule` and `key`; `domain` and `descriptors`",
         ),
+    }
+}
+
+/// The body of a JSON request, within `max_body_bytes` and UTF-8; or the 4xx that says why
+/// not.
+pub(super) async fn json_body(
+    state: &AppState,
+    request: axum::extract::Request,
+) -> Result<axum::body::Bytes, Response> {
+    let json = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !json {
+        return Err(bad_request(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "expected a body of content-type application/json",
+        ));
+    }
+    axum::body::to_bytes(request.into_body(), state.max_body_bytes)
+        .await
+        .map_err(|e| {
+            let over = std::error::Error::source(&e)
+                .is_some_and(|e| e.is::<http_body_util::LengthLimitError>());
+            match over {
+                true => bad_request(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("the body is over {} bytes", state.max_body_bytes),
+                ),
+                false => bad_request(
+                    StatusCode::BAD_REQUEST,
+                    format!("cannot read the body: {e}"),
+                ),
+            }
+        })
+}
+
+/// A check's body from `bytes`; or the 4xx that says what is wrong.
+pub(super) fn parsed(bytes: &[u8]) -> Result<CheckBody<'_>, Response> {
+    // Checked once here: parsing from a `str` spares serde_json checking each string again.
+    let text = std::str::from_utf8(bytes).map_err(|e| {
+        bad_request(
+            StatusCode::BAD_REQUEST,
+            format!("the body is not UTF-8: {e}"),
+        )
+    })?;
+    serde_json::from_str(text).map_err(|e| {
+        let status = match e.classify() {
+            serde_json::error::Category::Data => StatusCode::UNPROCESSABLE_ENTITY,
+            _ => StatusCode::BAD_REQUEST,
+        };
+        bad_request(status, format!("invalid body: {e}"))
+    })
+}
+
+/// What metered work (`/v1/report`, `/v1/reservations`) is asked of, from a check's body: a
+/// request, or a rule and a key. Descriptors are refused: Envoy's `hits_addend` reports them.
+pub(super) enum Asked<'a> {
+    /// A request to match.
+    Request(Request<'a, Headers<'a>>),
+    /// A key under a rule.
+    Key(&'a str, &'a [u8]),
+}
+
+impl<'a> Asked<'a> {
+    /// What `body` asks, its cost and its `ttl`; or the 4xx that says what is wrong.
+    pub(super) fn of(
+        body: &'a CheckBody<'a>,
+    ) -> Result<(Self, u64, Option<std::time::Duration>), Response> {
+        let ttl = match &body.ttl {
+            Some(ttl) => Some(
+                crate::config::parse_duration(ttl)
+                    .map_err(|e| bad_request(StatusCode::BAD_REQUEST, format!("ttl: {e}")))?,
+            ),
+            None => None,
+        };
+        if body.domain.is_some() || body.descriptors.is_some() {
+            return Err(bad_request(
+                StatusCode::BAD_REQUEST,
+                "Envoy descriptors report their hits through the gRPC service's hits_addend; \
+                 give `request`, or `rule` and `key`",
+            ));
+        }
+        let asked = match (&body.request, &body.rule, &body.key) {
+            (Some(r), None, None) => Self::Request(Request {
+                method: &r.method,
+                path: r.path.split('?').next().unwrap_or_default(),
+                headers: &r.headers,
+                client_ip: r.client_ip,
+            }),
+            (None, Some(rule), Some(key)) => Self::Key(rule, key.as_bytes()),
+            _ => {
+                return Err(bad_request(
+                    StatusCode::BAD_REQUEST,
+                    "give one of: `request`; `rule` and `key`",
+                ));
+            }
+        };
+        Ok((asked, body.cost, ttl))
+    }
+
+    /// As the service takes it.
+    pub(super) fn target(&'a self) -> Target<'a, Headers<'a>> {
+        match self {
+            Self::Request(request) => Target::Request(request),
+            Self::Key(rule, key) => Target::Key { rule, key },
+        }
     }
 }
 
@@ -335,8 +412,20 @@ fn answer_outcome(
 ) -> Response {
     match outcome {
         Ok(outcome) => answer(&outcome.decisions, denied, json),
-        Err(CheckError::Invalid(message)) => bad_request(StatusCode::BAD_REQUEST, message),
+        Err(e) => refused(e),
     }
+}
+
+/// The answer to what the service refused: 400 for the caller's mistake, 404 for an unknown
+/// reservation, 503 for what the store could not take now, 501 for what it never does.
+pub(super) fn refused(e: CheckError) -> Response {
+    let status = match &e {
+        CheckError::Invalid(_) => StatusCode::BAD_REQUEST,
+        CheckError::UnknownReservation(_) => StatusCode::NOT_FOUND,
+        CheckError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        CheckError::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
+    };
+    bad_request(status, e.to_string())
 }
 
 /// The answer to `decisions`, all-or-nothing: see [`answer_outcome`].

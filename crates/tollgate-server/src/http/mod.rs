@@ -23,6 +23,7 @@ pub mod admin;
 mod check;
 pub mod console;
 mod health;
+mod metered;
 pub mod openapi;
 
 use std::convert::Infallible;
@@ -84,6 +85,7 @@ fn router(state: AppState) -> Router {
         .routes(routes!(health::render_metrics))
         .routes(routes!(openapi::document))
         .merge(admin::router().layer(limit))
+        .merge(metered::router().layer(limit))
         .split_for_parts();
     // The console's routes are described always, and served only where an admin token
     // guards them.

@@ -32,6 +32,7 @@ use super::AppState;
     paths(super::check::check, super::check::auth),
     tags(
         (name = "checks", description = "Asked before doing work: is this request within its limits?"),
+        (name = "metered", description = "Work whose cost is known once it is done (an LLM answer's tokens): reports, and reservations settled at the real cost."),
         (name = "admin", description = "Rules created, replaced and deleted at run time, behind the admin token."),
         (name = "console", description = "The console's page and JSON API: on only with an admin token (404 otherwise), behind it."),
         (name = "health", description = "Liveness, readiness, metrics, and this document."),
@@ -147,6 +148,23 @@ pub enum DecisionSource {
     FailClosed,
     /// A path added after this version.
     Other,
+}
+
+/// A reservation: its id to settle it by (null when denied: nothing was taken; or when a
+/// failure policy admitted it while the store failed: nothing was counted), how long it lives
+/// unsettled, and the decisions of its estimate.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReservationAnswer {
+    /// The id: 32 hex digits.
+    pub id: Option<String>,
+    /// Milliseconds until it settles by itself, as its rules say.
+    #[serde(default)]
+    pub expires_in_ms: Option<u64>,
+    /// Whether the estimate was admitted.
+    pub allowed: bool,
+    /// One decision per rule that applied.
+    pub decisions: Vec<DecisionView>,
 }
 
 /// What is wrong with a request.

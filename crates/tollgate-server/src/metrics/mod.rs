@@ -163,6 +163,18 @@ pub const CATALOG: &[Metric] = &[
         "Connections closed to make room for new ones at `server.max_connections`.",
     ),
     metric(
+        "tollgate_reported_total",
+        Kind::Counter,
+        &["rule"],
+        "Permits taken by reports (`POST /v1/report`): costs known once the work was done.",
+    ),
+    metric(
+        "tollgate_reservations_total",
+        Kind::Counter,
+        &["event"],
+        "Reservations: `created`, `refused` (a full book, or a store that takes none), `committed`, `cancelled`, `expired` (settled by themselves as their rules say).",
+    ),
+    metric(
         "tollgate_metric_series_folded_total",
         Kind::Counter,
         &[],
@@ -689,4 +701,14 @@ pub fn redis_nodes(nodes: &[tollgate::NodeHealth]) {
         }
     }
     gauge!("tollgate_redis_slots_failing").set(failing as f64);
+}
+
+/// Counts `cost` permits reported under `rule`.
+pub fn reported(rule: &str, cost: u64) {
+    counter!("tollgate_reported_total", "rule" => rule.to_string()).increment(cost);
+}
+
+/// Counts a reservation's `event`.
+pub fn reservation(event: &'static str) {
+    counter!("tollgate_reservations_total", "event" => event).increment(1);
 }

@@ -17,8 +17,10 @@ use crate::console::Console;
 use crate::metrics::{self, EnvoyStats, RuleMetrics};
 use crate::shared::{Overlay, SharedRules};
 
+mod metered;
 mod store;
 
+pub use metered::{Metered, Target};
 use store::StoreSettings;
 pub use store::check;
 
@@ -116,11 +118,27 @@ pub enum CheckError {
     /// A bad cost, key or rule name, or too many items.
     #[error("{0}")]
     Invalid(String),
+    /// No open reservation has the id given.
+    #[error("{0}")]
+    UnknownReservation(String),
+    /// The store could not take it now (a report or settlement Redis did not take, a full
+    /// book of reservations): nothing is made up, the caller hears of it.
+    #[error("{0}")]
+    Unavailable(String),
+    /// What the store never does (reports and reservations on the hybrid and lease stores).
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 impl From<Error> for CheckError {
     fn from(e: Error) -> Self {
-        Self::Invalid(e.to_string())
+        let message = e.to_string();
+        match e {
+            Error::UnknownReservation { .. } => Self::UnknownReservation(message),
+            Error::Store { .. } | Error::ReservationsFull { .. } => Self::Unavailable(message),
+            Error::Unsupported { .. } => Self::Unsupported(message),
+            _ => Self::Invalid(message),
+        }
     }
 }
 

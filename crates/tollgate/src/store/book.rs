@@ -89,7 +89,7 @@ impl ReservationRecord {
         let expires = number(&mut rest)?;
         let count = number(&mut rest)?;
         let mut items = Vec::new();
-        for _ in 0..count.min(crate::MAX_BATCH as u64) {
+        for _ in 0..count.min(super::MAX_BATCH as u64) {
             let len = number(&mut rest)?;
             let rule = text(take(&mut rest, len).ok_or_else(bad)?)?;
             let len = number(&mut rest)?;
@@ -114,12 +114,7 @@ impl ReservationRecord {
 
 /// The refusal of a full book: no reservation is made.
 pub(crate) fn full(max: usize) -> Error {
-    Error::Unsupported {
-        what: format!(
-            "the store holds {max} open reservations, its most: commit or cancel some, or let \
-             them expire"
-        ),
-    }
+    Error::ReservationsFull { max }
 }
 
 /// Open reservations in this process, at most `max`, by id and by expiry. Shared by the

@@ -46,6 +46,9 @@ use crate::rule::Rule;
 /// The longest key accepted, in bytes: a store sizes its entries by it.
 pub const MAX_KEY_LEN: usize = 4_096;
 
+/// The most items one batch may hold.
+pub const MAX_BATCH: usize = 1_024;
+
 /// The algorithms the hybrid store holds: counts that add up across instances.
 #[cfg(feature = "redis")]
 const HYBRID_ALGORITHMS: &[&str] = &["fixed_window", "sliding_window", "hit_counter"];
@@ -150,8 +153,9 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// `now` (µs).
     ///
     /// # Errors
-    /// [`Error::Unsupported`] when the store holds its most open reservations already, or
-    /// holds none (hybrid, lease); [`Error::Store`] when a shared store did not take it.
+    /// [`Error::ReservationsFull`] when the store holds its most open reservations already;
+    /// [`Error::Unsupported`] when it holds none (hybrid, lease); [`Error::Store`] when a
+    /// shared store did not take it.
     fn keep_reservation(
         &self,
         record: &ReservationRecord,
