@@ -247,7 +247,7 @@ pub(super) async fn check(state: AppState, request: axum::extract::Request) -> R
     };
     let body = match parsed(&bytes) {
         Ok(body) => body,
-        Err(refused) => return refused,
+        Err(refused) => return refused.into_response(),
     };
     if body.ttl.is_some() {
         return bad_request(StatusCode::BAD_REQUEST, "`ttl` is for /v1/reservations");
@@ -330,11 +330,21 @@ pub(super) async fn json_body(
         })
 }
 
+/// A 4xx to answer: its status and what is wrong.
+#[derive(Debug)]
+pub(super) struct Refusal(StatusCode, String);
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        bad_request(self.0, self.1)
+    }
+}
+
 /// A check's body from `bytes`; or the 4xx that says what is wrong.
-pub(super) fn parsed(bytes: &[u8]) -> Result<CheckBody<'_>, Response> {
+pub(super) fn parsed(bytes: &[u8]) -> Result<CheckBody<'_>, Refusal> {
     // Checked once here: parsing from a `str` spares serde_json checking each string again.
     let text = std::str::from_utf8(bytes).map_err(|e| {
-        bad_request(
+        Refusal(
             StatusCode::BAD_REQUEST,
             format!("the body is not UTF-8: {e}"),
         )
@@ -344,7 +354,7 @@ pub(super) fn parsed(bytes: &[u8]) -> Result<CheckBody<'_>, Response> {
             serde_json::error::Category::Data => StatusCode::UNPROCESSABLE_ENTITY,
             _ => StatusCode::BAD_REQUEST,
         };
-        bad_request(status, format!("invalid body: {e}"))
+        Refusal(status, format!("invalid body: {e}"))
     })
 }
 
@@ -361,19 +371,19 @@ impl<'a> Asked<'a> {
     /// What `body` asks, its cost and its `ttl`; or the 4xx that says what is wrong.
     pub(super) fn of(
         body: &'a CheckBody<'a>,
-    ) -> Result<(Self, u64, Option<std::time::Duration>), Response> {
+    ) -> Result<(Self, u64, Option<std::time::Duration>), Refusal> {
+        let bad = |message: String| Refusal(StatusCode::BAD_REQUEST, message);
         let ttl = match &body.ttl {
-            Some(ttl) => Some(
-                crate::config::parse_duration(ttl)
-                    .map_err(|e| bad_request(StatusCode::BAD_REQUEST, format!("ttl: {e}")))?,
-            ),
+            Some(ttl) => {
+                Some(crate::config::parse_duration(ttl).map_err(|e| bad(format!("ttl: {e}")))?)
+            }
             None => None,
         };
         if body.domain.is_some() || body.descriptors.is_some() {
-            return Err(bad_request(
-                StatusCode::BAD_REQUEST,
+            return Err(bad(
                 "Envoy descriptors report their hits through the gRPC service's hits_addend; \
-                 give `request`, or `rule` and `key`",
+                 give `request`, or `rule` and `key`"
+                    .into(),
             ));
         }
         let asked = match (&body.request, &body.rule, &body.key) {
@@ -384,12 +394,7 @@ impl<'a> Asked<'a> {
                 client_ip: r.client_ip,
             }),
             (None, Some(rule), Some(key)) => Self::Key(rule, key.as_bytes()),
-            _ => {
-                return Err(bad_request(
-                    StatusCode::BAD_REQUEST,
-                    "give one of: `request`; `rule` and `key`",
-                ));
-            }
+            _ => return Err(bad("give one of: `request`; `rule` and `key`".into())),
         };
         Ok((asked, body.cost, ttl))
     }

@@ -75,11 +75,11 @@ async fn report(State(state): State<AppState>, request: axum::extract::Request) 
     };
     let body = match parsed(&bytes) {
         Ok(body) => body,
-        Err(refused) => return refused,
+        Err(refused) => return refused.into_response(),
     };
     let (asked, cost, ttl) = match Asked::of(&body) {
         Ok(asked) => asked,
-        Err(refused) => return refused,
+        Err(refused) => return refused.into_response(),
     };
     if ttl.is_some() {
         return super::bad_request(StatusCode::BAD_REQUEST, "`ttl` is for /v1/reservations");
@@ -120,11 +120,11 @@ async fn reserve(State(state): State<AppState>, request: axum::extract::Request)
     };
     let body = match parsed(&bytes) {
         Ok(body) => body,
-        Err(refused) => return refused,
+        Err(refused) => return refused.into_response(),
     };
     let (asked, cost, ttl) = match Asked::of(&body) {
         Ok(asked) => asked,
-        Err(refused) => return refused,
+        Err(refused) => return refused.into_response(),
     };
     match state.service.reserve(asked.target(), cost, ttl).await {
         Ok(reserved) => {
