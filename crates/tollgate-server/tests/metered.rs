@@ -300,3 +300,141 @@ async fn metered_work_on_redis_outlives_the_process_that_reserved() {
         "consumed at its estimate"
     );
 }
+
+/// Four processes on one Redis, 1,000 reservations at once of 10 against a budget of 5,000:
+/// exactly 500 admitted; then each committed at a random real cost, and what the budget
+/// counts is the sum of the commits, to the unit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reservations_are_exact_across_processes() {
+    let redis = Redis::start();
+    let rules = format!(
+        "store: {{ kind: redis, url: \"{}\", timeout: 5s, connections: 2 }}\nrules:\n  - id: budget\n    key: [header:x-tenant]\n    tiers: [{{ limit: 5000, period: 1d }}]\n",
+        redis.url()
+    );
+    let servers: Vec<Server> = (0..4)
+        .map(|_| Server::start(&[("rules.yaml", &rules)], &[]))
+        .collect();
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(300)
+        .build()
+        .unwrap();
+    let body = json!({ "request": { "method": "POST", "path": "/v1/chat", "headers": { "x-tenant": "shared" } }, "cost": 10 });
+    let asks = (0..1_000).map(|i| {
+        let (client, url, body) = (
+            client.clone(),
+            format!("{}/v1/reservations", servers[i % 4].http),
+            body.clone(),
+        );
+        tokio::spawn(async move {
+            let answer = client.post(url).json(&body).send().await.unwrap();
+            let status = answer.status().as_u16();
+            (status, answer.json::<Value>().await.unwrap())
+        })
+    });
+    let answers: Vec<(u16, Value)> = futures_util::future::join_all(asks)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let admitted: Vec<&Value> = answers
+        .iter()
+        .filter(|(s, _)| *s == 200)
+        .map(|(_, b)| b)
+        .collect();
+    let denied = answers.iter().filter(|(s, _)| *s == 429).count();
+    assert_eq!(
+        (admitted.len(), denied),
+        (500, 500),
+        "{:?}",
+        answers.iter().find(|(s, _)| *s != 200 && *s != 429)
+    );
+    // Each committed at a real cost of 0 to 12 (some above the estimate), on any process.
+    let mut random = 0x2545_f491_4f6c_dd1du64;
+    let mut total = 0;
+    let commits = admitted.iter().enumerate().map(|(i, reserved)| {
+        random ^= random << 13;
+        random ^= random >> 7;
+        random ^= random << 17;
+        let cost = random % 13;
+        total += cost;
+        let id = reserved["id"].as_str().unwrap();
+        let url = format!("{}/v1/reservations/{id}/commit", servers[(i + 1) % 4].http);
+        let client = client.clone();
+        tokio::spawn(async move {
+            client
+                .post(url)
+                .json(&json!({ "cost": cost }))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        })
+    });
+    let statuses: Vec<u16> = futures_util::future::join_all(commits)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+    let look = json!({ "request": body["request"], "cost": 0 });
+    let (_, answer) = post(&servers[0].http, "/v1/check", look).await;
+    assert_eq!(
+        answer["decisions"][0]["remaining"],
+        5000 - total,
+        "counted {total} committed"
+    );
+}
+
+/// The command line does each: reserve (its id on standard output, for `jq`), commit,
+/// cancel, report; exit codes 0 admitted, 1 denied or in debt, 2 anything else.
+#[tokio::test]
+async fn the_command_line_meters_work() {
+    let server = Server::start(&[("rules.yaml", RULES)], &[]);
+    let ask = [
+        "check",
+        "--server",
+        &server.http,
+        "--rule",
+        "tokens",
+        "--key",
+        "cli",
+    ];
+    let run = |more: &[&str]| {
+        let args: Vec<&str> = ask.iter().chain(more).copied().collect();
+        support::run(&args)
+    };
+    let (code, out, err) = run(&["--reserve", "--ttl", "1m", "--cost", "300"]);
+    assert_eq!(code, 0, "{err}");
+    let reserved: Value = serde_json::from_str(&out).unwrap();
+    let id = reserved["id"].as_str().unwrap().to_string();
+    assert!(reserved["expires_in_ms"].as_u64().unwrap() > 50_000);
+    let commit = |id: &str, cost: &str| {
+        support::run(&[
+            "check",
+            "--server",
+            &server.http,
+            "--commit",
+            id,
+            "--cost",
+            cost,
+        ])
+    };
+    let (code, out, _) = commit(&id, "100");
+    assert_eq!(code, 0);
+    assert_eq!(
+        serde_json::from_str::<Value>(&out).unwrap()["decisions"][0]["remaining"],
+        900
+    );
+    let (code, _, err) = commit(&id, "100");
+    assert_eq!(code, 2, "settled once: {err}");
+    assert!(err.contains("404"), "{err}");
+    let (code, out, _) = run(&["--report", "--cost", "1500"]);
+    assert_eq!(code, 1, "in debt: {out}");
+    let (code, _, _) = run(&["--reserve", "--cost", "1"]);
+    assert_eq!(code, 1, "denied while in debt");
+    let (code, _, err) = support::run(&["check", "--server", &server.http, "--cancel", "nope"]);
+    assert_eq!(code, 2, "{err}");
+    let (code, _, err) = run(&["--report", "--reserve"]);
+    assert_eq!(code, 2, "one at a time: {err}");
+}

@@ -91,19 +91,28 @@ enum Command {
         #[arg(long)]
         chart: Option<PathBuf>,
     },
-    /// Asks a running server: a request (`--method`, `--path`, `--header`) or a rule and key.
-    /// Prints the server's JSON answer alone on standard output (for `jq`) and the HTTP
-    /// status on standard error. Exit code: 0 admitted, 1 denied (429), 2 anything else (a
-    /// refused check, no answer).
+    /// Asks a running server: a request (`--method`, `--path`, `--header`) or a rule and key;
+    /// a check, or metered work: `--report` (the cost of work done, taken whatever is left),
+    /// `--reserve` (an estimate, with `--ttl`), `--commit ID` (the real cost of a
+    /// reservation), `--cancel ID`. Prints the server's JSON answer alone on standard output
+    /// (for `jq`) and the HTTP status on standard error. Exit code: 0 admitted, 1 denied (429,
+    /// or in debt after a report or commit), 2 anything else (a refused check, an unknown
+    /// reservation, no answer).
     Check {
         /// The server's HTTP address.
         #[arg(long, default_value = "http://127.0.0.1:8080")]
         server: String,
         #[command(flatten)]
         ask: Ask,
-        /// Permits to take.
+        /// Permits to take: a check's, a report's, a reservation's estimate, a commit's real
+        /// cost.
         #[arg(long, default_value_t = 1)]
         cost: u64,
+        #[command(flatten)]
+        metered: Metered,
+        /// With `--reserve`: how long the reservation lives unsettled (`30s`, `5m`).
+        #[arg(long, requires = "reserve")]
+        ttl: Option<String>,
     },
     /// Loads a running deployment with checks, over HTTP or Envoy's gRPC service, and reports
     /// how many were admitted, denied or failed, the rate and the latency. `{key}` in a path,
@@ -147,6 +156,24 @@ impl Ask {
             cost,
         )
     }
+}
+
+/// What `check` asks instead of a check: metered work.
+#[derive(Debug, clap::Args)]
+#[group(multiple = false)]
+struct Metered {
+    /// Reports the cost of work done (`POST /v1/report`).
+    #[arg(long)]
+    report: bool,
+    /// Reserves the cost as an estimate (`POST /v1/reservations`); prints its id.
+    #[arg(long)]
+    reserve: bool,
+    /// Commits reservation ID at the cost (`POST /v1/reservations/ID/commit`).
+    #[arg(long, value_name = "ID", conflicts_with_all = ["path", "headers", "rule"])]
+    commit: Option<String>,
+    /// Cancels reservation ID (`DELETE /v1/reservations/ID`).
+    #[arg(long, value_name = "ID", conflicts_with_all = ["path", "headers", "rule"])]
+    cancel: Option<String>,
 }
 
 /// The flags of `bench`.
@@ -236,7 +263,32 @@ pub fn run(cli: Cli) -> ExitCode {
                 &max_delay,
                 chart.as_deref(),
             ),
-            Command::Check { server, ask, cost } => Ok(check::run(&server, ask.body(cost)?).await),
+            Command::Check {
+                server,
+                ask,
+                cost,
+                metered,
+                ttl,
+            } => {
+                let call = match metered {
+                    Metered { report: true, .. } => check::Call::Report(ask.body(cost)?),
+                    Metered { reserve: true, .. } => {
+                        let mut body = ask.body(cost)?;
+                        if let Some(ttl) = ttl {
+                            body["ttl"] = ttl.into();
+                        }
+                        check::Call::Reserve(body)
+                    }
+                    Metered {
+                        commit: Some(id), ..
+                    } => check::Call::Commit(id, cost),
+                    Metered {
+                        cancel: Some(id), ..
+                    } => check::Call::Cancel(id),
+                    _ => check::Call::Check(ask.body(cost)?),
+                };
+                Ok(check::run(&server, call).await)
+            }
             Command::Bench(args) => bench::command(args).await,
             Command::Schema => Ok(schema::run()),
         }
