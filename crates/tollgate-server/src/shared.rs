@@ -1,18 +1,21 @@
-//! Admin rules shared by every instance on one Redis (or Redis Cluster): the admin API's edits
-//! live in a Redis hash, `tg:admin:{rules}` after the store's key prefix (rule id to the rule as JSON, or `null` for a
-//! deleted one), with a version, `tg:admin:{rules}:version`, that every edit increments in
-//! the same transaction. Each instance reads the hash at start and again whenever the version
-//! moves (polled every second), so an edit made through any instance reaches all of them.
+//! Admin rules and overrides shared by every instance on one Redis (or Redis Cluster): the
+//! admin API's edits live in Redis hashes after the store's key prefix, `tg:admin:{rules}`
+//! (rule id to the rule as JSON, or `null` for a deleted one) and
+//! `tg:admin:{rules}:overrides` (`[rule, key]` as JSON to the override as JSON), with a
+//! version, `tg:admin:{rules}:version`, that every edit increments in the same transaction.
+//! Each instance reads them at start and again whenever the version moves (polled every
+//! second), so an edit made through any instance reaches all of them.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 
-use crate::config::{RedisOptions, RuleSpec};
+use crate::config::{OverrideSpec, Overrides, RedisOptions, RuleSpec};
 
 /// The hash of rules and its version, after the store's key prefix.
 const RULES: &str = "tg:admin:{rules}";
+const OVERRIDES: &str = "tg:admin:{rules}:overrides";
 const VERSION: &str = "tg:admin:{rules}:version";
 
 /// How often instances look for edits made elsewhere.
@@ -23,6 +26,7 @@ pub const POLL: Duration = Duration::from_secs(1);
 pub struct SharedRules {
     connection: Connection,
     rules: String,
+    overrides: String,
     version: String,
     /// The console's summaries of the instances (see [`crate::console::instances`]).
     instances: String,
@@ -48,6 +52,17 @@ impl std::fmt::Debug for SharedRules {
 
 /// The admin rules as Redis holds them, with their version.
 pub type Overlay = BTreeMap<String, Option<RuleSpec>>;
+
+/// What the admin API keeps, as read together: the version, the rules, the overrides.
+#[derive(Debug, Default)]
+pub struct Shared {
+    /// The version of what was read (0: nothing ever written).
+    pub version: u64,
+    /// The admin rules.
+    pub overlay: Overlay,
+    /// The overrides.
+    pub overrides: Overrides,
+}
 
 impl SharedRules {
     /// Connects (lazily, for one server) to the Redis of `url`, or of the cluster `nodes`,
@@ -87,6 +102,7 @@ impl SharedRules {
         Ok(Self {
             connection,
             rules: format!("{}{RULES}", options.key_prefix),
+            overrides: format!("{}{OVERRIDES}", options.key_prefix),
             version: format!("{}{VERSION}", options.key_prefix),
             instances: format!("{}tg:console:{{instances}}", options.key_prefix),
         })
@@ -124,25 +140,73 @@ impl SharedRules {
         Ok(version.unwrap_or(0))
     }
 
-    /// The shared rules and their version, read together.
+    /// The shared rules and overrides and their version, read together.
     ///
     /// # Errors
-    /// Redis did not answer, or holds a rule that is not valid JSON of a rule.
-    pub async fn read(&self) -> anyhow::Result<(u64, Overlay)> {
+    /// Redis did not answer, or holds a rule or an override that is not valid JSON of one.
+    pub async fn read(&self) -> anyhow::Result<Shared> {
         let mut pipe = redis::pipe();
         pipe.atomic()
             .cmd("GET")
             .arg(&self.version)
             .cmd("HGETALL")
-            .arg(&self.rules);
-        let (version, entries): (Option<u64>, BTreeMap<String, String>) = self.pipe(&pipe).await?;
+            .arg(&self.rules)
+            .cmd("HGETALL")
+            .arg(&self.overrides);
+        type Read = (
+            Option<u64>,
+            BTreeMap<String, String>,
+            BTreeMap<String, String>,
+        );
+        let (version, entries, kept): Read = self.pipe(&pipe).await?;
         let mut overlay = Overlay::new();
         for (id, json) in entries {
             let spec: Option<RuleSpec> = serde_json::from_str(&json)
                 .map_err(|e| anyhow::anyhow!("shared rule `{id}` in {}: {e}", self.rules))?;
             overlay.insert(id, spec);
         }
-        Ok((version.unwrap_or(0), overlay))
+        let mut overrides = Overrides::new();
+        for (name, json) in kept {
+            let bad = |e: serde_json::Error| {
+                anyhow::anyhow!("override {name} in {}: {e}", self.overrides)
+            };
+            let (rule, key): (String, String) = serde_json::from_str(&name).map_err(bad)?;
+            let spec: OverrideSpec = serde_json::from_str(&json).map_err(bad)?;
+            overrides.insert((rule, key), spec);
+        }
+        Ok(Shared {
+            version: version.unwrap_or(0),
+            overlay,
+            overrides,
+        })
+    }
+
+    /// Writes `spec` (or a deletion) for `rule`'s `key` and moves the version, in one
+    /// transaction.
+    ///
+    /// # Errors
+    /// Redis did not answer; nothing was written then.
+    pub async fn write_override(
+        &self,
+        rule: &str,
+        key: &str,
+        spec: Option<&OverrideSpec>,
+    ) -> anyhow::Result<u64> {
+        let name = serde_json::to_string(&(rule, key))?;
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        match spec {
+            Some(spec) => pipe
+                .cmd("HSET")
+                .arg(&self.overrides)
+                .arg(name)
+                .arg(serde_json::to_string(spec)?)
+                .ignore(),
+            None => pipe.cmd("HDEL").arg(&self.overrides).arg(name).ignore(),
+        };
+        pipe.cmd("INCR").arg(&self.version);
+        let (version,): (u64,) = self.pipe(&pipe).await?;
+        Ok(version)
     }
 
     /// Publishes the summary (JSON) of the instance `id`; the hash lives a minute past the

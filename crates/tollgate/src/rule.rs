@@ -35,6 +35,9 @@ pub struct Rule {
 
 #[derive(Debug, Clone)]
 struct RuleInner {
+    /// The name items use and its keys' state is kept under.
+    name: &'static str,
+    /// What its decisions carry: its name, unless [`Rule::reported_as`] said otherwise.
     label: &'static Label,
     algorithm: Algorithm,
     tiers: Box<[Tier]>,
@@ -141,13 +144,15 @@ impl Rule {
             .map(|i| Policy::of(&name, &algorithm, &tiers, i))
             .collect();
         let forgets = algorithm.forgets();
+        let label = intern(Label {
+            name: name.into(),
+            windows,
+            policies,
+        });
         Ok(Self {
             inner: Arc::new(RuleInner {
-                label: intern(Label {
-                    name: name.into(),
-                    windows,
-                    policies,
-                }),
+                name: &label.name,
+                label,
                 algorithm,
                 tiers,
                 offsets: offsets.into(),
@@ -241,9 +246,29 @@ impl Rule {
         self.inner.shadow
     }
 
-    /// The rule's name. Names are kept for the life of the process, one copy each.
+    /// The rule's name: what items name and its keys' state is kept under. Names are kept
+    /// for the life of the process, one copy each.
     pub fn name(&self) -> &'static str {
-        &self.inner.label.name
+        self.inner.name
+    }
+
+    /// The same rule, counted under its own name, whose decisions (and the policies they
+    /// advertise) name `reported`: a tenant's plan counted apart from the rule it replaces
+    /// answers as that rule.
+    pub fn reported_as(self, reported: &str) -> Self {
+        let mut inner = Arc::unwrap_or_clone(self.inner);
+        let policies = (0..inner.tiers.len())
+            .map(|i| Policy::of(reported, &inner.algorithm, &inner.tiers, i))
+            .collect();
+        inner.label = intern(Label {
+            name: reported.into(),
+            windows: inner.label.windows.clone(),
+            policies,
+        });
+        inner.local = inner.local.map(|local| local.reported_as(reported));
+        Self {
+            inner: Arc::new(inner),
+        }
     }
 
     /// The rule's label, which decisions carry.
@@ -508,6 +533,21 @@ mod tests {
             )
             .is_ok()
         );
+    }
+
+    #[test]
+    fn a_rule_reported_as_another_keeps_its_name_and_state() {
+        let rule = Rule::new("plan/o:1", Algorithm::FixedWindow, [Tier::per_second(3)])
+            .and_then(|r| r.on_failure(FailurePolicy::Local { share: 0.5 }))
+            .unwrap();
+        let fingerprint = rule.fingerprint();
+        let reported = rule.reported_as("plan");
+        assert_eq!(reported.name(), "plan/o:1");
+        assert_eq!(reported.fingerprint(), fingerprint);
+        assert_eq!(&*reported.label().name, "plan");
+        assert_eq!(&*reported.label().policies[0].name, "plan");
+        let local = reported.inner.local.as_ref().unwrap();
+        assert_eq!((local.name(), &*local.label().name), ("plan/o:1", "plan"));
     }
 
     #[test]

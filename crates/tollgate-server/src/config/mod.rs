@@ -7,6 +7,7 @@
 mod duration;
 mod error;
 pub mod native;
+mod overrides;
 pub mod places;
 mod server;
 mod store;
@@ -15,7 +16,10 @@ use tollgate::engine::Engine;
 
 pub use duration::parse_duration;
 pub use error::{ConfigError, Place, Places};
-pub use native::{RuleSpec, parse_algorithm, parse_rule_spec, parse_rule_text};
+pub use native::{RuleSpec, TierSpec, parse_algorithm, parse_rule_spec, parse_rule_text};
+pub use overrides::{
+    MAX_OVERRIDES, MAX_PATTERNS, OverrideEntry, OverrideSpec, Overrides, entries, from_entries,
+};
 pub use server::{
     DEFAULT_RECORD_BYTES, EnvoySettings, Limits, ServerConfig, Startup, Statsd, TlsFiles,
 };

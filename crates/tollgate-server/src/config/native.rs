@@ -109,6 +109,10 @@ struct ServerSection {
     /// after its last.
     #[schemars(extend("default" = false))]
     console_record_always: Option<bool>,
+    /// Memory store: the file where the overrides set through the admin API are kept (JSON),
+    /// so that they outlive restarts; without it they last until the process ends. A Redis
+    /// store keeps them in Redis.
+    overrides_file: Option<PathBuf>,
 }
 
 /// The `store` section: its `kind`, and the settings of that kind (a setting of the other
@@ -733,6 +737,7 @@ pub fn parse(file: &Path, text: &str) -> Result<Sections, ConfigError> {
                 console_record_always: s
                     .console_record_always
                     .unwrap_or(defaults.console_record_always),
+                overrides_file: s.overrides_file,
                 grpc_uds: None,
                 prometheus: None,
                 connections: Limits {

@@ -41,6 +41,9 @@ pub struct ServerConfig {
     /// TLS on the gRPC listener, when set (`server.grpc_tls`, or the Envoy service's
     /// settings).
     pub grpc_tls: Option<TlsFiles>,
+    /// Where the memory store keeps the overrides set through the admin API, so that they
+    /// outlive restarts (`server.overrides_file`); a Redis store keeps them in Redis.
+    pub overrides_file: Option<PathBuf>,
     /// gRPC on this Unix socket instead of a TCP address: the Envoy service's `GRPC_UDS`.
     pub grpc_uds: Option<PathBuf>,
     /// The metrics served on a listener of their own too, at this address and path: the Envoy
@@ -79,6 +82,7 @@ impl Default for ServerConfig {
             console_record_always: false,
             tls: None,
             grpc_tls: None,
+            overrides_file: None,
             grpc_uds: None,
             prometheus: None,
         }

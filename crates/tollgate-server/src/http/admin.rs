@@ -27,14 +27,14 @@ pub(super) fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(show, put, delete))
 }
 
-fn edit_error(e: &EditError) -> Response {
+pub(super) fn edit_error(e: &EditError) -> Response {
     match e {
         EditError::Invalid(_) => error(StatusCode::UNPROCESSABLE_ENTITY, e.to_string()),
         EditError::Unavailable(_) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }
 }
 
-fn error(status: StatusCode, message: impl Into<String>) -> Response {
+pub(super) fn error(status: StatusCode, message: impl Into<String>) -> Response {
     (
         status,
         axum::Json(serde_json::json!({ "error": message.into() })),
@@ -123,14 +123,21 @@ async fn show(State(state): State<AppState>, _: Admin, Path(id): Path<String>) -
     }
 }
 
-/// Adds an edit to the console's audit log, when the console is on.
-fn audited(state: &AppState, peer: SocketAddr, action: &str, id: &str) {
+/// Adds an edit to the console's audit log, when the console is on, and to the log.
+pub(super) fn audited(
+    state: &AppState,
+    peer: SocketAddr,
+    action: &str,
+    id: &str,
+    key: Option<&str>,
+) {
+    tracing::info!(action, rule = id, key, by = %peer.ip(), "admin edit");
     if let Some(console) = state.service.console() {
         console.audit(crate::console::Audit {
             at: crate::console::now_micros() / 1_000_000,
             action: action.into(),
             rule: id.into(),
-            key: None,
+            key: key.map(str::to_string),
             by: peer.ip().to_string(),
         });
     }
@@ -177,11 +184,11 @@ async fn put(
     }
     match state.service.edit(&id, Some(spec.clone())).await {
         Ok(true) => {
-            audited(&state, peer, "update", &id);
+            audited(&state, peer, "update", &id, None);
             axum::Json(spec).into_response()
         }
         Ok(false) => {
-            audited(&state, peer, "create", &id);
+            audited(&state, peer, "create", &id, None);
             (StatusCode::CREATED, axum::Json(spec)).into_response()
         }
         Err(e) => edit_error(&e),
@@ -214,7 +221,7 @@ async fn delete(
     }
     match state.service.edit(&id, None).await {
         Ok(_) => {
-            audited(&state, peer, "delete", &id);
+            audited(&state, peer, "delete", &id, None);
             StatusCode::NO_CONTENT.into_response()
         }
         Err(e) => edit_error(&e),

@@ -25,6 +25,7 @@ pub mod console;
 mod health;
 mod metered;
 pub mod openapi;
+mod overrides;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -86,6 +87,7 @@ fn router(state: AppState) -> Router {
         .routes(routes!(openapi::document))
         .merge(admin::router().layer(limit))
         .merge(metered::router().layer(limit))
+        .merge(overrides::router().layer(limit))
         .split_for_parts();
     // The console's routes are described always, and served only where an admin token
     // guards them.

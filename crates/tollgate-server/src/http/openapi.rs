@@ -189,6 +189,14 @@ pub struct PlacedError {
     pub column: u64,
 }
 
+/// Every override in force.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OverrideList {
+    /// Each, by rule and key.
+    pub overrides: Vec<crate::config::OverrideEntry>,
+}
+
 /// The native rules, as written.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -79,9 +79,10 @@ impl Service {
             return Ok(Outcome::default());
         };
         let items = Items::of(&hits, cost);
+        let items = loaded.overrides.apply(&items);
         let decisions = limiter.settle_batch(&items, Settle::Report).await?;
-        for hit in &hits {
-            metrics::reported(hit.rule, cost);
+        for item in items.iter() {
+            metrics::reported(item.rule, cost);
         }
         Ok(Outcome { decisions })
     }
@@ -107,7 +108,9 @@ impl Service {
                 outcome: Outcome::default(),
             });
         };
-        let reserved = match limiter.reserve(&Items::of(&hits, cost), ttl).await {
+        let items = Items::of(&hits, cost);
+        let items = loaded.overrides.apply(&items);
+        let reserved = match limiter.reserve(&items, ttl).await {
             Ok(reserved) => reserved,
             Err(e) => {
                 metrics::reservation("refused");

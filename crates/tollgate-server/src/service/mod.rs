@@ -12,12 +12,13 @@ use arc_swap::ArcSwap;
 use tollgate::engine::{Engine, Headers, Items, Request};
 use tollgate::{AnyStore, Decision, Decisions, Error, Item, Limiter, Store};
 
-use crate::config::{self, Config, ConfigError, RuleSpec, StoreConfig};
+use crate::config::{self, Config, ConfigError, Overrides, RuleSpec, StoreConfig};
 use crate::console::Console;
 use crate::metrics::{self, EnvoyStats, RuleMetrics};
-use crate::shared::{Overlay, SharedRules};
+use crate::shared::{Overlay, Shared, SharedRules};
 
 mod metered;
+mod overrides;
 mod store;
 
 pub use metered::{Metered, Target};
@@ -39,6 +40,8 @@ pub struct Loaded {
     metrics: HashMap<&'static str, RuleMetrics, foldhash::fast::RandomState>,
     /// The Envoy service's statistics of each configured limit, by name.
     envoy_stats: HashMap<String, EnvoyStats, foldhash::fast::RandomState>,
+    /// Which override applies to a rule's key.
+    overrides: overrides::Index,
 }
 
 impl Loaded {
@@ -57,6 +60,8 @@ pub struct Service {
     /// Rules created, replaced (`Some`) or deleted (`None`) through the admin API, by id; they
     /// take precedence over the files' rules of the same id, across reloads.
     overlay: Mutex<Overlay>,
+    /// Overrides set through the admin API, by rule and key (see [`crate::config::Overrides`]).
+    overrides: Mutex<Overrides>,
     /// Where the admin rules are shared with the other instances (a Redis store's server).
     shared: Option<SharedRules>,
     /// The version of the shared rules this instance applied last.
@@ -160,14 +165,21 @@ impl Service {
             } => Some(SharedRules::open(url.as_deref(), cluster, options).await?),
             StoreConfig::Memory { .. } => None,
         };
-        let (mut version, mut overlay) = (0, Overlay::new());
+        let mut kept = Shared::default();
         if let Some(shared) = &shared {
             match shared.read().await {
-                Ok(read) => (version, overlay) = read,
+                Ok(read) => kept = read,
                 Err(e) => tracing::warn!(error = %e, "cannot read the shared admin rules yet"),
             }
+        } else if let Some(file) = &config.server.overrides_file {
+            kept.overrides = overrides::read_file(file)?;
         }
-        let loaded = compose(config, &overlay, &store).map_err(anyhow::Error::msg)?;
+        let Shared {
+            version,
+            overlay,
+            overrides,
+        } = kept;
+        let loaded = compose(config, &overlay, &overrides, &store).map_err(anyhow::Error::msg)?;
         metrics::reload(true);
         Ok(Self {
             redis_confirmed: AtomicBool::new(false),
@@ -180,6 +192,7 @@ impl Service {
             current: ArcSwap::from_pointee(loaded),
             files,
             overlay: Mutex::new(overlay),
+            overrides: Mutex::new(overrides),
             shared,
             shared_version: AtomicU64::new(version),
             edits: tokio::sync::Mutex::new(()),
@@ -263,7 +276,8 @@ impl Service {
                 tracing::warn!("the server and store sections take effect at the next restart");
             }
             let overlay = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
-            compose(config, &overlay, &self.store).map_err(|message| ConfigError {
+            let overrides = self.overrides();
+            compose(config, &overlay, &overrides, &self.store).map_err(|message| ConfigError {
                 file: self.files.first().cloned().unwrap_or_default(),
                 at: None,
                 message,
@@ -309,8 +323,13 @@ impl Service {
         let old = self.current.load_full();
         let existed = old.specs.iter().any(|s| s.id == id);
         candidate.insert(id.to_string(), spec.clone());
-        let loaded =
-            compose(old.config.clone(), &candidate, &self.store).map_err(EditError::Invalid)?;
+        let loaded = compose(
+            old.config.clone(),
+            &candidate,
+            &self.overrides(),
+            &self.store,
+        )
+        .map_err(EditError::Invalid)?;
         if let Some(shared) = &self.shared {
             let version = shared
                 .write(id, spec.as_ref())
@@ -337,7 +356,13 @@ impl Service {
             .clone();
         candidate.insert(spec.id.clone(), Some(spec.clone()));
         let old = self.current.load_full();
-        compose(old.config.clone(), &candidate, &self.store).map(drop)
+        compose(
+            old.config.clone(),
+            &candidate,
+            &self.overrides(),
+            &self.store,
+        )
+        .map(drop)
     }
 
     /// The ids of the rules the admin API created or replaced (and not deleted).
@@ -364,7 +389,11 @@ impl Service {
             return;
         }
         let _one_at_a_time = self.edits.lock().await;
-        let (version, overlay) = match shared.read().await {
+        let Shared {
+            version,
+            overlay,
+            overrides,
+        } = match shared.read().await {
             Ok(read) => read,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the shared admin rules");
@@ -373,9 +402,10 @@ impl Service {
         };
         let mut mine = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
         let config = self.current.load().config.clone();
-        match compose(config, &overlay, &self.store) {
+        match compose(config, &overlay, &overrides, &self.store) {
             Ok(loaded) => {
                 *mine = overlay;
+                *self.overrides.lock().unwrap_or_else(|e| e.into_inner()) = overrides;
                 self.current.store(Arc::new(loaded));
                 tracing::info!(version, "shared admin rules applied");
             }
@@ -454,6 +484,8 @@ impl Service {
         if items.is_empty() {
             return Ok(Outcome::default());
         }
+        let items = loaded.overrides.apply(items);
+        let items = &items[..];
         let started = Instant::now();
         let decisions = limiter.check_batch(items).await?;
         let took = started.elapsed();
@@ -610,8 +642,14 @@ pub struct Outage {
     pub slots: usize,
 }
 
-/// The rules of the files' `config` with the admin API's `overlay` applied, on `store`.
-fn compose(mut config: Config, overlay: &Overlay, store: &AnyStore) -> Result<Loaded, String> {
+/// The rules of the files' `config` with the admin API's `overlay` and `overrides` applied,
+/// on `store`.
+fn compose(
+    mut config: Config,
+    overlay: &Overlay,
+    overrides: &Overrides,
+    store: &AnyStore,
+) -> Result<Loaded, String> {
     if !overlay.is_empty() {
         let mut specs: Vec<RuleSpec> = config
             .specs
@@ -627,12 +665,36 @@ fn compose(mut config: Config, overlay: &Overlay, store: &AnyStore) -> Result<Lo
         config.engine = Engine::new(routes, domains)?;
         config.specs = specs;
     }
-    build(config, store).map_err(|e| e.to_string())
+    // Each override a rule of its own, beside the rules; one of a rule gone stays unused.
+    let mut derived = Vec::new();
+    for ((rule, key), spec) in overrides {
+        let base = config
+            .engine
+            .routes()
+            .iter()
+            .find(|r| r.rule.name() == rule);
+        if let Some(base) = base {
+            derived.push(overrides::derive(&base.rule, key, spec)?);
+        }
+    }
+    let index = overrides::Index::new(overrides, config.engine.rules(), &derived);
+    build(config, derived, index, store).map_err(|e| e.to_string())
 }
 
-/// A limiter for the rules of `config` on `store`.
-fn build(config: Config, store: &AnyStore) -> Result<Loaded, Error> {
-    let rules: Vec<_> = config.engine.rules().cloned().collect();
+/// A limiter for the rules of `config` and the rules `derived` from overrides, on `store`.
+fn build(
+    config: Config,
+    derived: Vec<tollgate::Rule>,
+    overrides: overrides::Index,
+    store: &AnyStore,
+) -> Result<Loaded, Error> {
+    // Overrides' decisions name their rules: one series per rule, whatever the overrides.
+    let metrics = config
+        .engine
+        .rules()
+        .map(|r| (r.name(), RuleMetrics::new(r.name())))
+        .collect();
+    let rules: Vec<_> = config.engine.rules().cloned().chain(derived).collect();
     let mut rules = rules.into_iter();
     let limiter = match rules.next() {
         None => None,
@@ -641,11 +703,6 @@ fn build(config: Config, store: &AnyStore) -> Result<Loaded, Error> {
             Some(builder.store(store.clone()).build()?)
         }
     };
-    let metrics = config
-        .engine
-        .rules()
-        .map(|r| (r.name(), RuleMetrics::new(r.name())))
-        .collect();
     let envoy_stats = config
         .engine
         .domains()
@@ -659,5 +716,6 @@ fn build(config: Config, store: &AnyStore) -> Result<Loaded, Error> {
         config,
         metrics,
         envoy_stats,
+        overrides,
     })
 }
