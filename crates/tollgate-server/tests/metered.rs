@@ -9,15 +9,16 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use support::{Redis, Server, eventually};
 
-/// A budget of 1,000 tokens a minute per tenant, its reservations living 2 s, consumed
-/// when they expire; and one whose expired reservations are released.
+/// A budget of 1,000 tokens a day per tenant (a bucket: no window boundary for a test to
+/// cross), its reservations living 2 s, consumed when they expire; and one whose expired
+/// reservations are released.
 const RULES: &str = r#"
 rules:
   - id: tokens
     match: { path: "/v1/chat/**" }
     key: [header:x-tenant]
-    algorithm: fixed_window
-    tiers: [{ limit: 1000, period: 1m }]
+    algorithm: token_bucket
+    tiers: [{ limit: 1000, period: 1d }]
     reservations: { ttl: 2s }
   - id: released
     match: { path: "/v1/batch/**" }
@@ -59,7 +60,7 @@ async fn left(server: &str, tenant: &str) -> Value {
 }
 
 /// The LLM gateway's pattern: a 1,000-token budget; an answer of 1,200 completes, and the
-/// next request is refused until the window ends.
+/// next request is refused until time pays the debt back.
 async fn a_report_past_the_budget_refuses_the_next_request(server: &str) {
     let (status, body) = post(server, "/v1/check", chat("acme", 0)).await;
     assert_eq!((status, &body["allowed"]), (200, &json!(true)), "{body}");

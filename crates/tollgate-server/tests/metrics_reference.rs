@@ -120,7 +120,10 @@ async fn what_metrics_renders_is_in_the_catalog() {
     );
     let envoy = Envoy::new(service.clone());
     for _ in 0..3 {
-        service.check_key("api", b"10.0.0.1", 1).await.unwrap();
+        service
+            .check_key("api", b"10.0.0.1", 1, None)
+            .await
+            .unwrap();
         let path = descriptor([("path", "/a")]);
         let limit = Some(LimitOverride {
             requests_per_unit: 1,

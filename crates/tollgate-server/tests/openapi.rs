@@ -24,6 +24,11 @@ rules:
     match: { methods: [GET], path: "/v1/organizations/{org}/product/*" }
     key: [segment:org]
     tiers: [{ limit: 1000, period: 10s }]
+  - id: tokens
+    match: { path: "/v1/chat/**" }
+    key: [header:x-tenant]
+    tiers: [{ limit: 1000, period: 1h }]
+    caller_limit: true
 "#;
 
 const ENVOY: &str = r#"

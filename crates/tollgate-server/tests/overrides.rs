@@ -1,7 +1,8 @@
-//! Overrides through the real server: a tenant's plan set at run time for a key or a pattern,
-//! counted apart from the rule's own counter, expiring, surviving reloads and restarts (in
-//! `server.overrides_file` on the memory store, in Redis on a Redis store, where a second
-//! instance applies an edit within a second); bad input refused with nothing changed.
+//! A tenant's plan at run time, through the real server. Overrides: set for a key or a
+//! pattern, counted apart from the rule's own counter, expiring, surviving reloads and
+//! restarts (in `server.overrides_file` on the memory store, in Redis on a Redis store, where
+//! a second instance applies an edit within a second). Limits stated by the check, for the
+//! rules that take them. Bad input refused with nothing changed.
 
 mod support;
 
@@ -12,9 +13,11 @@ use support::{Redis, Server, eventually};
 
 const TOKEN: &str = "secret";
 
+/// A plan of 1,000 a day per tenant: a fixed window, whose count an override's edit keeps
+/// (a day long, so that a test crosses its boundary once in tens of thousands of runs).
 fn rules(store: &str) -> String {
     format!(
-        "{store}rules:\n  - id: plan\n    match: {{ path: \"/v1/**\" }}\n    key: [header:x-tenant]\n    algorithm: fixed_window\n    tiers: [{{ limit: 1000, period: 1h }}]\n"
+        "{store}rules:\n  - id: plan\n    match: {{ path: \"/v1/**\" }}\n    key: [header:x-tenant]\n    algorithm: fixed_window\n    tiers: [{{ limit: 1000, period: 1d }}]\n"
     )
 }
 
@@ -62,7 +65,7 @@ async fn a_plan_set_at_run_time_applies_to_its_keys(server: &str) {
     let (status, body) = put(
         server,
         "/plan/acme",
-        json!({"tiers": [{"limit": 3, "period": "1h"}]}),
+        json!({"tiers": [{"limit": 3, "period": "1d"}]}),
     )
     .await;
     assert_eq!(status, 201, "{body}");
@@ -79,7 +82,7 @@ async fn a_plan_set_at_run_time_applies_to_its_keys(server: &str) {
         .await
         .unwrap();
     assert_eq!(denied.status(), 429);
-    assert_eq!(denied.headers()["ratelimit-policy"], "\"plan\";q=3;w=3600");
+    assert_eq!(denied.headers()["ratelimit-policy"], "\"plan\";q=3;w=86400");
     let denied: Value = denied.json().await.unwrap();
     assert_eq!(denied["decisions"][0]["rule"], "plan");
     let metrics = reqwest::get(format!("{server}/metrics"))
@@ -113,7 +116,7 @@ async fn a_plan_set_at_run_time_applies_to_its_keys(server: &str) {
     let (status, _) = put(
         server,
         "/plan/acme",
-        json!({"tiers": [{"limit": 5, "period": "1h"}]}),
+        json!({"tiers": [{"limit": 5, "period": "1d"}]}),
     )
     .await;
     assert_eq!(status, 200);
@@ -245,4 +248,137 @@ async fn overrides_on_redis_reach_every_instance_and_outlive_them() {
     drop((first, second));
     let third = Server::start(&[("rules.yaml", &rules)], &["--admin-token", TOKEN]);
     assert_eq!(check(&third.http, "beta-us").await.1, 7, "kept in Redis");
+}
+
+const STATED: &str = "rules:
+  - id: tokens
+    match: { path: \"/v1/chat/**\" }
+    key: [header:x-tenant]
+    algorithm: token_bucket
+    tiers: [{ limit: 1000, period: 1h }]
+    caller_limit: true
+  - id: ips
+    match: { path: \"/v1/**\" }
+    key: [header:x-ip]
+    algorithm: token_bucket
+    tiers: [{ limit: 1000, period: 1h }]
+";
+
+/// A check of `path` by `tenant` stating `limit`: status, and each decision's rule, limit
+/// and remaining.
+async fn stated(server: &str, path: &str, tenant: &str, limit: Option<Value>) -> (u16, Value) {
+    let mut body = json!({ "request": { "method": "POST", "path": path, "headers": { "x-tenant": tenant, "x-ip": tenant } } });
+    if let Some(limit) = limit {
+        body["limit"] = limit;
+    }
+    let answer = reqwest::Client::new()
+        .post(format!("{server}/v1/check"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = answer.status().as_u16();
+    let body: Value = answer.json().await.unwrap();
+    let decisions = body["decisions"].as_array().map(|all| {
+        all.iter()
+            .map(|d| json!([d["rule"], d["limit"], d["remaining"]]))
+            .collect::<Vec<_>>()
+    });
+    (status, decisions.map_or(body, Value::from))
+}
+
+#[tokio::test]
+async fn a_limit_stated_by_the_check_applies_where_the_rule_takes_one() {
+    let server = Server::start(&[("rules.yaml", STATED)], &["--admin-token", TOKEN]);
+    let server = &server.http;
+    let plan = json!({"limit": 3, "period": "1h"});
+    // The rule that takes one applies it; the other keeps its own.
+    for left in [2, 1, 0] {
+        let (status, decisions) =
+            stated(server, "/v1/chat/completions", "acme", Some(plan.clone())).await;
+        assert_eq!(status, 200);
+        assert_eq!(decisions[0], json!(["tokens", 3, left]));
+        assert_eq!(decisions[1][0], "ips");
+        assert_eq!(decisions[1][1], 1000);
+    }
+    assert_eq!(
+        stated(server, "/v1/chat/completions", "acme", Some(plan.clone()))
+            .await
+            .0,
+        429
+    );
+    // Each distinct limit counted apart (as Envoy keys a stated limit's counter by its value);
+    // without one, the rule's own tiers.
+    let (_, decisions) = stated(
+        server,
+        "/v1/chat/completions",
+        "acme",
+        Some(json!({"limit": 5, "period": "1h"})),
+    )
+    .await;
+    assert_eq!(decisions[0], json!(["tokens", 5, 4]));
+    let (_, decisions) = stated(server, "/v1/chat/completions", "acme", None).await;
+    assert_eq!(decisions[0], json!(["tokens", 1000, 999]));
+    // Refused where no rule takes one, and nothing counted.
+    let before = stated(server, "/v1/other", "beta", None).await.1[0].clone();
+    assert_eq!(before, json!(["ips", 1000, 999]));
+    let (status, refused) = stated(server, "/v1/other", "beta", Some(plan.clone())).await;
+    assert_eq!(status, 403, "{refused}");
+    assert!(
+        refused["error"].as_str().unwrap().contains("caller_limit"),
+        "{refused}"
+    );
+    assert_eq!(
+        stated(server, "/v1/other", "beta", None).await.1[0],
+        json!(["ips", 1000, 998])
+    );
+    // A limit the algorithm cannot take, or not a limit: refused, nothing counted.
+    for (bad, expected) in [
+        (json!({"limit": 0, "period": "1h"}), 400),
+        (json!({"limit": 5, "period": "soon"}), 422),
+        (json!({"limit": 5}), 422),
+        (json!(5), 422),
+    ] {
+        let (status, refused) =
+            stated(server, "/v1/chat/completions", "gamma", Some(bad.clone())).await;
+        assert_eq!(status, expected, "{bad}: {refused}");
+    }
+    let (_, decisions) = stated(server, "/v1/chat/completions", "gamma", None).await;
+    assert_eq!(decisions[0], json!(["tokens", 1000, 999]));
+    // An operator's override wins over a stated limit.
+    let (status, _) = put(
+        server,
+        "/tokens/delta",
+        json!({"tiers": [{"limit": 2, "period": "1h"}]}),
+    )
+    .await;
+    assert_eq!(status, 201);
+    let (_, decisions) = stated(server, "/v1/chat/completions", "delta", Some(plan.clone())).await;
+    assert_eq!(decisions[0], json!(["tokens", 2, 1]), "{decisions}");
+    // Reports and reservations take it too.
+    let report = reqwest::Client::new()
+        .post(format!("{server}/v1/report"))
+        .json(&json!({"rule": "tokens", "key": "epsilon", "cost": 4, "limit": plan}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(report.status(), 200);
+    let report: Value = report.json().await.unwrap();
+    assert_eq!(
+        (&report["allowed"], &report["decisions"][0]["limit"]),
+        (&json!(false), &json!(3)),
+        "{report}"
+    );
+    // Many distinct limits at once: each made once, every one counted apart.
+    let checks = (0..20u64).map(|i| async move {
+        let limit = json!({"limit": 100 + i % 5, "period": "1h"});
+        stated(server, "/v1/chat/completions", "zeta", Some(limit)).await
+    });
+    let answers = futures_util::future::join_all(checks).await;
+    assert!(answers.iter().all(|(status, _)| *status == 200));
+    for i in 0..5u64 {
+        let limit = json!({"limit": 100 + i, "period": "1h"});
+        let (_, decisions) = stated(server, "/v1/chat/completions", "zeta", Some(limit)).await;
+        assert_eq!(decisions[0], json!(["tokens", 100 + i, 100 + i - 5]));
+    }
 }

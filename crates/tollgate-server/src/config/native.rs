@@ -308,6 +308,13 @@ pub struct RuleSpec {
     /// How the rule's reservations live and end (`POST /v1/reservations`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reservations: Option<ReservationsSpec>,
+    /// Whether a check may state this rule's limit (`limit` in the `/v1/check`, `/v1/report`
+    /// and `/v1/reservations` bodies, as Envoy's descriptor `limit`), in place of its tiers,
+    /// counted apart for each limit stated: for a proxy that learns each tenant's plan from
+    /// its auth. Off, a check stating a limit for this rule alone is refused (403).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[schemars(extend("default" = false))]
+    pub caller_limit: bool,
 }
 
 /// How a rule's reservations live and end.

@@ -47,6 +47,11 @@ pub(super) struct CheckBody<'a> {
     /// most a day), instead of its rules' own.
     #[schema(example = "2m")]
     ttl: Option<String>,
+    /// A limit for the rules that take one from their caller (`caller_limit: true`), in place
+    /// of their tiers, as Envoy's descriptor `limit`: each distinct limit is counted apart.
+    /// Refused (403) when no rule the check applies to takes one; the other rules keep
+    /// theirs, and an override of the key wins over it.
+    pub(super) limit: Option<crate::config::TierSpec>,
 }
 
 /// A request to match against the rules.
@@ -223,6 +228,7 @@ fn source_name(source: Source) -> &'static str {
             ("request" = (summary = "A request to match", value = json!({"request": {"method": "GET", "path": "/v1/organizations/acme/product/7", "headers": {"x-tenant": "acme"}, "client_ip": "10.0.0.1"}, "cost": 1}))),
             ("rule and key" = (summary = "A key under one rule", value = json!({"rule": "get-product", "key": "acme", "cost": 1}))),
             ("descriptors" = (summary = "Envoy descriptors", value = json!({"domain": "edge", "descriptors": [{"entries": [{"key": "remote_address", "value": "10.0.0.1"}]}]}))),
+            ("a stated limit" = (summary = "A tenant's limit, from the proxy's auth, for a rule with `caller_limit: true`", value = json!({"rule": "tokens", "key": "acme", "cost": 1, "limit": {"limit": 50000, "period": "1h"}}))),
         ),
     ),
     responses(
@@ -234,7 +240,8 @@ fn source_name(source: Source) -> &'static str {
             ("RateLimit" = String, description = "The binding tier's policy, what it would still admit and the seconds to wait or until full: `\"name\";r=0;t=1`."),
         )),
         (status = 429, description = "Denied: some rule denies; nothing was consumed. `Retry-After` says when the same request would be admitted.", body = super::openapi::CheckAnswer, example = json!({"allowed": false, "decisions": [{"rule": "get-product", "allowed": false, "limit": 1000, "remaining": 0, "reset_after_ms": 4210, "retry_after_ms": 4210, "window_s": 10, "shadowed": false, "source": "memory"}]})),
-        (status = 400, description = "A body that is not a check: an unknown rule, a bad key, a cost no tier can admit, not UTF-8.", body = super::openapi::ErrorBody),
+        (status = 400, description = "A body that is not a check: an unknown rule, a bad key, a cost no tier can admit, a stated limit the rule's algorithm cannot take, not UTF-8.", body = super::openapi::ErrorBody),
+        (status = 403, description = "A `limit` stated, and no rule the check applies to takes one (`caller_limit: true`): nothing counted.", body = super::openapi::ErrorBody),
         (status = 413, description = "A body over `server.max_body_bytes`.", body = super::openapi::ErrorBody),
         (status = 415, description = "Not `application/json`.", body = super::openapi::ErrorBody),
         (status = 422, description = "JSON of the wrong shape (an unknown field, a negative cost).", body = super::openapi::ErrorBody),
@@ -262,16 +269,25 @@ pub(super) async fn check(state: AppState, request: axum::extract::Request) -> R
                 headers: &r.headers,
                 client_ip: r.client_ip,
             };
-            let outcome = state.service.check_request(&request, cost).await;
+            let limit = body.limit.as_ref();
+            let outcome = state.service.check_request(&request, cost, limit).await;
             answer_outcome(outcome, StatusCode::TOO_MANY_REQUESTS, true)
         }
         (None, Some(rule), None) if body.descriptors.is_none() => {
             let Some(key) = &body.key else {
                 return bad_request(StatusCode::BAD_REQUEST, "`rule` needs a `key`");
             };
-            let outcome = state.service.check_key(rule, key.as_bytes(), cost).await;
+            let limit = body.limit.as_ref();
+            let outcome = state
+                .service
+                .check_key(rule, key.as_bytes(), cost, limit)
+                .await;
             answer_outcome(outcome, StatusCode::TOO_MANY_REQUESTS, true)
         }
+        (None, None, Some(_)) if body.limit.is_some() => bad_request(
+            StatusCode::BAD_REQUEST,
+            "Envoy descriptors state their limits in their own `limit` (over gRPC)",
+        ),
         (None, None, Some(domain)) if body.key.is_none() => {
             let Some(descriptors) = &body.descriptors else {
                 return bad_request(StatusCode::BAD_REQUEST, "`domain` needs `descriptors`");
@@ -421,14 +437,16 @@ fn answer_outcome(
     }
 }
 
-/// The answer to what the service refused: 400 for the caller's mistake, 404 for an unknown
-/// reservation, 503 for what the store could not take now, 501 for what it never does.
+/// The answer to what the service refused: 400 for the caller's mistake, 403 for what the
+/// rules do not let a caller do, 404 for an unknown reservation, 503 for what the store could
+/// not take now, 501 for what it never does.
 pub(super) fn refused(e: CheckError) -> Response {
     let status = match &e {
         CheckError::Invalid(_) => StatusCode::BAD_REQUEST,
         CheckError::UnknownReservation(_) => StatusCode::NOT_FOUND,
         CheckError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         CheckError::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
+        CheckError::Forbidden(_) => StatusCode::FORBIDDEN,
     };
     bad_request(status, e.to_string())
 }
@@ -565,7 +583,7 @@ pub(super) async fn auth(
     };
     let outcome = state
         .service
-        .check_request(&request, query.cost.unwrap_or(1))
+        .check_request(&request, query.cost.unwrap_or(1), None)
         .await;
     answer_outcome(outcome, denied, false)
 }

@@ -361,7 +361,7 @@ async fn rule(State(state): State<AppState>, _: Admin, Path(id): Path<String>) -
             let mut value = serde_json::to_value(hot).unwrap_or_default();
             value["display"] = json!(crate::console::readable(&hot.key));
             if !hot.cut
-                && let Ok(outcome) = state.service.check_key(&id, &hot.key, 0).await
+                && let Ok(outcome) = state.service.check_key(&id, &hot.key, 0, None).await
                 && let Some(d) = outcome.decisions.first()
             {
                 value["remaining"] = json!(d.remaining());

@@ -62,6 +62,7 @@ fn answer(outcome: &Outcome, status: StatusCode, before: &str) -> Response {
     responses(
         (status = 200, description = "Taken: what each key has left (`allowed: false` while in debt, with `retry_after_ms` until it is paid back).", body = CheckAnswer, example = json!({"allowed": false, "decisions": [{"rule": "get-product", "allowed": false, "limit": 1000, "remaining": 0, "reset_after_ms": 8000, "retry_after_ms": 8000, "window_s": 10, "shadowed": false, "source": "memory"}]})),
         (status = 400, description = "Not a report: an unknown rule, a bad key, a cost of 2^53 or more, descriptors.", body = ErrorBody),
+        (status = 403, description = "A `limit` stated, and no rule the report applies to takes one: nothing counted.", body = ErrorBody),
         (status = 415, description = "Not `application/json`.", body = ErrorBody),
         (status = 422, description = "JSON of the wrong shape.", body = ErrorBody),
         (status = 501, description = "The store takes no reports (hybrid, lease).", body = ErrorBody),
@@ -84,7 +85,11 @@ async fn report(State(state): State<AppState>, request: axum::extract::Request) 
     if ttl.is_some() {
         return super::bad_request(StatusCode::BAD_REQUEST, "`ttl` is for /v1/reservations");
     }
-    match state.service.report(asked.target(), cost).await {
+    match state
+        .service
+        .report(asked.target(), cost, body.limit.as_ref())
+        .await
+    {
         Ok(outcome) => answer(&outcome, StatusCode::OK, ""),
         Err(e) => refused(e),
     }
@@ -107,6 +112,7 @@ async fn report(State(state): State<AppState>, request: axum::extract::Request) 
         (status = 200, description = "Reserved: the estimate is taken until the reservation is settled.", body = ReservationAnswer, example = json!({"id": "3f0c2b9a7d1e4c5f8a6b0e2d4c6a8e1f", "expires_in_ms": 120000, "allowed": true, "decisions": [{"rule": "get-product", "allowed": true, "limit": 1000, "remaining": 990, "reset_after_ms": 9400, "window_s": 10, "shadowed": false, "source": "memory"}]})),
         (status = 429, description = "Denied as a check would be: nothing taken, no id.", body = ReservationAnswer),
         (status = 400, description = "Not a reservation: an unknown rule, a bad key or ttl, a cost no tier can admit.", body = ErrorBody),
+        (status = 403, description = "A `limit` stated, and no rule the reservation applies to takes one: nothing taken.", body = ErrorBody),
         (status = 415, description = "Not `application/json`.", body = ErrorBody),
         (status = 422, description = "JSON of the wrong shape.", body = ErrorBody),
         (status = 501, description = "The store takes no reservations (hybrid, lease).", body = ErrorBody),
@@ -126,7 +132,11 @@ async fn reserve(State(state): State<AppState>, request: axum::extract::Request)
         Ok(asked) => asked,
         Err(refused) => return refused.into_response(),
     };
-    match state.service.reserve(asked.target(), cost, ttl).await {
+    match state
+        .service
+        .reserve(asked.target(), cost, ttl, body.limit.as_ref())
+        .await
+    {
         Ok(reserved) => {
             let status = match reserved.outcome.allowed() {
                 true => StatusCode::OK,

@@ -9,6 +9,7 @@ use tollgate::engine::{Headers, Hit, Items, Request};
 use tollgate::{Settle, Store};
 
 use super::{CheckError, Loaded, Outcome, Service};
+use crate::config::TierSpec;
 use crate::metrics;
 
 /// What metered work is about: a request to match against the routes, or a rule and a key.
@@ -72,17 +73,19 @@ impl Service {
         &self,
         target: Target<'_, H>,
         cost: u64,
+        limit: Option<&TierSpec>,
     ) -> Result<Outcome, CheckError> {
         let loaded = self.loaded();
         let hits = hits(&loaded, target)?;
-        let (Some(limiter), false) = (&loaded.limiter, hits.is_empty()) else {
+        let items = Items::of(&hits, cost);
+        let (rebuilt, items) = self.prepared(&loaded, &items, limit).await?;
+        let loaded = rebuilt.as_deref().unwrap_or(&loaded);
+        let (Some(limiter), false) = (&loaded.limiter, items.is_empty()) else {
             return Ok(Outcome::default());
         };
-        let items = Items::of(&hits, cost);
-        let items = loaded.overrides.apply(&items);
         let decisions = limiter.settle_batch(&items, Settle::Report).await?;
-        for item in items.iter() {
-            metrics::reported(item.rule, cost);
+        for decision in decisions.iter() {
+            metrics::reported(decision.rule(), cost);
         }
         Ok(Outcome { decisions })
     }
@@ -98,18 +101,20 @@ impl Service {
         target: Target<'_, H>,
         cost: u64,
         ttl: Option<Duration>,
+        limit: Option<&TierSpec>,
     ) -> Result<Metered, CheckError> {
         let loaded = self.loaded();
         let hits = hits(&loaded, target)?;
-        let (Some(limiter), false) = (&loaded.limiter, hits.is_empty()) else {
+        let items = Items::of(&hits, cost);
+        let (rebuilt, items) = self.prepared(&loaded, &items, limit).await?;
+        let loaded = rebuilt.as_deref().unwrap_or(&loaded);
+        let (Some(limiter), false) = (&loaded.limiter, items.is_empty()) else {
             return Ok(Metered {
                 id: None,
                 expires_in: Duration::ZERO,
                 outcome: Outcome::default(),
             });
         };
-        let items = Items::of(&hits, cost);
-        let items = loaded.overrides.apply(&items);
         let reserved = match limiter.reserve(&items, ttl).await {
             Ok(reserved) => reserved,
             Err(e) => {

@@ -17,10 +17,12 @@ use crate::console::Console;
 use crate::metrics::{self, EnvoyStats, RuleMetrics};
 use crate::shared::{Overlay, Shared, SharedRules};
 
+mod caller_limit;
 mod metered;
 mod overrides;
 mod store;
 
+pub use caller_limit::MAX_CALLER_LIMITS;
 pub use metered::{Metered, Target};
 use store::StoreSettings;
 pub use store::check;
@@ -42,6 +44,8 @@ pub struct Loaded {
     envoy_stats: HashMap<String, EnvoyStats, foldhash::fast::RandomState>,
     /// Which override applies to a rule's key.
     overrides: overrides::Index,
+    /// The rules that take a limit stated by the check, and the rules that count them.
+    caller_limits: caller_limit::Index,
 }
 
 impl Loaded {
@@ -62,6 +66,8 @@ pub struct Service {
     overlay: Mutex<Overlay>,
     /// Overrides set through the admin API, by rule and key (see [`crate::config::Overrides`]).
     overrides: Mutex<Overrides>,
+    /// The limits checks have stated, by rule (see [`caller_limit`]).
+    caller_limits: Mutex<caller_limit::Kept>,
     /// Where the admin rules are shared with the other instances (a Redis store's server).
     shared: Option<SharedRules>,
     /// The version of the shared rules this instance applied last.
@@ -133,6 +139,9 @@ pub enum CheckError {
     /// What the store never does (reports and reservations on the hybrid and lease stores).
     #[error("{0}")]
     Unsupported(String),
+    /// What the rules do not let a caller do: state a limit for a rule that takes none.
+    #[error("{0}")]
+    Forbidden(String),
 }
 
 impl From<Error> for CheckError {
@@ -179,7 +188,14 @@ impl Service {
             overlay,
             overrides,
         } = kept;
-        let loaded = compose(config, &overlay, &overrides, &store).map_err(anyhow::Error::msg)?;
+        let loaded = compose(
+            config,
+            &overlay,
+            &overrides,
+            &caller_limit::Kept::new(),
+            &store,
+        )
+        .map_err(anyhow::Error::msg)?;
         metrics::reload(true);
         Ok(Self {
             redis_confirmed: AtomicBool::new(false),
@@ -193,6 +209,7 @@ impl Service {
             files,
             overlay: Mutex::new(overlay),
             overrides: Mutex::new(overrides),
+            caller_limits: Mutex::new(caller_limit::Kept::new()),
             shared,
             shared_version: AtomicU64::new(version),
             edits: tokio::sync::Mutex::new(()),
@@ -277,10 +294,13 @@ impl Service {
             }
             let overlay = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
             let overrides = self.overrides();
-            compose(config, &overlay, &overrides, &self.store).map_err(|message| ConfigError {
-                file: self.files.first().cloned().unwrap_or_default(),
-                at: None,
-                message,
+            let stated = self.caller_limits();
+            compose(config, &overlay, &overrides, &stated, &self.store).map_err(|message| {
+                ConfigError {
+                    file: self.files.first().cloned().unwrap_or_default(),
+                    at: None,
+                    message,
+                }
             })
         });
         let now = crate::console::now_micros() / 1_000_000;
@@ -327,6 +347,7 @@ impl Service {
             old.config.clone(),
             &candidate,
             &self.overrides(),
+            &self.caller_limits(),
             &self.store,
         )
         .map_err(EditError::Invalid)?;
@@ -360,6 +381,7 @@ impl Service {
             old.config.clone(),
             &candidate,
             &self.overrides(),
+            &self.caller_limits(),
             &self.store,
         )
         .map(drop)
@@ -402,7 +424,13 @@ impl Service {
         };
         let mut mine = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
         let config = self.current.load().config.clone();
-        match compose(config, &overlay, &overrides, &self.store) {
+        match compose(
+            config,
+            &overlay,
+            &overrides,
+            &self.caller_limits(),
+            &self.store,
+        ) {
             Ok(loaded) => {
                 *mine = overlay;
                 *self.overrides.lock().unwrap_or_else(|e| e.into_inner()) = overrides;
@@ -434,25 +462,30 @@ impl Service {
         }
     }
 
-    /// Checks an HTTP request against the routes, `cost` permits, all-or-nothing.
+    /// Checks an HTTP request against the routes, `cost` permits, all-or-nothing; with
+    /// `limit`, the rules that take a stated limit apply it (see [`MAX_CALLER_LIMITS`]).
     ///
     /// # Errors
-    /// [`CheckError`] for a cost no rule can admit.
+    /// [`CheckError`] for a cost no rule can admit, or a limit no rule takes.
     pub async fn check_request<H: Headers + ?Sized>(
         &self,
         request: &Request<'_, H>,
         cost: u64,
+        limit: Option<&config::TierSpec>,
     ) -> Result<Outcome, CheckError> {
         if let Some(console) = self.console.get() {
             console.arrived(request);
         }
         let loaded = self.loaded();
         let hits = loaded.engine.hits(request);
-        self.check_items(&loaded, &Items::of(&hits, cost), None)
-            .await
+        let items = Items::of(&hits, cost);
+        let (rebuilt, items) = self.prepared(&loaded, &items, limit).await?;
+        let loaded = rebuilt.as_deref().unwrap_or(&loaded);
+        self.check_items(loaded, &items, None).await
     }
 
-    /// Checks one key under one rule by name.
+    /// Checks one key under one rule by name (with `limit`, as
+    /// [`check_request`](Self::check_request)).
     ///
     /// # Errors
     /// [`CheckError`] for an unknown rule or a bad key or cost.
@@ -461,17 +494,21 @@ impl Service {
         rule: &str,
         key: &[u8],
         cost: u64,
+        limit: Option<&config::TierSpec>,
     ) -> Result<Outcome, CheckError> {
         let loaded = self.loaded();
         let Some(found) = loaded.engine.rules().find(|r| r.name() == rule) else {
             return Err(CheckError::Invalid(format!("unknown rule `{rule}`")));
         };
-        let item = Item::new(found.name(), key, cost);
-        self.check_items(&loaded, &[item], None).await
+        let item = [Item::new(found.name(), key, cost)];
+        let (rebuilt, items) = self.prepared(&loaded, &item, limit).await?;
+        let loaded = rebuilt.as_deref().unwrap_or(&loaded);
+        self.check_items(loaded, &items, None).await
     }
 
     /// Checks `items` all-or-nothing, recording each decision under its rule, or under its
-    /// name in `named` where it has one (Envoy's detailed metrics).
+    /// name in `named` where it has one (Envoy's detailed metrics). Overrides and stated
+    /// limits are the caller's to apply.
     pub async fn check_items(
         &self,
         loaded: &Loaded,
@@ -484,8 +521,6 @@ impl Service {
         if items.is_empty() {
             return Ok(Outcome::default());
         }
-        let items = loaded.overrides.apply(items);
-        let items = &items[..];
         let started = Instant::now();
         let decisions = limiter.check_batch(items).await?;
         let took = started.elapsed();
@@ -643,11 +678,12 @@ pub struct Outage {
 }
 
 /// The rules of the files' `config` with the admin API's `overlay` and `overrides` applied,
-/// on `store`.
+/// and the rules that count the limits `stated` by checks, on `store`.
 fn compose(
     mut config: Config,
     overlay: &Overlay,
     overrides: &Overrides,
+    stated: &caller_limit::Kept,
     store: &AnyStore,
 ) -> Result<Loaded, String> {
     if !overlay.is_empty() {
@@ -678,17 +714,38 @@ fn compose(
         }
     }
     let index = overrides::Index::new(overrides, config.engine.rules(), &derived);
-    build(config, derived, index, store).map_err(|e| e.to_string())
+    // Each limit stated a rule of its own; one of a rule that no longer takes one stays unused.
+    let takes: Vec<&tollgate::Rule> = config
+        .engine
+        .rules()
+        .filter(|r| {
+            config
+                .specs
+                .iter()
+                .any(|s| s.caller_limit && s.id == r.name())
+        })
+        .collect();
+    let first_stated = derived.len();
+    for (rule, tier) in stated {
+        if let Some(base) = takes.iter().find(|r| r.name() == rule) {
+            derived.push(caller_limit::derive(base, tier)?);
+        }
+    }
+    let caller_limits =
+        caller_limit::Index::new(takes.into_iter(), stated, &derived[first_stated..]);
+    build(config, derived, index, caller_limits, store).map_err(|e| e.to_string())
 }
 
-/// A limiter for the rules of `config` and the rules `derived` from overrides, on `store`.
+/// A limiter for the rules of `config` and the rules `derived` from overrides and stated
+/// limits, on `store`.
 fn build(
     config: Config,
     derived: Vec<tollgate::Rule>,
     overrides: overrides::Index,
+    caller_limits: caller_limit::Index,
     store: &AnyStore,
 ) -> Result<Loaded, Error> {
-    // Overrides' decisions name their rules: one series per rule, whatever the overrides.
+    // Derived rules' decisions name their rules: one series per rule, whatever the overrides.
     let metrics = config
         .engine
         .rules()
@@ -717,5 +774,6 @@ fn build(
         metrics,
         envoy_stats,
         overrides,
+        caller_limits,
     })
 }

@@ -22,8 +22,19 @@ pub(super) fn derive(rule: &Rule, key: &str, spec: &OverrideSpec) -> Result<Rule
             rule.name()
         ));
     }
-    let name = derived_name(rule.name(), key);
-    let tiers = spec.tiers.iter().map(|t| {
+    let name = derived_name(rule.name(), "o", key.as_bytes());
+    derived(rule, name, &spec.tiers)
+        .map_err(|e| format!("the override of `{}` for `{key}`: {e}", rule.name()))
+}
+
+/// `rule` with `tiers` in place of its own (its algorithm, failure policy, reservations and
+/// shadow mode kept), counted under `name` and answering as `rule`.
+pub(super) fn derived(
+    rule: &Rule,
+    name: String,
+    tiers: &[crate::config::TierSpec],
+) -> Result<Rule, String> {
+    let tiers = tiers.iter().map(|t| {
         let tier = Tier::new(t.limit, t.period);
         match t.burst {
             Some(burst) => tier.with_burst(burst),
@@ -33,24 +44,17 @@ pub(super) fn derive(rule: &Rule, key: &str, spec: &OverrideSpec) -> Result<Rule
     let derived = Rule::new(name, rule.algorithm().clone(), tiers)
         .and_then(|r| r.on_failure(rule.failure_policy()))
         .and_then(|r| r.reservations(rule.reservation_policy()))
-        .map_err(|e| {
-            format!(
-                "the override of `{}` for `{key}`: {}: {}",
-                rule.name(),
-                e.field,
-                e.reason
-            )
-        })?;
+        .map_err(|e| format!("{}: {}", e.field, e.reason))?;
     Ok(derived.shadow(rule.is_shadow()).reported_as(rule.name()))
 }
 
-/// `rule`'s name, `/o:` and a hash of `key` (FNV-1a, the same in every process).
-fn derived_name(rule: &str, key: &str) -> String {
+/// `rule`'s name, `/`, `kind`, `:` and a hash of `what` (FNV-1a, the same in every process).
+pub(super) fn derived_name(rule: &str, kind: &str, what: &[u8]) -> String {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in key.bytes() {
-        hash = (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    for b in what {
+        hash = (hash ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
     }
-    format!("{rule}/o:{hash:016x}")
+    format!("{rule}/{kind}:{hash:016x}")
 }
 
 /// Which override applies to a rule's key: exact keys, then patterns, the most specific
@@ -80,7 +84,7 @@ impl Index {
             let Some(base) = rules.get(rule.as_str()) else {
                 continue;
             };
-            let name = derived_name(base.name(), key);
+            let name = derived_name(base.name(), "o", key.as_bytes());
             let Some(counted) = derived.iter().find(|d| d.name() == name) else {
                 continue;
             };
@@ -221,8 +225,14 @@ impl Service {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        let loaded = super::compose(old.config.clone(), &overlay, &candidate, &self.store)
-            .map_err(EditError::Invalid)?;
+        let loaded = super::compose(
+            old.config.clone(),
+            &overlay,
+            &candidate,
+            &self.caller_limits(),
+            &self.store,
+        )
+        .map_err(EditError::Invalid)?;
         if let Some(shared) = &self.shared {
             let version = shared
                 .write_override(rule, key, spec.as_ref())
