@@ -19,6 +19,9 @@ use crate::store::{ReservationRecord, ReservedItem};
 /// Costs of a settlement stay below this (2^53), where every quantity is exact in a double.
 const MAX_COST: u64 = 1 << 53;
 
+/// The most expired reservations a full book settles to make room for a new one.
+const SWEEP: usize = 1_000;
+
 /// Enforces one or more [`Rule`]s over a [`Store`]: process memory by default, or Redis
 /// (strict, hybrid or lease) with the `redis` feature.
 ///
@@ -203,7 +206,8 @@ impl<S: Store, C: Clock> Limiter<S, C> {
     ///
     /// # Errors
     /// As [`check_batch`](Self::check_batch); [`Error::ReservationsFull`] when the store holds
-    /// its most open reservations (what was taken is given back); [`Error::Unsupported`] on a
+    /// its most open reservations, none expired (a full book first settles up to 1,000 that
+    /// expired; what was taken is given back); [`Error::Unsupported`] on a
     /// store that holds none (hybrid, lease);
     /// [`Error::Store`] when a shared store did not keep the record (what was taken is given
     /// back as well).
@@ -252,7 +256,17 @@ impl<S: Store, C: Clock> Limiter<S, C> {
                 })
                 .collect(),
         };
-        if let Err(e) = self.store.keep_reservation(&record, now).await {
+        let mut kept = self.store.keep_reservation(&record, now).await;
+        if matches!(kept, Err(Error::ReservationsFull { .. }))
+            && self
+                .settle_expired(SWEEP)
+                .await
+                .is_ok_and(|settled| settled > 0)
+        {
+            // A full book makes room from the reservations that expired in it first.
+            kept = self.store.keep_reservation(&record, now).await;
+        }
+        if let Err(e) = kept {
             // Nothing may stay taken for a reservation nobody can settle.
             let credit = Settle::Credit { at: now };
             if let Err(lost) = self.store.settle(&batch.planned, now, credit).await {

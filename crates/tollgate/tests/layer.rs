@@ -487,3 +487,222 @@ async fn the_rule_engine_checks_the_routes_a_request_matches() {
     assert_eq!(health.status(), 200);
     assert!(header(&health, "x-ratelimit-limit").is_none());
 }
+
+mod metered {
+    //! Metered work: each request reserves an estimate; the handler states the real cost (a
+    //! response extension, or the request's meter while its body streams); the layer commits
+    //! it once the body is sent, or the estimate when none is stated.
+
+    use std::pin::Pin;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::{Context, Poll};
+    use std::time::Duration;
+
+    use axum::Router;
+    use axum::body::Body;
+    use axum::extract::Extension;
+    use axum::response::{IntoResponse, Response};
+    use axum::routing::get;
+    use bytes::Bytes;
+    use http::Request;
+    use http_body::Frame;
+    use tollgate::layer::{Cost, KeyExtractor, Meter, RateLimitLayer};
+    use tollgate::{
+        Algorithm, Limiter, ManualClock, MemoryStore, OnExpiry, Reservations, Rule, Tier,
+    };
+    use tower::ServiceExt;
+
+    use super::header;
+
+    type Shared = Arc<Limiter<MemoryStore, ManualClock>>;
+
+    /// 1,000 a day per tenant; reservations live 10 s and are released when they expire.
+    fn limiter() -> (Shared, MemoryStore, ManualClock) {
+        let rule = Rule::new("tokens", Algorithm::FixedWindow, [Tier::per_day(1_000)])
+            .and_then(|r| {
+                r.reservations(Reservations {
+                    ttl: Duration::from_secs(10),
+                    on_expiry: OnExpiry::Released,
+                })
+            })
+            .unwrap();
+        let (store, clock) = (MemoryStore::new(), ManualClock::new());
+        let limiter = Limiter::builder(rule)
+            .store(store.clone())
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        (Arc::new(limiter), store, clock)
+    }
+
+    /// A body of five chunks, each one recording 10 on the request's meter as it is sent.
+    struct Streamed {
+        meter: Meter,
+        left: u32,
+    }
+
+    impl http_body::Body for Streamed {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            if self.left == 0 {
+                return Poll::Ready(None);
+            }
+            self.left -= 1;
+            self.meter.add(10);
+            Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"token ")))))
+        }
+    }
+
+    fn app(limiter: &Shared, served: &Arc<AtomicUsize>) -> Router {
+        let layer = RateLimitLayer::shared(limiter.clone(), KeyExtractor::header("x-tenant"))
+            .cost(100)
+            .metered(None);
+        let counted = |served: &Arc<AtomicUsize>| {
+            let served = served.clone();
+            move || {
+                served.fetch_add(1, Ordering::Relaxed);
+            }
+        };
+        let (a, b, c, d) = (
+            counted(served),
+            counted(served),
+            counted(served),
+            counted(served),
+        );
+        Router::new()
+            .route(
+                "/stated/{cost}",
+                get(
+                    move |axum::extract::Path(cost): axum::extract::Path<u64>| async move {
+                        a();
+                        let mut response = "answer".into_response();
+                        response.extensions_mut().insert(Cost(cost));
+                        response
+                    },
+                ),
+            )
+            .route(
+                "/silent",
+                get(move || async move {
+                    b();
+                    "answer"
+                }),
+            )
+            .route(
+                "/streamed",
+                get(move |Extension(meter): Extension<Meter>| async move {
+                    c();
+                    Response::new(Body::new(Streamed { meter, left: 5 }))
+                }),
+            )
+            .route(
+                "/never",
+                get(move || async move {
+                    d();
+                    std::future::pending::<&str>().await
+                }),
+            )
+            .route_layer(layer)
+    }
+
+    async fn get_path(app: &Router, path: &str) -> Response {
+        let request = Request::get(path)
+            .header("x-tenant", "acme")
+            .body(Body::empty())
+            .unwrap();
+        app.clone().oneshot(request).await.unwrap()
+    }
+
+    /// The answer's status and body, read whole (which commits its reservation).
+    async fn read(response: Response) -> (u16, String) {
+        let status = response.status().as_u16();
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        (status, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    async fn left(limiter: &Shared) -> u64 {
+        limiter.check("acme", 0).await.unwrap().remaining()
+    }
+
+    /// Lets background settlements run.
+    async fn settled(store: &MemoryStore, open: usize) {
+        for _ in 0..1_000 {
+            if store.reservations() == open {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("{} reservations open, not {open}", store.reservations());
+    }
+
+    #[tokio::test]
+    async fn the_layer_commits_the_cost_the_handler_states() {
+        let (limiter, store, _) = limiter();
+        let served = Arc::new(AtomicUsize::new(0));
+        let app = app(&limiter, &served);
+        // Stated below the estimate: the difference comes back once the body is sent.
+        let response = get_path(&app, "/stated/30").await;
+        assert_eq!(header(&response, "x-ratelimit-remaining"), Some("900"));
+        assert_eq!(store.reservations(), 1, "open while the body is unsent");
+        assert_eq!(read(response).await, (200, "answer".into()));
+        assert_eq!((left(&limiter).await, store.reservations()), (970, 0));
+        // None stated: the estimate.
+        read(get_path(&app, "/silent").await).await;
+        assert_eq!(left(&limiter).await, 870);
+        // Recorded on the meter while the body streams: what it holds at the end.
+        let (status, body) = read(get_path(&app, "/streamed").await).await;
+        assert_eq!((status, body.len()), (200, 30));
+        assert_eq!(left(&limiter).await, 820);
+        // Above it: the excess is taken, the key is in debt, and the next one never reaches
+        // the handler.
+        read(get_path(&app, "/stated/1500").await).await;
+        assert_eq!(left(&limiter).await, 0);
+        let before = served.load(Ordering::Relaxed);
+        let (status, _) = read(get_path(&app, "/silent").await).await;
+        assert_eq!(status, 429);
+        assert_eq!(
+            served.load(Ordering::Relaxed),
+            before,
+            "denied before the handler"
+        );
+        assert_eq!(store.reservations(), 0, "a denial reserves nothing");
+    }
+
+    #[tokio::test]
+    async fn an_answer_never_read_is_committed_all_the_same() {
+        let (limiter, store, _) = limiter();
+        let app = app(&limiter, &Arc::new(AtomicUsize::new(0)));
+        // The client goes before reading the body: its meter's cost is committed anyway.
+        drop(get_path(&app, "/stated/40").await);
+        settled(&store, 0).await;
+        assert_eq!(left(&limiter).await, 960);
+    }
+
+    #[tokio::test]
+    async fn a_request_abandoned_mid_handler_settles_when_it_expires() {
+        let (limiter, store, clock) = limiter();
+        let app = app(&limiter, &Arc::new(AtomicUsize::new(0)));
+        let abandoned = tokio::time::timeout(Duration::from_millis(10), get_path(&app, "/never"));
+        assert!(abandoned.await.is_err());
+        settled(&store, 1).await;
+        assert_eq!(
+            left(&limiter).await,
+            900,
+            "its estimate stays taken meanwhile"
+        );
+        // Past its time to live, the layer's next request settles it as its rule says:
+        // released, here.
+        clock.advance(Duration::from_secs(11));
+        read(get_path(&app, "/stated/5").await).await;
+        settled(&store, 0).await;
+        assert_eq!(left(&limiter).await, 995);
+    }
+}

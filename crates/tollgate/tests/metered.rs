@@ -189,3 +189,31 @@ async fn a_full_book_refuses_a_reservation_and_takes_nothing() {
         "the refused 10 came back"
     );
 }
+
+#[tokio::test]
+async fn a_full_book_makes_room_from_its_expired_reservations() {
+    let store = MemoryStore::builder().max_reservations(2).build().unwrap();
+    let rule = Rule::new("full", Algorithm::FixedWindow, [Tier::per_hour(100)])
+        .and_then(|r| {
+            r.reservations(tollgate::Reservations {
+                ttl: Duration::from_secs(10),
+                on_expiry: tollgate::OnExpiry::Released,
+            })
+        })
+        .unwrap();
+    let clock = ManualClock::new();
+    let limiter = Limiter::builder(rule)
+        .store(store.clone())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let item = [Item::new("full", "k", 10)];
+    limiter.reserve(&item, None).await.unwrap();
+    limiter.reserve(&item, None).await.unwrap();
+    clock.advance(Duration::from_secs(11));
+    // Nobody swept: the full book settles the expired two, releasing their estimates.
+    let kept = limiter.reserve(&item, None).await.unwrap();
+    assert!(kept.id().is_some());
+    assert_eq!(store.reservations(), 1);
+    assert_eq!(limiter.check("k", 0).await.unwrap().remaining(), 90);
+}

@@ -29,6 +29,9 @@
 //! ```
 
 pub mod headers;
+mod metered;
+
+pub use metered::{Cost, Meter};
 
 use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
@@ -36,6 +39,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{ConnectInfo, MatchedPath};
@@ -47,7 +51,8 @@ use crate::clock::{Clock, SystemClock};
 use crate::decision::Decisions;
 use crate::engine::{Engine, Hit, Items, KeyPart, Request as EngineRequest};
 use crate::error::Error;
-use crate::limiter::Limiter;
+use crate::limiter::{Item, Limiter};
+use crate::reservation::Reservation;
 use crate::store::{MemoryStore, Store};
 
 type Extract = dyn Fn(&Parts) -> Option<Vec<u8>> + Send + Sync;
@@ -221,6 +226,11 @@ pub struct RateLimitLayer<S: Store = MemoryStore, C: Clock = SystemClock> {
     missing: MissingKey,
     /// Whether a server-side missing key was logged yet (once per layer and its clones).
     warned: Arc<AtomicBool>,
+    /// Metered work: each request reserves its cost, to live at most this long unsettled
+    /// (none: its rules' time to live).
+    metered: Option<Option<Duration>>,
+    /// When this layer and its clones last settled expired reservations.
+    sweeps: Arc<metered::Sweeps>,
 }
 
 /// How the layer finds what to check.
@@ -241,6 +251,8 @@ impl<S: Store, C: Clock> Clone for RateLimitLayer<S, C> {
             cost: self.cost,
             missing: self.missing.clone(),
             warned: self.warned.clone(),
+            metered: self.metered,
+            sweeps: self.sweeps.clone(),
         }
     }
 }
@@ -259,6 +271,8 @@ impl<S: Store, C: Clock> RateLimitLayer<S, C> {
             cost: 1,
             missing: MissingKey::Refuse,
             warned: Arc::default(),
+            metered: None,
+            sweeps: Arc::default(),
         }
     }
 
@@ -277,12 +291,52 @@ impl<S: Store, C: Clock> RateLimitLayer<S, C> {
             cost: 1,
             missing: MissingKey::Refuse,
             warned: Arc::default(),
+            metered: None,
+            sweeps: Arc::default(),
         }
     }
 
-    /// Each request takes `cost` permits.
+    /// Each request takes `cost` permits (under [`metered`](Self::metered), its estimate).
     pub fn cost(mut self, cost: u64) -> Self {
         self.cost = cost;
+        self
+    }
+
+    /// Metered work, whose cost is known once it is done (an LLM answer's tokens): each
+    /// request reserves its [`cost`](Self::cost) as an estimate, decided as a check (a denied
+    /// one gets 429 and never reaches the handler), living `ttl` unsettled (none: its rules'
+    /// time to live). The handler states the real cost with a [`Cost`] in its response's
+    /// extensions, or on the [`Meter`] in its request's extensions while its body streams;
+    /// the layer commits it once the body has been sent (less than the estimate gives the
+    /// difference back, more takes the excess: the key is in debt), or the estimate when
+    /// none is stated. A request abandoned before its answer settles when its reservation
+    /// expires, as its rules say (by default consumed at its estimate). The layer settles
+    /// its store's expired reservations in the background, at most once a second. Not on
+    /// the hybrid and lease stores, which take no reservations (every request gets 500).
+    ///
+    /// ```
+    /// use axum::{Router, response::IntoResponse, routing::post};
+    /// use tollgate::layer::{Cost, KeyExtractor, RateLimitLayer};
+    /// use tollgate::{Algorithm, Limiter, Rule, Tier};
+    ///
+    /// async fn complete() -> impl IntoResponse {
+    ///     let tokens = 730; // what the model's answer counted
+    ///     let mut response = "an answer".into_response();
+    ///     response.extensions_mut().insert(Cost(tokens));
+    ///     response
+    /// }
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let budget = Rule::new("tokens", Algorithm::TokenBucket(Default::default()), [Tier::per_hour(100_000)])?;
+    /// let layer = RateLimitLayer::new(Limiter::new(budget), KeyExtractor::header("x-tenant"))
+    ///     .cost(1_000)
+    ///     .metered(None);
+    /// let app: Router = Router::new().route("/v1/chat", post(complete).route_layer(layer));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn metered(mut self, ttl: Option<Duration>) -> Self {
+        self.metered = Some(ttl);
         self
     }
 
@@ -350,7 +404,12 @@ where
             let decisions = match decided {
                 Decided::Pass => return inner.call(request).await,
                 Decided::Checked(Ok(decisions)) => decisions,
-                Decided::Checked(Err(err)) => return Ok(refused(&err)),
+                Decided::Reserved(Ok(reserved)) => {
+                    return layer.metered_call(inner, request, reserved).await;
+                }
+                Decided::Checked(Err(err)) | Decided::Reserved(Err(err)) => {
+                    return Ok(refused(&err));
+                }
                 Decided::Missing(missing) => return Ok(layer.keyless(missing)),
             };
             if !decisions.allowed() {
@@ -369,11 +428,58 @@ enum Decided {
     Pass,
     /// Checked, all-or-nothing.
     Checked(Result<Decisions, Error>),
+    /// Reserved, all-or-nothing (a metered layer).
+    Reserved(Result<Reservation, Error>),
     /// No key, and [`MissingKey::Refuse`].
     Missing(Missing),
 }
 
 impl<S: Store, C: Clock> RateLimitLayer<S, C> {
+    /// Serves a request whose estimate was reserved: refused when denied, else the handler's
+    /// answer, its reservation committed at the cost it states once its body is sent.
+    async fn metered_call<Inner, B>(
+        &self,
+        mut inner: Inner,
+        mut request: Request<B>,
+        reserved: Reservation,
+    ) -> Result<Response<Body>, Inner::Error>
+    where
+        Inner: Service<Request<B>, Response = Response<Body>>,
+    {
+        if !reserved.allowed() {
+            return Ok(too_many(reserved.decisions()));
+        }
+        self.sweeps.maybe(&self.limiter);
+        // Admitted by a failure policy, nothing was taken: nothing to settle.
+        let Some(id) = reserved.id() else {
+            let mut response = inner.call(request).await?;
+            headers::add(response.headers_mut(), reserved.decisions());
+            return Ok(response);
+        };
+        let meter = Meter::default();
+        request.extensions_mut().insert(meter.clone());
+        let settlement = metered::Settlement {
+            limiter: self.limiter.clone(),
+            id: id.to_string(),
+            meter,
+            estimate: self.cost,
+        };
+        match inner.call(request).await {
+            Ok(response) => {
+                let (mut parts, body) = response.into_parts();
+                if let Some(Cost(cost)) = parts.extensions.get::<Cost>() {
+                    settlement.meter.set(*cost);
+                }
+                headers::add(&mut parts.headers, reserved.decisions());
+                Ok(Response::from_parts(parts, settlement.around(body)))
+            }
+            Err(e) => {
+                settlement.spawn();
+                Err(e)
+            }
+        }
+    }
+
     /// The answer to a request refused for want of a key, logged the first time the server's
     /// wiring is to blame.
     fn keyless(&self, missing: Missing) -> Response<Body> {
@@ -405,6 +511,14 @@ async fn decide<S: Store, C: Clock>(layer: &RateLimitLayer<S, C>, parts: &Parts)
                 (Err(_), MissingKey::Shared(key)) => Cow::Borrowed(&key[..]),
                 (Err(_), MissingKey::Allow) => return Decided::Pass,
             };
+            if let Some(ttl) = layer.metered {
+                let items: Vec<Item<'_>> = layer
+                    .limiter
+                    .rules()
+                    .map(|r| Item::new(r.name(), &key, layer.cost))
+                    .collect();
+                return Decided::Reserved(layer.limiter.reserve(&items, ttl).await);
+            }
             let decision = layer.limiter.check(&key, layer.cost).await;
             Decided::Checked(decision.map(Decisions::one))
         }
@@ -422,7 +536,10 @@ async fn decide<S: Store, C: Clock>(layer: &RateLimitLayer<S, C>, parts: &Parts)
                 }
             }
             let items = Items::of(&hits, layer.cost);
-            Decided::Checked(layer.limiter.check_batch(&items).await)
+            match layer.metered {
+                Some(ttl) => Decided::Reserved(layer.limiter.reserve(&items, ttl).await),
+                None => Decided::Checked(layer.limiter.check_batch(&items).await),
+            }
         }
     }
 }
@@ -445,11 +562,13 @@ fn engine_hits(engine: &Engine, parts: &Parts) -> Vec<Hit> {
     })
 }
 
-/// The answer to a request whose check is an error: a key too long is the client's (400);
-/// anything else, a cost no rule admits, is the service's configuration (500).
+/// The answer to a request whose check is an error: a key too long is the client's (400); a
+/// store that could not keep a reservation now is unavailable (503); anything else, a cost
+/// no rule admits, a store that takes no reservations, is the service's configuration (500).
 fn refused(err: &Error) -> Response<Body> {
     let status = match err {
         Error::KeyTooLong { .. } => StatusCode::BAD_REQUEST,
+        Error::ReservationsFull { .. } | Error::Store { .. } => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     };
     let mut response = Response::new(Body::from(format!("{err}\n")));
