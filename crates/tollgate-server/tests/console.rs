@@ -277,14 +277,63 @@ async fn the_console_in_a_browser() {
         "no longer limited by tight"
     );
 
-    // The audit log has the reset, the creation and the deletion.
+    // A tenant's plan set on the Plans page: the key as the console shows it.
+    let shown = api(
+        &server,
+        reqwest::Method::POST,
+        "/v1/console/explain",
+        json!({"request": {"method": "GET", "path": "/v1/organizations/planco/product/7"}}),
+    )
+    .await;
+    let key = shown["matches"][0]["display"].as_str().unwrap().to_string();
+    browser.goto(&format!("{console}#/rule/get-product")).await;
+    browser.click("#rule-plans a").await;
+    browser
+        .wait_text("#plans tbody", Duration::from_secs(5), |t| {
+            t.contains("No plan")
+        })
+        .await;
+    browser.fill("#p-key", &key).await;
+    browser.fill("#p-limit", "2").await;
+    browser.fill("#p-period", "1h").await;
+    browser.click("#save-plan").await;
+    browser
+        .wait_text("#plan-message", Duration::from_secs(5), |t| {
+            t.starts_with("Saved")
+        })
+        .await;
+    let row = browser
+        .wait_text("#plans tbody", Duration::from_secs(5), |t| {
+            t.contains("2/1h")
+        })
+        .await;
+    assert!(row.contains("planco"), "{row}");
+    browser.screenshot("10-plans").await;
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(get_product(&server, "planco").await);
+    }
+    assert_eq!(statuses, [200, 200, 429], "the plan applies at once");
+    browser.click("#plans button.delete-plan").await;
+    browser
+        .wait_text("#plan-message", Duration::from_secs(5), |t| {
+            t.starts_with("Deleted")
+        })
+        .await;
+    assert_eq!(
+        get_product(&server, "planco").await,
+        200,
+        "the rule's tiers again"
+    );
+
+    // The audit log has the reset, the creation, the deletion and the plan.
     browser.goto(&format!("{console}#/audit")).await;
     let audit = browser
         .wait_text("#audit tbody", Duration::from_secs(5), |t| {
-            t.contains("delete")
+            t.contains("delete override")
         })
         .await;
-    for action in ["reset", "create", "delete"] {
+    for action in ["reset", "create", "delete", "override"] {
         assert!(audit.contains(action), "{audit}");
     }
     browser.screenshot("09-audit").await;

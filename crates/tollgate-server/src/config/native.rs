@@ -417,12 +417,21 @@ mod period {
 
     use serde::{Deserializer, Serializer};
 
+    /// The largest unit that measures the period exactly: `1h`, not `3600s`.
     pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        if d.subsec_millis() == 0 {
-            s.serialize_str(&format!("{}s", d.as_secs()))
-        } else {
-            s.serialize_str(&format!("{}ms", d.as_millis()))
-        }
+        let millis = d.as_millis();
+        let units = [
+            (604_800_000, "w"),
+            (86_400_000, "d"),
+            (3_600_000, "h"),
+            (60_000, "m"),
+            (1_000, "s"),
+        ];
+        let (size, unit) = units
+            .into_iter()
+            .find(|(size, _)| millis > 0 && millis.is_multiple_of(*size))
+            .unwrap_or((1, "ms"));
+        s.serialize_str(&format!("{}{unit}", millis / size))
     }
 
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
@@ -812,4 +821,32 @@ pub fn parse(file: &Path, text: &str) -> Result<Sections, ConfigError> {
         store,
         specs,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::TierSpec;
+
+    #[test]
+    fn a_period_is_written_in_the_largest_unit_that_measures_it_and_read_back() {
+        for (millis, text) in [
+            (3_600_000, "1h"),
+            (90_000, "90s"),
+            (1_500, "1500ms"),
+            (14 * 86_400_000, "2w"),
+            (86_400_000, "1d"),
+            (120_000, "2m"),
+        ] {
+            let tier = TierSpec {
+                limit: 1,
+                period: Duration::from_millis(millis),
+                burst: None,
+            };
+            let json = serde_json::to_value(&tier).unwrap();
+            assert_eq!(json["period"], text);
+            assert_eq!(serde_json::from_value::<TierSpec>(json).unwrap(), tier);
+        }
+    }
 }

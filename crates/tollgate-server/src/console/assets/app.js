@@ -126,7 +126,7 @@ function route() {
   const [, view, ...rest] = hash.split('/');
   const arg = rest.map(decodeURIComponent).join('/');
   $$('header nav a').forEach((a) => a.classList.toggle('active', a.dataset.view === view || (view === 'rule' && a.dataset.view === 'rules')));
-  const views = { overview, rules, rule, edit, new: edit, explain, audit };
+  const views = { overview, rules, rule, edit, new: edit, explain, plans, audit };
   const show = views[view] || overview;
   show(arg, view).catch(failed);
 }
@@ -329,6 +329,7 @@ async function rule(id) {
       <button type="button" class="danger" id="delete">Delete</button>` : '<span class="muted">Envoy rules change in their files.</span>'}
       <span id="rule-message"></span>
     </div>
+    ${native ? `<p class="muted" id="rule-plans"><a href="#/plans/${encodeURIComponent(rule.id)}">Tenants' plans</a>: this rule's tiers set for one key or a pattern of keys.</p>` : ''}
     <div class="row">
       <div class="panel"><h2>Definition</h2>
         <dl class="kv">
@@ -672,6 +673,76 @@ async function explain() {
   $('#explain-key').addEventListener('click', async () => {
     show(await api('POST', '/v1/console/explain', { rule: $('#x-rule').value.trim(), key: $('#x-key').value }));
   });
+}
+
+// ---- plans (overrides) ------------------------------------------------------------------
+
+function expiresText(at) {
+  if (!at) return 'never';
+  return new Date(at * 1000).toLocaleString('en-GB');
+}
+
+// Each tenant's plan: a rule's tiers for one key or a pattern of keys (`acme-*`), set without
+// a reload. Not refreshed by itself, so that the form keeps what is being typed.
+async function plans(only) {
+  const [listed, ruled] = await Promise.all([api('GET', '/v1/overrides'), api('GET', '/v1/console/rules')]);
+  const natives = ruled.json.rules.filter((r) => r.source !== 'envoy').map((r) => r.id);
+  const all = listed.json.overrides.filter((o) => !only || o.rule === only);
+  const rows = all.map((o) => `<tr data-rule="${esc(o.rule)}" data-key="${esc(o.key)}">
+      <td class="mono">${esc(o.rule)}</td><td class="mono">${esc(o.key)}</td><td>${tiersText(o.tiers)}</td>
+      <td>${esc(expiresText(o.expires_at))}</td>
+      <td><button type="button" class="edit-plan">Edit</button> <button type="button" class="danger delete-plan">Delete</button></td></tr>`).join('');
+  const options = natives.map((id) => `<option value="${esc(id)}"${id === only ? ' selected' : ''}>${esc(id)}</option>`).join('');
+  $('#view').innerHTML = `
+    <h1>Plans${only ? ` of <span class="mono">${esc(only)}</span>` : ''}</h1>
+    <p class="muted">A plan replaces a rule's tiers for one key, or for the keys a pattern matches (<code>*</code>: any run of
+      characters); the key exactly first, then the most specific pattern. Each plan counts apart from the rule, is
+      kept across reloads and restarts, and reaches every instance on one Redis within a second.${only ? ' <a href="#/plans">Every rule\'s plans</a>.' : ''}</p>
+    <div class="panel"><table id="plans"><thead><tr><th>Rule</th><th>Key or pattern</th><th>Tiers</th><th>Ends</th><th></th></tr></thead>
+      <tbody>${rows || '<tr><td colspan="5" class="muted">No plan set: every key has its rule\'s tiers.</td></tr>'}</tbody></table></div>
+    <div class="panel form"><h2>Set a plan</h2>
+      <div class="field"><label for="p-rule">Rule</label><select id="p-rule">${options}</select></div>
+      <div class="field"><label for="p-key">Key or pattern</label><input type="text" id="p-key" placeholder="acme or acme-*"></div>
+      <div class="field"><label for="p-limit">Limit</label><input type="text" id="p-limit" placeholder="5000"></div>
+      <div class="field"><label for="p-period">Period</label><input type="text" id="p-period" placeholder="1h"></div>
+      <div class="field"><label for="p-burst">Burst (buckets; optional)</label><input type="text" id="p-burst"></div>
+      <div class="field"><label for="p-expires">Ends after (optional: 30d, 12h)</label><input type="text" id="p-expires"></div>
+      <button type="button" class="primary" id="save-plan">Save</button> <span id="plan-message"></span>
+    </div>`;
+  const say = (r, what) => {
+    $('#plan-message').innerHTML = r.ok ? `<span class="ok">${esc(what)}</span>` : `<span class="error">${esc(r.json?.error)}</span>`;
+  };
+  $('#save-plan').addEventListener('click', async () => {
+    const rule = $('#p-rule').value;
+    const key = $('#p-key').value.trim();
+    if (!key) { $('#plan-message').innerHTML = '<span class="error">Give a key or a pattern.</span>'; return; }
+    const tier = { limit: Number($('#p-limit').value.trim()), period: $('#p-period').value.trim() };
+    const burst = $('#p-burst').value.trim();
+    if (burst) tier.burst = Number(burst);
+    const body = { tiers: [tier] };
+    const expires = $('#p-expires').value.trim();
+    if (expires) body.expires = expires;
+    const r = await api('PUT', `/v1/overrides/${encodeURIComponent(rule)}/${encodeURIComponent(key)}`, body);
+    if (r.ok) { await plans(only); }
+    say(r, `Saved the plan of ${key} under ${rule}.`);
+  });
+  $$('button.edit-plan').forEach((b) => b.addEventListener('click', () => {
+    const row = b.closest('tr');
+    const plan = all.find((o) => o.rule === row.dataset.rule && o.key === row.dataset.key);
+    $('#p-rule').value = plan.rule;
+    $('#p-key').value = plan.key;
+    $('#p-limit').value = plan.tiers[0].limit;
+    $('#p-period').value = plan.tiers[0].period;
+    $('#p-burst').value = plan.tiers[0].burst ?? '';
+    $('#p-key').focus();
+  }));
+  $$('button.delete-plan').forEach((b) => b.addEventListener('click', async () => {
+    const row = b.closest('tr');
+    if (!confirm(`Delete the plan of ${row.dataset.key} under ${row.dataset.rule}?`)) return;
+    const r = await api('DELETE', `/v1/overrides/${encodeURIComponent(row.dataset.rule)}/${encodeURIComponent(row.dataset.key)}`);
+    if (r.ok) { await plans(only); }
+    say(r, `Deleted the plan of ${row.dataset.key} under ${row.dataset.rule}.`);
+  }));
 }
 
 // ---- audit ------------------------------------------------------------------------------
