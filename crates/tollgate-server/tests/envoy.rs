@@ -276,3 +276,40 @@ async fn answers_carry_the_rate_limit_fields_when_asked() {
         assert_eq!(field(&over, "retry-after"), Some("1"), "{over:?}");
     }
 }
+
+/// Envoy AI Gateway's usage-based limits: on the request, a check of cost 0 (the descriptor's
+/// own `hits_addend`); when the answer's stream ends, its tokens as `hits_addend`, whose answer
+/// Envoy does not wait for. With a 1,000-token budget, a 1,200-token answer completes, and the
+/// next request is refused; another tenant is not.
+#[tokio::test]
+async fn the_ai_gateway_pattern_reports_tokens_after_the_answer() {
+    let budget = "domain: ai-gateway\ndescriptors:\n  - key: tenant\n    rate_limit: { unit: day, requests_per_unit: 1000 }\n";
+    let server = Server::start(&[("ai.yaml", budget)], &[]);
+    let mut c = client(&server).await;
+    let with_hits = |tenant: &str, hits: u64| {
+        let mut d = descriptor(&[("tenant", tenant)]);
+        d.hits_addend = Some(UInt64Value { value: hits });
+        d
+    };
+    let mut ask = async |tenant: &str, hits: u64| {
+        c.should_rate_limit(RateLimitRequest {
+            domain: "ai-gateway".into(),
+            descriptors: vec![with_hits(tenant, hits)],
+            hits_addend: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+    };
+    // The request: a look, admitted with the whole budget left.
+    let request = ask("acme", 0).await;
+    assert_eq!(request.overall_code, OK);
+    assert_eq!(request.statuses[0].limit_remaining, 1_000);
+    // The answer streamed 1,200 tokens: all counted, past the budget.
+    let usage = ask("acme", 1_200).await;
+    assert_eq!(usage.statuses[0].limit_remaining, 0);
+    // The next request is refused; another tenant's is not.
+    let next = ask("acme", 0).await;
+    assert_eq!((next.overall_code, codes(&next)), (OVER, vec![OVER]));
+    assert_eq!(ask("beta", 0).await.overall_code, OK);
+}
