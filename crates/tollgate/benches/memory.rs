@@ -1,7 +1,8 @@
 //! In-process checks: tollgate's memory store and governor side by side, in the same run.
 //!
 //! Groups: one key from one thread, one key from two threads, one million keys visited in a
-//! scattered order. Rates are high so that checks are admitted and write their state (the
+//! scattered order; and metered work (a report, a reservation and its commit) against one
+//! check, each awaited on a one-thread runtime. Rates are high so that checks are admitted and write their state (the
 //! slower path); governor is measured as users get it (DashMap + SipHash) and with foldhash,
 //! the hasher tollgate uses, to separate hashing from the rest.
 //!
@@ -214,12 +215,45 @@ fn million_keys(c: &mut Criterion) {
     group.finish();
 }
 
+/// Metered work against one check, on 10,000 keys in turn: a check of 10, a report of 7, a
+/// reservation of 10 committed at 7 (one settled request).
+fn metered(c: &mut Criterion) {
+    let mut group = c.benchmark_group("metered");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let limiter = limiter(Algorithm::FixedWindow, tier());
+    let keys: Vec<Key> = (0..10_000).map(key).collect();
+    let next = std::cell::Cell::new(0usize);
+    let key = || {
+        let i = next.get();
+        next.set((i + 1) % keys.len());
+        &keys[i]
+    };
+    group.bench_function(BenchmarkId::new("tollgate", "check"), |b| {
+        b.to_async(&runtime)
+            .iter(|| async { limiter.check(black_box(key()), 10).await.unwrap() })
+    });
+    group.bench_function(BenchmarkId::new("tollgate", "report"), |b| {
+        b.to_async(&runtime)
+            .iter(|| async { limiter.report(black_box(key()), 7).await.unwrap() })
+    });
+    group.bench_function(BenchmarkId::new("tollgate", "reserve_commit"), |b| {
+        b.to_async(&runtime).iter(|| async {
+            let item = [tollgate::Item::new("bench", key(), 10)];
+            let reserved = limiter.reserve(&item, None).await.unwrap();
+            limiter.commit(reserved.id().unwrap(), 7).await.unwrap()
+        })
+    });
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2))
         .sample_size(30);
-    targets = one_key_one_thread, one_key_two_threads, million_keys
+    targets = one_key_one_thread, one_key_two_threads, million_keys, metered
 }
 criterion_main!(benches);

@@ -62,9 +62,9 @@ pub use limiter::{Item, Limiter, LimiterBuilder};
 pub use reservation::Reservation;
 pub use rule::{FailurePolicy, OnExpiry, Reservations, Rule};
 pub use store::{
-    AnyPlan, AnyStore, DEFAULT_MAX_RESERVATIONS, LocalStore, MAX_BATCH, MAX_KEY_LEN, MIN_MAX_BYTES,
-    MemoryPlan, MemoryStore, MemoryStoreBuilder, Planned, ReservationRecord, ReservedItem, Store,
-    WhenFull,
+    AnyPlan, AnyStore, Committed, DEFAULT_MAX_RESERVATIONS, LocalStore, MAX_BATCH, MAX_KEY_LEN,
+    MIN_MAX_BYTES, MemoryPlan, MemoryStore, MemoryStoreBuilder, Planned, ReservationRecord,
+    ReservedItem, Store, WhenFull,
 };
 #[cfg(feature = "redis")]
 pub use store::{

@@ -7,14 +7,13 @@ use std::time::Duration;
 
 use crate::algorithm::Settle;
 use crate::clock::{Clock, MAX_TIMESTAMP, SystemClock};
-use crate::decision::Source;
 use crate::decision::{Decision, Decisions};
 use crate::error::{Error, RuleError};
 use crate::reservation::{Reservation, new_id};
 use crate::rule::Rule;
 use crate::rule::{OnExpiry, Reservations};
+use crate::store::{Committed, ReservationRecord, ReservedItem, settle_at};
 use crate::store::{LocalStore, MAX_BATCH, MAX_KEY_LEN, MemoryStore, Planned, Store};
-use crate::store::{ReservationRecord, ReservedItem};
 
 /// Costs of a settlement stay below this (2^53), where every quantity is exact in a double.
 const MAX_COST: u64 = 1 << 53;
@@ -219,20 +218,6 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         self.store.settles()?;
         let batch = self.batch(items)?;
         let now = now(&self.clock);
-        let decisions = batch.spread(self.store.check(&batch.planned, now, None).await?);
-        let decided_by_policy = decisions.iter().any(|d| {
-            matches!(
-                d.source(),
-                Source::FailOpen | Source::FailClosed | Source::Fallback
-            )
-        });
-        if !decisions.allowed() || decided_by_policy {
-            return Ok(Reservation {
-                id: None,
-                decisions,
-                expires: 0,
-            });
-        }
         let ttl = ttl.unwrap_or_else(|| {
             let rules = batch
                 .planned
@@ -256,23 +241,24 @@ impl<S: Store, C: Clock> Limiter<S, C> {
                 })
                 .collect(),
         };
-        let mut kept = self.store.keep_reservation(&record, now).await;
-        if matches!(kept, Err(Error::ReservationsFull { .. }))
+        let mut reserved = self.store.reserve(&batch.planned, now, &record).await;
+        if matches!(reserved, Err(Error::ReservationsFull { .. }))
             && self
                 .settle_expired(SWEEP)
                 .await
                 .is_ok_and(|settled| settled > 0)
         {
             // A full book makes room from the reservations that expired in it first.
-            kept = self.store.keep_reservation(&record, now).await;
+            reserved = self.store.reserve(&batch.planned, now, &record).await;
         }
-        if let Err(e) = kept {
-            // Nothing may stay taken for a reservation nobody can settle.
-            let credit = Settle::Credit { at: now };
-            if let Err(lost) = self.store.settle(&batch.planned, now, credit).await {
-                tracing::warn!(error = %lost, "a refused reservation's estimate stays taken");
-            }
-            return Err(e);
+        let (decisions, kept) = reserved?;
+        let decisions = batch.spread(decisions);
+        if !kept {
+            return Ok(Reservation {
+                id: None,
+                decisions,
+                expires: 0,
+            });
         }
         Ok(Reservation {
             id: Some(record.id),
@@ -296,13 +282,7 @@ impl<S: Store, C: Clock> Limiter<S, C> {
                 max: MAX_COST - 1,
             });
         }
-        let record = self.take(id).await?;
-        self.settle_record(&record, |cost| match actual.cmp(&cost) {
-            std::cmp::Ordering::Less => Some((Settle::Credit { at: record.at }, cost - actual)),
-            std::cmp::Ordering::Greater => Some((Settle::Report, actual - cost)),
-            std::cmp::Ordering::Equal => None,
-        })
-        .await
+        self.settle_reservation(id, actual).await
     }
 
     /// Cancels reservation `id`: every item's estimate comes back where the algorithm can.
@@ -310,11 +290,7 @@ impl<S: Store, C: Clock> Limiter<S, C> {
     /// # Errors
     /// As [`commit`](Self::commit).
     pub async fn cancel(&self, id: &str) -> Result<Decisions, Error> {
-        let record = self.take(id).await?;
-        self.settle_record(&record, |cost| {
-            (cost > 0).then_some((Settle::Credit { at: record.at }, cost))
-        })
-        .await
+        self.settle_reservation(id, 0).await
     }
 
     /// Settles up to `limit` reservations expired unsettled, as their rules say: an estimate
@@ -335,22 +311,50 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         Ok(records.len())
     }
 
-    /// Takes reservation `id`'s record out of the store. One expired but not yet settled by
-    /// [`settle_expired`](Self::settle_expired) is settled now, as its rules say, and is as
-    /// unknown as one settled.
-    async fn take(&self, id: &str) -> Result<ReservationRecord, Error> {
+    /// Settles reservation `id` at `actual`: in one call of the store when it kept the record
+    /// and remembers it; else its record taken out, then settled. One expired but not yet
+    /// settled by [`settle_expired`](Self::settle_expired) is settled now, as its rules say,
+    /// and is as unknown as one settled.
+    async fn settle_reservation(&self, id: &str, actual: u64) -> Result<Decisions, Error> {
         let now = now(&self.clock);
-        let unknown = || Error::UnknownReservation { id: id.into() };
-        let record = self
-            .store
-            .take_reservation(id, now)
-            .await?
-            .ok_or_else(unknown)?;
-        if record.expires <= now {
-            self.expired(&record).await?;
-            return Err(unknown());
+        let committed = match self.store.kept_record(id) {
+            Some(record) => {
+                let items = self.planned_of(&record);
+                self.store
+                    .commit(id, &items, record.at, actual, now)
+                    .await?
+            }
+            None => match self.store.take_reservation(id, now).await? {
+                None => Committed::Unknown,
+                Some(record) if record.expires <= now => Committed::Expired(record),
+                Some(record) => {
+                    let items = self.planned_of(&record);
+                    let settled = settle_at(&self.store, &items, record.at, actual, now).await?;
+                    Committed::Settled(settled)
+                }
+            },
+        };
+        match committed {
+            Committed::Settled(decisions) => Ok(decisions),
+            Committed::Unknown => Err(Error::UnknownReservation { id: id.into() }),
+            Committed::Expired(record) => {
+                self.expired(&record).await?;
+                Err(Error::UnknownReservation { id: id.into() })
+            }
         }
-        Ok(record)
+    }
+
+    /// The items of `record` whose rules this limiter still has (a reload may have removed
+    /// some: they have nothing left to settle), each at its estimate.
+    fn planned_of<'a>(&'a self, record: &'a ReservationRecord) -> Vec<Planned<'a, S::Plan>> {
+        record
+            .items
+            .iter()
+            .filter_map(|i| {
+                let &index = self.by_name.get(i.rule.as_str())?;
+                Some(self.rules[index].planned(&i.key, i.cost))
+            })
+            .collect()
     }
 
     /// Settles `record`, expired unsettled, as its rules say: what is to be released comes
@@ -367,51 +371,6 @@ impl<S: Store, C: Clock> Limiter<S, C> {
                 .await?;
         }
         Ok(())
-    }
-
-    /// Settles each item of `record` as `change(its estimate)` says (none: nothing to do);
-    /// the decisions of every item, in order (a look for those left as they were).
-    async fn settle_record(
-        &self,
-        record: &ReservationRecord,
-        change: impl Fn(u64) -> Option<(Settle, u64)>,
-    ) -> Result<Decisions, Error> {
-        // Rules removed since the reservation (a reload) have nothing left to settle.
-        let known: Vec<&ReservedItem> = record
-            .items
-            .iter()
-            .filter(|i| self.by_name.contains_key(i.rule.as_str()))
-            .collect();
-        let mut decisions: Vec<Option<Decision>> = vec![None; known.len()];
-        let kinds = [
-            None,
-            Some(Settle::Report),
-            Some(Settle::Credit { at: record.at }),
-        ];
-        for kind in kinds {
-            let (places, items): (Vec<usize>, Vec<Item<'_>>) = known
-                .iter()
-                .enumerate()
-                .filter_map(|(place, i)| {
-                    let (settle, cost) = match change(i.cost) {
-                        Some((settle, cost)) => (Some(settle), cost),
-                        None => (None, 0),
-                    };
-                    (settle == kind).then(|| (place, Item::new(&i.rule, &i.key, cost)))
-                })
-                .unzip();
-            if items.is_empty() {
-                continue;
-            }
-            let settled = match kind {
-                Some(settle) => self.settle_batch(&items, settle).await?,
-                None => self.check_batch(&items).await?,
-            };
-            for (place, decision) in places.into_iter().zip(settled.iter()) {
-                decisions[place] = Some(*decision);
-            }
-        }
-        Ok(Decisions::many(decisions.into_iter().flatten().collect()))
     }
 
     /// Forgets `key`'s state under the rule named `rule` (its next check finds it new): an

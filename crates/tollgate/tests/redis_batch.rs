@@ -270,3 +270,90 @@ async fn an_edited_limit_keeps_the_state_of_every_key_on_redis() {
         assert_eq!(admitted, 5, "{name}");
     }
 }
+
+/// Round trips Redis has served since its statistics were reset: function calls.
+fn calls(server: &RedisServer) -> u64 {
+    let stats = server.cli(&["info", "commandstats"]);
+    let line = stats.lines().find(|l| l.starts_with("cmdstat_fcall:"));
+    line.and_then(|l| l.split("calls=").nth(1))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_reservation_and_its_commit_are_one_call_each_on_one_server() {
+    let server = RedisServer::start();
+    let limiter = || async {
+        let store = RedisStore::builder(&server.url())
+            .timeout(Duration::from_secs(5))
+            .build()
+            .await
+            .unwrap();
+        let tenant = Rule::new("tenant", Algorithm::FixedWindow, [Tier::per_hour(100)]).unwrap();
+        let ip = Rule::new("ip", Algorithm::Gcra, [Tier::per_hour(50)]).unwrap();
+        Limiter::builder(tenant)
+            .rule(ip)
+            .store(store)
+            .build()
+            .unwrap()
+    };
+    let (made, other) = (limiter().await, limiter().await);
+    let items = [
+        Item::new("tenant", "acme", 10),
+        Item::new("ip", "10.0.0.1", 10),
+    ];
+    let left = |d: &Decisions| (d[0].remaining(), d[1].remaining());
+    // Loads the library, then counts from nothing.
+    made.check_batch(&[Item::new("tenant", "warm", 0)])
+        .await
+        .unwrap();
+    server.cli(&["config", "resetstat"]);
+    let reserved = made.reserve(&items, None).await.unwrap();
+    assert_eq!((calls(&server), left(reserved.decisions())), (1, (90, 40)));
+    let committed = made.commit(reserved.id().unwrap(), 4).await.unwrap();
+    assert_eq!((calls(&server), left(&committed)), (2, (96, 46)));
+    // A cancel is one call as well.
+    let reserved = made.reserve(&items, None).await.unwrap();
+    let cancelled = made.cancel(reserved.id().unwrap()).await.unwrap();
+    assert_eq!((calls(&server), left(&cancelled)), (4, (96, 46)));
+    // Another process commits what it did not reserve: the record first, then the settlement.
+    let reserved = made.reserve(&items, None).await.unwrap();
+    let committed = other.commit(reserved.id().unwrap(), 25).await.unwrap();
+    assert_eq!((calls(&server), left(&committed)), (7, (71, 21)));
+    // Settled once, whoever asks again.
+    let again = made.commit(reserved.id().unwrap(), 1).await;
+    assert!(
+        matches!(again, Err(Error::UnknownReservation { .. })),
+        "{again:?}"
+    );
+    // A denied reservation keeps nothing, and takes nothing.
+    let denied = made
+        .reserve(&[Item::new("ip", "10.0.0.1", 30)], None)
+        .await
+        .unwrap();
+    assert!(denied.id().is_none() && !denied.allowed());
+    assert_eq!(server.cli(&["zcard", "tg:r:{reservations}"]), "0");
+    assert_eq!(made.check("10.0.0.1", 0).await.unwrap().remaining(), 21);
+}
+
+#[tokio::test]
+async fn a_full_book_on_one_server_takes_nothing_in_its_one_call() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(&server.url())
+        .timeout(Duration::from_secs(5))
+        .max_reservations(1)
+        .build()
+        .await
+        .unwrap();
+    let rule = Rule::new("tenant", Algorithm::FixedWindow, [Tier::per_hour(100)]).unwrap();
+    let limiter = Limiter::builder(rule).store(store).build().unwrap();
+    let item = [Item::new("tenant", "acme", 10)];
+    limiter.reserve(&item, None).await.unwrap();
+    let refused = limiter.reserve(&item, None).await;
+    assert!(
+        matches!(refused, Err(Error::ReservationsFull { max: 1 })),
+        "{refused:?}"
+    );
+    assert_eq!(limiter.check("acme", 0).await.unwrap().remaining(), 90);
+}

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use support::RedisServer;
-use tollgate::{Algorithm, Error, Limiter, RedisStore, RedisStoreBuilder, Rule, Source, Tier};
+use tollgate::{
+    Algorithm, Error, Item, Limiter, RedisStore, RedisStoreBuilder, Rule, Source, Tier,
+};
 
 fn rule() -> Rule {
     Rule::new("conn", Algorithm::Gcra, [Tier::per_second(5)]).unwrap()
@@ -71,7 +73,19 @@ async fn an_acl_user_without_functions() {
         "-fcall",
     ]);
     let url = format!("redis://limiter:pw@127.0.0.1:{}", server.port);
-    checked_by_redis(RedisStore::builder(&url)).await;
+    let limiter = checked_by_redis(RedisStore::builder(&url)).await;
+    // Metered work too: a reservation and its commit, as scripts.
+    let budget = Rule::new("budget", Algorithm::FixedWindow, [Tier::per_day(100)]).unwrap();
+    let metered = Limiter::builder(budget)
+        .store(limiter.store().clone())
+        .build()
+        .unwrap();
+    let reserved = metered
+        .reserve(&[Item::new("budget", "acme", 30)], None)
+        .await
+        .unwrap();
+    let committed = metered.commit(reserved.id().unwrap(), 12).await.unwrap();
+    assert_eq!(committed[0].remaining(), 88);
     let stats = server.cli(&["info", "commandstats"]);
     assert!(stats.contains("cmdstat_evalsha:"), "{stats}");
 }

@@ -260,6 +260,45 @@ impl Store for AnyStore {
         }
     }
 
+    async fn reserve(
+        &self,
+        items: &[Planned<'_, AnyPlan>],
+        now: u64,
+        record: &super::ReservationRecord,
+    ) -> Result<(Decisions, bool), Error> {
+        #[cfg(feature = "redis")]
+        if let Self::Redis(s) = self {
+            let items = narrow(items, AnyPlan::redis).ok_or_else(foreign)?;
+            return Box::pin(s.reserve(&items, now, record)).await;
+        }
+        Box::pin(super::reserve_apart(self, items, now, record)).await
+    }
+
+    fn kept_record(&self, id: &str) -> Option<super::ReservationRecord> {
+        #[cfg(feature = "redis")]
+        if let Self::Redis(s) = self {
+            return s.kept_record(id);
+        }
+        let _ = id;
+        None
+    }
+
+    async fn commit(
+        &self,
+        id: &str,
+        items: &[Planned<'_, AnyPlan>],
+        at: u64,
+        actual: u64,
+        now: u64,
+    ) -> Result<super::Committed, Error> {
+        #[cfg(feature = "redis")]
+        if let Self::Redis(s) = self {
+            let items = narrow(items, AnyPlan::redis).ok_or_else(foreign)?;
+            return Box::pin(s.commit(id, &items, at, actual, now)).await;
+        }
+        Box::pin(super::commit_apart(self, id, items, at, actual, now)).await
+    }
+
     async fn take_reservation(
         &self,
         id: &str,

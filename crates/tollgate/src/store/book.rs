@@ -190,6 +190,46 @@ impl Book {
     }
 }
 
+/// The latest records a store kept, by id, to commit them in one call without reading them
+/// first (see [`Store::kept_record`](super::Store::kept_record)). Bounded: the oldest are
+/// forgotten first (their commits then read the record first).
+#[cfg(feature = "redis")]
+#[derive(Debug, Default)]
+pub(crate) struct Remembered {
+    inner: Mutex<RememberedInner>,
+}
+
+#[cfg(feature = "redis")]
+#[derive(Debug, Default)]
+struct RememberedInner {
+    records: HashMap<String, ReservationRecord>,
+    /// Ids in the order they were remembered; some may be forgotten already.
+    order: std::collections::VecDeque<String>,
+}
+
+#[cfg(feature = "redis")]
+impl Remembered {
+    /// The most records remembered.
+    pub(crate) const MOST: usize = 16_384;
+
+    pub(crate) fn remember(&self, record: &ReservationRecord) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if inner.order.len() >= Self::MOST
+            && let Some(oldest) = inner.order.pop_front()
+        {
+            inner.records.remove(&oldest);
+        }
+        inner.order.push_back(record.id.clone());
+        inner.records.insert(record.id.clone(), record.clone());
+    }
+
+    /// Record `id`, forgotten here.
+    pub(crate) fn take(&self, id: &str) -> Option<ReservationRecord> {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.records.remove(id)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -231,5 +271,28 @@ mod tests {
         assert!(book.take("a").is_none());
         assert_eq!(book.take("b").unwrap().id, "b");
         assert_eq!(book.len(), 0);
+    }
+
+    #[cfg(feature = "redis")]
+    #[test]
+    fn the_records_remembered_are_the_latest_few() {
+        let remembered = Remembered::default();
+        let record = |i: usize| ReservationRecord {
+            id: format!("{i:032x}"),
+            at: 1,
+            expires: 2,
+            items: Vec::new(),
+        };
+        for i in 0..Remembered::MOST + 10 {
+            remembered.remember(&record(i));
+        }
+        assert!(
+            remembered.take(&record(9).id).is_none(),
+            "the oldest are forgotten"
+        );
+        assert_eq!(remembered.take(&record(10).id), Some(record(10)));
+        assert!(remembered.take(&record(10).id).is_none(), "taken once");
+        let last = Remembered::MOST + 9;
+        assert_eq!(remembered.take(&record(last).id), Some(record(last)));
     }
 }

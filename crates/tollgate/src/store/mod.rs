@@ -87,6 +87,115 @@ fn unsupported(rule: &Rule, store: &str, why: &str) -> Error {
     })
 }
 
+/// What became of a reservation committed.
+#[derive(Debug)]
+pub enum Committed {
+    /// Settled: each item's decision after, as a look sees it.
+    Settled(Decisions),
+    /// No open record: never made, settled already, or expired and settled.
+    Unknown,
+    /// Its record, taken out after it expired: the caller settles it as its rules say.
+    Expired(ReservationRecord),
+}
+
+/// [`Store::reserve`] in two steps: the check, then the record, given back when the record
+/// is refused.
+///
+/// # Errors
+/// As [`Store::keep_reservation`].
+pub(crate) async fn reserve_apart<S: Store>(
+    store: &S,
+    items: &[Planned<'_, S::Plan>],
+    now: u64,
+    record: &ReservationRecord,
+) -> Result<(Decisions, bool), Error> {
+    let decisions = store.check(items, now, None).await?;
+    let by_policy = decisions.iter().any(|d| {
+        matches!(
+            d.source(),
+            crate::Source::FailOpen | crate::Source::FailClosed | crate::Source::Fallback
+        )
+    });
+    if !decisions.allowed() || by_policy {
+        return Ok((decisions, false));
+    }
+    if let Err(e) = store.keep_reservation(record, now).await {
+        // Nothing may stay taken for a reservation nobody can settle.
+        let credit = Settle::Credit { at: now };
+        if let Err(lost) = store.settle(items, now, credit).await {
+            tracing::warn!(error = %lost, "a refused reservation's estimate stays taken");
+        }
+        return Err(e);
+    }
+    Ok((decisions, true))
+}
+
+/// [`Store::commit`] in two steps: the record taken out, then the settlement.
+///
+/// # Errors
+/// As [`Store::settle`].
+pub(crate) async fn commit_apart<S: Store>(
+    store: &S,
+    id: &str,
+    items: &[Planned<'_, S::Plan>],
+    at: u64,
+    actual: u64,
+    now: u64,
+) -> Result<Committed, Error> {
+    let Some(record) = store.take_reservation(id, now).await? else {
+        return Ok(Committed::Unknown);
+    };
+    if record.expires <= now {
+        return Ok(Committed::Expired(record));
+    }
+    settle_at(store, items, at, actual, now)
+        .await
+        .map(Committed::Settled)
+}
+
+/// Settles `items`, each at its estimate (its cost, taken at `at`), at the real cost
+/// `actual`: an item whose estimate was short takes the excess ([`Settle::Report`]), one
+/// whose estimate was more gives back the difference ([`Settle::Credit`]), one that was
+/// exact is looked at. The decisions of every item, in order.
+///
+/// # Errors
+/// As [`Store::settle`].
+pub(crate) async fn settle_at<S: Store>(
+    store: &S,
+    items: &[Planned<'_, S::Plan>],
+    at: u64,
+    actual: u64,
+    now: u64,
+) -> Result<Decisions, Error> {
+    let mut decisions: Vec<Option<Decision>> = vec![None; items.len()];
+    let kinds = [None, Some(Settle::Report), Some(Settle::Credit { at })];
+    for kind in kinds {
+        let (places, group): (Vec<usize>, Vec<Planned<'_, S::Plan>>) = items
+            .iter()
+            .enumerate()
+            .filter_map(|(place, item)| {
+                let (settle, cost) = match actual.cmp(&item.cost) {
+                    std::cmp::Ordering::Greater => (Some(Settle::Report), actual - item.cost),
+                    std::cmp::Ordering::Less => (Some(Settle::Credit { at }), item.cost - actual),
+                    std::cmp::Ordering::Equal => (None, 0),
+                };
+                (settle == kind).then(|| (place, item.with_cost(cost)))
+            })
+            .unzip();
+        if group.is_empty() {
+            continue;
+        }
+        let settled = match kind {
+            Some(settle) => store.settle(&group, now, settle).await?,
+            None => store.check(&group, now, None).await?,
+        };
+        for (place, decision) in places.into_iter().zip(settled.iter()) {
+            decisions[place] = Some(*decision);
+        }
+    }
+    Ok(Decisions::many(decisions.into_iter().flatten().collect()))
+}
+
 /// One item of a batch as a store sees it: `cost` permits of `key` under `rule`, which the
 /// store planned as `plan`. Built by the [`Limiter`](crate::Limiter).
 #[derive(Debug)]
@@ -95,6 +204,18 @@ pub struct Planned<'a, P> {
     pub(crate) plan: &'a P,
     pub(crate) key: &'a [u8],
     pub(crate) cost: u64,
+}
+
+impl<'a, P> Planned<'a, P> {
+    /// The same item at `cost`.
+    pub(crate) fn with_cost(&self, cost: u64) -> Self {
+        Self {
+            rule: self.rule,
+            plan: self.plan,
+            key: self.key,
+            cost,
+        }
+    }
 }
 
 /// Where the state of keys lives. A store decides a batch of items all-or-nothing, across
@@ -161,6 +282,51 @@ pub trait Store: Clone + Send + Sync + 'static {
         record: &ReservationRecord,
         now: u64,
     ) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Decides `items` as [`check`](Self::check) does and, when the store admitted them (no
+    /// failure policy decided), keeps `record` as [`keep_reservation`](Self::keep_reservation)
+    /// does: in one call where the store can (Redis on one server), so that nothing comes
+    /// between. Returns the decisions and whether the record was kept; when it is not kept,
+    /// nothing stays taken.
+    ///
+    /// # Errors
+    /// As [`keep_reservation`](Self::keep_reservation).
+    fn reserve(
+        &self,
+        items: &[Planned<'_, Self::Plan>],
+        now: u64,
+        record: &ReservationRecord,
+    ) -> impl Future<Output = Result<(Decisions, bool), Error>> + Send {
+        reserve_apart(self, items, now, record)
+    }
+
+    /// The record of reservation `id`, if this store kept it and still remembers it, forgotten
+    /// here (not in the book): a store whose [`commit`](Self::commit) is one call (Redis on
+    /// one server) remembers the latest records it kept, so that a limiter commits them
+    /// without reading them first. None by default.
+    fn kept_record(&self, id: &str) -> Option<ReservationRecord> {
+        let _ = id;
+        None
+    }
+
+    /// Takes reservation `id`'s record out and, if it was open at `now`, settles `items` (its
+    /// items, each at its estimate, taken at `at`) at the real cost `actual`: each item takes
+    /// what `actual` exceeds its estimate by, or gives back what it falls short of it by. In
+    /// one call where the store can; a limiter calls it with a record from
+    /// [`kept_record`](Self::kept_record).
+    ///
+    /// # Errors
+    /// As [`settle`](Self::settle).
+    fn commit(
+        &self,
+        id: &str,
+        items: &[Planned<'_, Self::Plan>],
+        at: u64,
+        actual: u64,
+        now: u64,
+    ) -> impl Future<Output = Result<Committed, Error>> + Send {
+        commit_apart(self, id, items, at, actual, now)
+    }
 
     /// Takes the record of reservation `id` out: `None` when there is none (unknown, settled,
     /// or expired and taken out by [`expired_reservations`](Self::expired_reservations)).

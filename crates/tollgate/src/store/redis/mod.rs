@@ -28,7 +28,7 @@ mod topology;
 use std::fmt;
 use std::io::Write as _;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use redis::RedisError;
@@ -89,6 +89,8 @@ pub struct RedisStore {
     topology: Option<Arc<Topology>>,
     /// The most open reservations kept.
     max_reservations: usize,
+    /// The latest reservations this store kept, to commit each in one call (one server).
+    remembered: Arc<super::book::Remembered>,
 }
 
 /// Loads of the function library, one at a time: after a restart, every check in flight finds
@@ -421,8 +423,23 @@ impl RedisStoreBuilder {
             jitter_turn: Arc::new(AtomicU64::new(0)),
             topology,
             max_reservations: self.max_reservations,
+            remembered: Arc::default(),
         })
     }
+}
+
+/// What a reservation made in one call became.
+#[derive(Clone, Copy)]
+#[repr(u8)]
+enum Reserved {
+    /// No answer: a failure policy decided.
+    Unanswered,
+    /// The book was full: nothing taken.
+    Full,
+    /// Admitted, and its record kept.
+    Kept,
+    /// Not admitted: nothing kept.
+    Denied,
 }
 
 /// How many times a cluster call follows redirections and retries.
@@ -934,6 +951,60 @@ impl RedisStore {
         Ok(Decisions::many(decisions.collect()))
     }
 
+    /// Decides `items` and keeps `record` if they are admitted, in one call on one server,
+    /// with no failure policy: the guard calls this. Says in `outcome` what became of the
+    /// record.
+    async fn remote_reserve(
+        &self,
+        items: &[Planned<'_, RedisPlan>],
+        now: u64,
+        record: &ReservationRecord,
+        route: &Route<'_>,
+        outcome: &AtomicU8,
+    ) -> Result<Decisions, Failure> {
+        let failed = |error| Failure {
+            error,
+            backend: Some(0),
+        };
+        let group: Vec<usize> = (0..items.len()).collect();
+        let call = self.batch_call(items, &group, now, None, false);
+        let mut keys = vec![self.book_key(None), self.book_key(Some(&record.id))];
+        keys.extend(call.keys);
+        // The record outlives its expiry by an hour, for whoever settles expired ones.
+        let ttl_ms = record.expires.saturating_sub(now) / 1_000 + 3_600_000;
+        let book = packed([
+            record.expires as f64,
+            ttl_ms as f64,
+            self.max_reservations as f64,
+        ]);
+        let encoded = record.encode();
+        let mut args: Vec<&[u8]> = vec![&book, &encoded];
+        args.extend(call.args.iter().map(Vec::as_slice));
+        let reply = self
+            .invoke(&script::RESERVE_ENTRY, &keys, &args)
+            .await
+            .map_err(|e| failed(store_error(e)))?;
+        route.answered(0);
+        let Some((flag, verdicts)) = reply.split_first_chunk::<8>() else {
+            return Err(failed(Error::Store {
+                message: "a reservation's reply that cannot be read".into(),
+                transient: false,
+            }));
+        };
+        let mut decisions: Vec<Option<Decision>> = vec![None; items.len()];
+        read_batch(items, &group, verdicts, &mut decisions).map_err(failed)?;
+        let said = match f64::from_le_bytes(*flag) {
+            0.0 => Reserved::Full,
+            1.0 => Reserved::Kept,
+            _ => Reserved::Denied,
+        };
+        outcome.store(said as u8, Ordering::Relaxed);
+        let decisions = decisions
+            .into_iter()
+            .map(|d| d.expect("every item decided"));
+        Ok(Decisions::many(decisions.collect()))
+    }
+
     /// Decides one item in one call of its algorithm's function.
     async fn check_one(
         &self,
@@ -1137,6 +1208,75 @@ impl super::Store for RedisStore {
         let (route, places) = self.route(items);
         let remote = || self.remote_settle(items, now, settle, &route, &places);
         self.guard.settle(now, &route, remote).await
+    }
+
+    async fn reserve(
+        &self,
+        items: &[Planned<'_, RedisPlan>],
+        now: u64,
+        record: &ReservationRecord,
+    ) -> Result<(Decisions, bool), Error> {
+        // On a cluster the record's slot is not the keys': a check, then the record.
+        if self.topology.is_some() {
+            return super::reserve_apart(self, items, now, record).await;
+        }
+        let outcome = AtomicU8::new(Reserved::Unanswered as u8);
+        let (route, _) = self.route(items);
+        let remote = || self.remote_reserve(items, now, record, &route, &outcome);
+        let decisions = self.guard.decide(items, now, None, &route, remote).await;
+        match outcome.load(Ordering::Relaxed) {
+            o if o == Reserved::Full as u8 => Err(super::book::full(self.max_reservations)),
+            o if o == Reserved::Kept as u8 => {
+                self.remembered.remember(record);
+                Ok((decisions, true))
+            }
+            // Denied, or decided by a failure policy: nothing kept.
+            _ => Ok((decisions, false)),
+        }
+    }
+
+    fn kept_record(&self, id: &str) -> Option<ReservationRecord> {
+        self.remembered.take(id)
+    }
+
+    async fn commit(
+        &self,
+        id: &str,
+        items: &[Planned<'_, RedisPlan>],
+        at: u64,
+        actual: u64,
+        now: u64,
+    ) -> Result<super::Committed, Error> {
+        if self.topology.is_some() {
+            return super::commit_apart(self, id, items, at, actual, now).await;
+        }
+        let group: Vec<usize> = (0..items.len()).collect();
+        let call = self.batch_call(items, &group, now, None, false);
+        let mut keys = vec![self.book_key(None), self.book_key(Some(id))];
+        keys.extend(call.keys);
+        let header = self.header_of(now, 0, None, Some(Settle::Credit { at }));
+        let costs = packed([actual as f64, now as f64]);
+        let mut args: Vec<&[u8]> = vec![&costs, &header];
+        args.extend(call.args[1..].iter().map(Vec::as_slice));
+        let reply = self
+            .book_call(&script::COMMIT_ENTRY, &keys, &args, now)
+            .await?;
+        match reply.split_first() {
+            None => Ok(super::Committed::Unknown),
+            Some((b'E', record)) => Ok(super::Committed::Expired(ReservationRecord::decode(
+                record,
+            )?)),
+            Some((_, verdicts)) => {
+                let mut decisions: Vec<Option<Decision>> = vec![None; items.len()];
+                read_batch(items, &group, verdicts, &mut decisions)?;
+                let decisions = decisions
+                    .into_iter()
+                    .map(|d| d.expect("every item settled"));
+                Ok(super::Committed::Settled(Decisions::many(
+                    decisions.collect(),
+                )))
+            }
+        }
     }
 
     async fn keep_reservation(&self, record: &ReservationRecord, now: u64) -> Result<(), Error> {

@@ -22,6 +22,7 @@ const PRELUDE: &str = include_str!("lua/prelude.lua");
 const BATCH: &str = include_str!("lua/batch.lua");
 const COUNTERS: &str = include_str!("lua/counters.lua");
 const RESERVATIONS: &str = include_str!("lua/reservations.lua");
+const METERED: &str = include_str!("lua/metered.lua");
 
 /// What an algorithm's file may leave out: whether its expired states are read as new (see
 /// `Decide::forgets`).
@@ -141,7 +142,7 @@ fn algorithm_blocks(functions: bool) -> String {
 pub(crate) struct Library {
     /// `tollgate_<hash>`; each function is `<name>_<algorithm>`, and `<name>_batch`,
     /// `<name>_settle`, `<name>_add`, `<name>_lease`, `<name>_claim`, and the reservations'
-    /// `<name>_keep`, `<name>_take` and `<name>_expired`.
+    /// `<name>_keep`, `<name>_take`, `<name>_expired`, `<name>_reserve` and `<name>_commit`.
     pub(crate) name: String,
     /// The source given to `FUNCTION LOAD REPLACE`.
     pub(crate) code: String,
@@ -153,8 +154,9 @@ pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
     body.push_str(BATCH);
     body.push_str(COUNTERS);
     body.push_str(RESERVATIONS);
+    body.push_str(METERED);
     for function in [
-        "batch", "settle", "add", "lease", "claim", "keep", "take", "expired",
+        "batch", "settle", "add", "lease", "claim", "keep", "take", "expired", "reserve", "commit",
     ] {
         body.push_str(&format!(
             "\nredis.register_function('__LIBRARY___{function}', \
@@ -225,6 +227,26 @@ pub(crate) static SETTLE_ENTRY: LazyLock<Entry> = LazyLock::new(|| {
         key_per_tier: false,
     }
 });
+
+/// A reservation made with its record in one call (`lua/metered.lua`).
+pub(crate) static RESERVE_ENTRY: LazyLock<Entry> = LazyLock::new(|| metered("reserve"));
+
+/// A reservation committed (or cancelled, at 0) with its record taken, in one call.
+pub(crate) static COMMIT_ENTRY: LazyLock<Entry> = LazyLock::new(|| metered("commit"));
+
+fn metered(function: &str) -> Entry {
+    let script = format!(
+        "{PRELUDE}{}{}{}{BATCH}{METERED}\nreturn {function}(KEYS, ARGV)\n",
+        Driver::Words.code(),
+        Driver::Log.code(),
+        algorithm_blocks(false)
+    );
+    Entry {
+        function: format!("{}_{function}", LIBRARY.name),
+        script: Script::new(&script),
+        key_per_tier: false,
+    }
+}
 
 /// Counters of the hybrid and lease stores (`lua/counters.lua`): adding to them.
 pub(crate) static ADD_ENTRY: LazyLock<Entry> = LazyLock::new(|| counters("add"));

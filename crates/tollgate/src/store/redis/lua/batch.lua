@@ -8,13 +8,16 @@
 --          algorithm (its index in `algorithms`), cost, shadow (1/0), number of keys
 -- args[3...] each item's tiers, as args[2] of one item
 -- Returns the verdicts of every tier of every item, in order, as one item's reply does.
+-- (run_batch also returns whether the batch was admitted; `dry` makes it a dry run whatever
+-- args[2] says.)
 
-local function batch(keys, args)
+local function run_batch(keys, args, dry_run)
   -- A copy: the cached attempt of args[1] must keep its own cost for later calls.
   local check = attempt_of(args[1])
   local a = {now = check.now, max_delay = check.max_delay, ttl_padding = check.ttl_padding}
   local n = #args - 2
   local dry, position = unpack_packed('<d', args[2])
+  if dry_run then dry = 1 end
   local items = {}
   local first = 1
   for i = 1, n do
@@ -77,29 +80,45 @@ local function batch(keys, args)
   for i = 1, n do
     for _, v in ipairs(items[i].verdicts) do reply[#reply + 1] = v end
   end
-  return pack('<' .. rep('d', #reply), unpack(reply))
+  return pack('<' .. rep('d', #reply), unpack(reply)), admitted
+end
+
+local function batch(keys, args)
+  return (run_batch(keys, args, false))
 end
 
 -- A settlement: every item takes its cost whatever its key's state (a report), or gives it
 -- back (a credit, of a cost taken at args[1]'s time), each on its own: nothing is refused.
 -- Arguments as a batch's (dry unused). Returns every tier's verdict of a look (cost 0) after
 -- the settlement, as a batch does: denied while the key is in debt.
-local function settle(keys, args)
-  local settled = attempt_of(args[1])
+-- (settle_items does it for keys[first_key...] and args[first_arg...], and with `actual`, a
+-- reservation's real cost, each item reports what it exceeds the item's cost by, or gives back
+-- what it falls short of it by.)
+local function settle_items(keys, first_key, args, first_arg, actual)
+  local settled = attempt_of(args[first_arg])
   local a = {now = settled.now, ttl_padding = settled.ttl_padding, credit_at = settled.credit_at}
   local report = settled.settle == 1
-  local _, position = unpack_packed('<d', args[2])
-  local first, reply = 1, {}
-  for i = 1, #args - 2 do
+  local described = args[first_arg + 1]
+  local _, position = unpack_packed('<d', described)
+  local first, reply = first_key, {}
+  for i = first_arg + 2, #args do
     local algorithm, cost, shadow, count
-    algorithm, cost, shadow, count, position = unpack_packed('<dddd', args[2], position)
-    local f, tiers = algorithms[algorithm], tiers_of(args[2 + i])
+    algorithm, cost, shadow, count, position = unpack_packed('<dddd', described, position)
+    local f, tiers = algorithms[algorithm], tiers_of(args[i])
     local change = f.credit
-    if report then change = f.debit end
+    if actual then
+      if actual > cost then change, cost = f.debit, actual - cost
+      elseif actual < cost then cost = cost - actual
+      else change = nil end
+    elseif report then
+      change = f.debit
+    end
     local verdicts = {}
     if f.log then
       a.cost = cost
-      for t = 1, #tiers do change(tiers[t], keys[first + t - 1], a) end
+      if change then
+        for t = 1, #tiers do change(tiers[t], keys[first + t - 1], a) end
+      end
       a.cost = 0
       log_ask(tiers, keys, first, a, f.decide, verdicts, {})
     else
@@ -109,15 +128,24 @@ local function settle(keys, args)
       if stored and forgotten(tiers, w, a, f.expires_at, f.forgets) then
         w = {unpack_packed(tiers.state_format, tiers.zero_state)}
       end
-      local kept = stored and latest(tiers, w, f.expires_at)
-      a.cost = cost
-      for t = 1, #tiers do change(tiers[t], w, a) end
       a.cost = 0
-      ask(tiers, w, a, f.decide, verdicts, false)
-      write(key, stored, tiers, w, a, latest(tiers, w, f.expires_at), kept)
+      if change then
+        local kept = stored and latest(tiers, w, f.expires_at)
+        a.cost = cost
+        for t = 1, #tiers do change(tiers[t], w, a) end
+        a.cost = 0
+        ask(tiers, w, a, f.decide, verdicts, false)
+        write(key, stored, tiers, w, a, latest(tiers, w, f.expires_at), kept)
+      else
+        ask(tiers, w, a, f.decide, verdicts, false)
+      end
     end
     for _, v in ipairs(verdicts) do reply[#reply + 1] = v end
     first = first + count
   end
   return pack('<' .. rep('d', #reply), unpack(reply))
+end
+
+local function settle(keys, args)
+  return settle_items(keys, 1, args, 1, nil)
 end
