@@ -9,7 +9,9 @@
 //! the other core of a two-core machine.
 //!
 //! Run: `benches/redis/run` (or `cargo run --release -- --seconds 3 --rounds 3 --callers
-//! 1,16,256`); `--systems tollgate` measures one system alone, e.g. under a profiler. Each
+//! 1,16,256`); `--systems tollgate` measures one system alone, e.g. under a profiler;
+//! `--systems metered` measures metered work instead: a check, a report, and a reservation
+//! with its commit (one settled request), side by side, in a table of its own. Each
 //! system's row is its median round, rounds interleaving the systems. `--connections N` sets
 //! tollgate's pipelined connections (default: the library's, one).
 
@@ -212,6 +214,42 @@ async fn tollgate(port: u16, algorithm: Algorithm, callers: usize, seconds: u64)
     .await
 }
 
+/// Metered work on tollgate's Redis store (a fixed window, a billion per minute): a check of
+/// 10, a report of 7, or a reservation of 10 committed at 7; each "decision" is one settled
+/// request.
+async fn metered(port: u16, kind: &'static str, callers: usize, seconds: u64) -> Result<Run> {
+    let rule = Rule::new("bench", Algorithm::FixedWindow, [Tier::per_minute(1_000_000_000)])?;
+    let store = RedisStore::builder(&format!("redis://127.0.0.1:{port}"))
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await?;
+    let limiter = Arc::new(Limiter::builder(rule).store(store).build()?);
+    drive(kind, port, callers, seconds, move |caller, n| {
+        let limiter = limiter.clone();
+        async move {
+            let key = key(caller, n);
+            match kind {
+                "check of 10" => {
+                    let decision = limiter.check(&key, 10).await.unwrap();
+                    assert!(decision.allowed() && decision.source() == tollgate::Source::Redis);
+                }
+                "report of 7" => {
+                    limiter.report(&key, 7).await.unwrap();
+                }
+                _ => {
+                    let item = [tollgate::Item::new("bench", &key, 10)];
+                    let reserved = limiter.reserve(&item, None).await.unwrap();
+                    limiter.commit(reserved.id().unwrap(), 7).await.unwrap();
+                }
+            }
+        }
+    })
+    .await
+}
+
+/// The metered systems, in the order of their table: the check first, the ratios' base.
+const METERED: [&str; 3] = ["check of 10", "report of 7", "reserve 10, commit 7"];
+
 async fn limitador(port: u16, callers: usize, seconds: u64) -> Result<Run> {
     let storage = AsyncRedisStorage::new(&format!("redis://127.0.0.1:{port}")).await?;
     let limiter = AsyncRateLimiter::new_with_storage(Box::new(storage));
@@ -313,6 +351,44 @@ fn ceiling(port: u16, callers: usize, seconds: u64) -> Result<Run> {
     })
 }
 
+/// The table of metered work: per number of callers, each kind's median round.
+async fn metered_table(port: u16, callers: &[usize], rounds: usize, seconds: u64) -> Result<()> {
+    println!(
+        "| callers | tollgate on Redis | settled/s | p50 | p99 | calls/settled | commands/settled | Redis CPU/settled | rate vs check |"
+    );
+    println!("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for &n in callers {
+        let mut rounds_of: Vec<Vec<Run>> = METERED.iter().map(|_| Vec::new()).collect();
+        for _ in 0..rounds {
+            for (i, kind) in METERED.into_iter().enumerate() {
+                rounds_of[i].push(metered(port, kind, n, seconds).await?);
+            }
+        }
+        let medians: Vec<Run> = rounds_of
+            .into_iter()
+            .map(|mut all| {
+                all.sort_by(|a, b| a.decisions_per_second.total_cmp(&b.decisions_per_second));
+                all.swap_remove(all.len() / 2)
+            })
+            .collect();
+        let check = medians[0].decisions_per_second;
+        for run in &medians {
+            println!(
+                "| {n} | {} | {:.0} | {:.0} µs | {:.0} µs | {:.2} | {:.2} | {:.1} µs | {:.2} |",
+                run.system,
+                run.decisions_per_second,
+                run.p50_us,
+                run.p99_us,
+                run.scripts,
+                run.commands,
+                run.redis_cpu_us,
+                run.decisions_per_second / check,
+            );
+        }
+    }
+    Ok(())
+}
+
 fn argument(name: &str, default: &str) -> String {
     let args: Vec<String> = std::env::args().collect();
     args.iter()
@@ -331,6 +407,9 @@ async fn main() -> Result<()> {
     let systems = argument("--systems", "tollgate,limitador,floor,ceiling");
     let rounds: usize = argument("--rounds", "3").parse()?;
     let server = start_redis()?;
+    if systems == "metered" {
+        return metered_table(server.port, &callers, rounds, seconds).await;
+    }
     println!(
         "| callers | system | decisions/s | p50 | p99 | calls/decision | commands/decision | Redis CPU/decision | throughput vs limitador | vs ceiling |"
     );

@@ -21,7 +21,11 @@ fn validate(files: &[(&str, &str)]) -> (i32, String) {
 #[test]
 fn the_shipped_examples_are_valid() {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples");
-    for name in ["multi-tenant.yaml", "envoy-ratelimit.yaml"] {
+    for name in [
+        "multi-tenant.yaml",
+        "envoy-ratelimit.yaml",
+        "llm-proxy/rules.yaml",
+    ] {
         let path = format!("{root}/{name}");
         let (code, out, err) = run(&["validate", &path]);
         assert_eq!(code, 0, "{name}: {out}{err}");
@@ -334,4 +338,26 @@ fn bytes_that_are_not_text_are_placed() {
     let (code, _, err) = run(&["validate", path.to_str().unwrap()]);
     assert_eq!(code, 1);
     assert!(err.contains("rules.yaml:2:10: not UTF-8 text"), "{err}");
+}
+
+#[test]
+fn reservations_on_a_store_that_takes_none_are_refused_with_the_reason() {
+    let rules = "rules:\n  - id: tokens\n    key: [header:x-tenant]\n    tiers: [{ limit: 1000, period: 1h }]\n    reservations: { ttl: 2m }\n";
+    for mode in ["hybrid", "lease"] {
+        let file = format!(
+            "store: {{ kind: redis, url: \"redis://127.0.0.1:6379\", mode: {mode} }}\n{rules}"
+        );
+        let (code, out) = validate(&[("rules.yaml", &file)]);
+        assert_eq!(code, 1, "{mode}: {out}");
+        assert!(
+            out.contains("rules.yaml:3:5: rule `tokens`: reservations:"),
+            "{out}"
+        );
+        assert!(
+            out.contains(&format!("the {mode} store takes no reservations")),
+            "{out}"
+        );
+    }
+    let strict = format!("store: {{ kind: redis, url: \"redis://127.0.0.1:6379\" }}\n{rules}");
+    assert_eq!(validate(&[("rules.yaml", &strict)]).0, 0);
 }

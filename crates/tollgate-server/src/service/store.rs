@@ -121,6 +121,28 @@ impl StoreSettings {
         }
     }
 
+    /// Why the store takes no reservations or reports, if it takes none: the hybrid and lease
+    /// stores admit in each instance and settle counts later, so a debt or a give-back there
+    /// would have no bound.
+    fn settles(&self) -> Result<(), String> {
+        let name = match self {
+            Self::Redis {
+                mode: Mode::Hybrid(_),
+                ..
+            } => "hybrid",
+            Self::Redis {
+                mode: Mode::Lease(_),
+                ..
+            } => "lease",
+            _ => return Ok(()),
+        };
+        Err(format!(
+            "reservations: the {name} store takes no reservations or reports (its instances \
+             admit apart and settle their counts later, so a debt or a give-back would have no \
+             bound); use mode: strict, or the memory store"
+        ))
+    }
+
     /// Opens the store (a cluster connects now; a single server on first use).
     pub(super) async fn open(self) -> anyhow::Result<AnyStore> {
         Ok(match self {
@@ -178,6 +200,15 @@ pub fn check(config: &Config) -> Result<(), ConfigError> {
         store
             .holds(rule)
             .map_err(|e| config.places.rule(rule.name()).error(e.to_string()))?;
+    }
+    // A rule that says how its reservations live expects them to be taken.
+    for spec in config.specs.iter().filter(|s| s.reservations.is_some()) {
+        store.settles().map_err(|e| {
+            config
+                .places
+                .rule(&spec.id)
+                .error(format!("rule `{}`: {e}", spec.id))
+        })?;
     }
     Ok(())
 }
