@@ -357,3 +357,38 @@ async fn a_full_book_on_one_server_takes_nothing_in_its_one_call() {
     );
     assert_eq!(limiter.check("acme", 0).await.unwrap().remaining(), 90);
 }
+
+#[tokio::test]
+async fn a_commit_in_one_call_after_the_time_to_live_settles_as_the_rule_says() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(&server.url())
+        .timeout(Duration::from_secs(5))
+        .store_time(StoreTime::Local)
+        .build()
+        .await
+        .unwrap();
+    let released = tollgate::Reservations {
+        ttl: Duration::from_secs(10),
+        on_expiry: tollgate::OnExpiry::Released,
+    };
+    let rule = Rule::new("budget", Algorithm::FixedWindow, [Tier::per_hour(100)])
+        .and_then(|r| r.reservations(released))
+        .unwrap();
+    let clock = ManualClock::new();
+    let limiter = Limiter::builder(rule)
+        .store(store)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let reserved = limiter
+        .reserve(&[Item::new("budget", "acme", 40)], None)
+        .await
+        .unwrap();
+    assert_eq!(limiter.check("acme", 0).await.unwrap().remaining(), 60);
+    // Nobody swept it: the commit finds it expired, and settles it as its rule says.
+    clock.advance(Duration::from_secs(11));
+    let late = limiter.commit(reserved.id().unwrap(), 5).await;
+    assert!(matches!(late, Err(Error::UnknownReservation { .. })), "{late:?}");
+    assert_eq!(limiter.check("acme", 0).await.unwrap().remaining(), 100, "released");
+    assert_eq!(server.cli(&["zcard", "tg:r:{reservations}"]), "0");
+}

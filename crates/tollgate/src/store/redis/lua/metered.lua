@@ -34,10 +34,12 @@ local function commit(keys, args)
   if not floor then bind() end
   local actual, now = unpack_packed('<dd', args[1])
   local record = call('GET', keys[2])
-  local expires = call('ZSCORE', keys[1], keys[2])
   call('ZREM', keys[1], keys[2])
   if not record then return '' end
   call('DEL', keys[2])
-  if expires and tonumber(expires) <= now then return 'E' .. record end
+  -- When it expires: after its id (its length, then its bytes) and when it was taken.
+  local id_length = unpack_packed('<I8', record)
+  local expires = unpack_packed('<I8', record, 17 + id_length)
+  if expires <= now then return 'E' .. record end
   return 'S' .. settle_items(keys, 3, args, 2, actual)
 end
