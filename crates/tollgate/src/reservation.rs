@@ -57,5 +57,28 @@ pub(crate) fn new_id() -> String {
         bytes[..8].copy_from_slice(&now.to_le_bytes());
         bytes[8..].copy_from_slice(&COUNTER.fetch_add(1, Ordering::Relaxed).to_le_bytes());
     }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut id = String::with_capacity(32);
+    for b in bytes {
+        id.push(char::from(HEX[usize::from(b >> 4)]));
+        id.push(char::from(HEX[usize::from(b & 15)]));
+    }
+    id
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ids_are_32_hex_digits_and_apart() {
+        let (a, b) = (super::new_id(), super::new_id());
+        assert_ne!(a, b);
+        for id in [a, b] {
+            assert_eq!(id.len(), 32);
+            assert!(
+                id.bytes()
+                    .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)),
+                "{id}"
+            );
+        }
+    }
 }

@@ -388,7 +388,14 @@ async fn a_commit_in_one_call_after_the_time_to_live_settles_as_the_rule_says() 
     // Nobody swept it: the commit finds it expired, and settles it as its rule says.
     clock.advance(Duration::from_secs(11));
     let late = limiter.commit(reserved.id().unwrap(), 5).await;
-    assert!(matches!(late, Err(Error::UnknownReservation { .. })), "{late:?}");
-    assert_eq!(limiter.check("acme", 0).await.unwrap().remaining(), 100, "released");
+    assert!(
+        matches!(late, Err(Error::UnknownReservation { .. })),
+        "{late:?}"
+    );
+    assert_eq!(
+        limiter.check("acme", 0).await.unwrap().remaining(),
+        100,
+        "released"
+    );
     assert_eq!(server.cli(&["zcard", "tg:r:{reservations}"]), "0");
 }
