@@ -422,3 +422,42 @@ async fn a_full_memory_store_that_refuses_keeps_its_keys_and_fails_closed() {
     assert_eq!(counter(&metrics, "tollgate_refused_keys_total"), 3_000);
     assert_eq!(counter(&metrics, "tollgate_evictions_total"), 0);
 }
+
+/// A calendar day in UTC: the fields carry the real time to midnight, and the policy the
+/// day's length.
+#[tokio::test]
+async fn a_calendar_day_resets_at_midnight_and_says_so() {
+    let rules = "rules:\n  - id: daily\n    match: { path: \"/api/**\" }\n    key: [header:x-tenant]\n    tiers: [{ limit: 2, period: day }]\n";
+    let server = Server::start(&[("rules.yaml", rules)], &[]);
+    let client = reqwest::Client::new();
+    let to_midnight = || {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        86_400 - now % 86_400
+    };
+    for _ in 0..2 {
+        assert_eq!(check(&client, &server.http, request("t")).await.0, 200);
+    }
+    let before = to_midnight();
+    let (status, headers, body) = check(&client, &server.http, request("t")).await;
+    let after = to_midnight();
+    assert_eq!(status, 429, "{body}");
+    let retry: u64 = header(&headers, "retry-after").unwrap().parse().unwrap();
+    let reset: u64 = header(&headers, "x-ratelimit-reset")
+        .unwrap()
+        .parse()
+        .unwrap();
+    // Rounded up to whole seconds: at most a second past the moment asked.
+    for seen in [retry, reset] {
+        assert!(
+            (after..=before + 1).contains(&seen),
+            "{seen} s, midnight in {after}..={before}"
+        );
+    }
+    assert_eq!(
+        header(&headers, "ratelimit-policy"),
+        Some("\"daily\";q=2;w=86400")
+    );
+}

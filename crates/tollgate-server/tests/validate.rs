@@ -361,3 +361,66 @@ fn reservations_on_a_store_that_takes_none_are_refused_with_the_reason() {
     let strict = format!("store: {{ kind: redis, url: \"redis://127.0.0.1:6379\" }}\n{rules}");
     assert_eq!(validate(&[("rules.yaml", &strict)]).0, 0);
 }
+
+#[test]
+fn calendar_periods_validate_and_bad_ones_are_placed() {
+    let good = "rules:\n  - id: plan\n    key: [header:x-tenant]\n    time_zone: Europe/Paris\n    tiers:\n      - { limit: 10000, period: month }\n      - { limit: 1000, period: day, time_zone: America/New_York }\n      - { limit: 5000, period: week, week_starts: sunday }\n";
+    let (code, out) = validate(&[("rules.yaml", good)]);
+    assert_eq!(code, 0, "{out}");
+    let rule =
+        |tiers: &str, extra: &str| format!("rules:\n  - id: plan\n{extra}    tiers: [{tiers}]\n");
+    let cases = [
+        (
+            rule("{ limit: 10, period: 1month }", ""),
+            ":3:",
+            "a calendar period takes no number: write `month`",
+        ),
+        (
+            rule("{ limit: 10, period: month, time_zone: Europe/Pariss }", ""),
+            ":3:",
+            "tiers[0].time_zone: unknown time zone `Europe/Pariss`",
+        ),
+        (
+            rule(
+                "{ limit: 10, period: month }",
+                "    time_zone: Mars/Olympus\n",
+            ),
+            ":3:",
+            "tiers[0].time_zone: unknown time zone `Mars/Olympus`",
+        ),
+        (
+            rule("{ limit: 10, period: 30d, time_zone: Europe/Paris }", ""),
+            ":3:",
+            "tiers[0].time_zone: `Europe/Paris` is for a calendar period",
+        ),
+        (
+            rule("{ limit: 10, period: week, week_starts: caturday }", ""),
+            ":3:",
+            "`caturday` is not a day of the week",
+        ),
+        (
+            rule("{ limit: 10, period: month, week_starts: sunday }", ""),
+            ":3:",
+            "week_starts: is for a calendar week, not a month",
+        ),
+        (
+            rule("{ limit: 10, period: month }", "    algorithm: gcra\n"),
+            ":4:",
+            "tiers[0].period: a calendar period takes fixed_window or hit_counter",
+        ),
+        (
+            format!(
+                "store: {{ kind: redis, url: \"redis://127.0.0.1:6379\", mode: hybrid }}\n{}",
+                rule("{ limit: 10, period: day }", "")
+            ),
+            ":3:",
+            "the hybrid store counts windows of one length",
+        ),
+    ];
+    for (text, at, message) in cases {
+        let (code, out) = validate(&[("rules.yaml", &text)]);
+        assert_eq!(code, 1, "{text}\n{out}");
+        assert!(out.contains(&format!("rules.yaml{at}")), "{at} in {out}");
+        assert!(out.contains(message), "{message} in {out}");
+    }
+}

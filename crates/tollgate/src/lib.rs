@@ -54,7 +54,10 @@ pub mod retry;
 mod rule;
 mod store;
 
-pub use algorithm::{Algorithm, LeakyBucket, Settle, SubWindows, Tier, TokenBucket, WarmUp};
+pub use algorithm::{
+    Algorithm, Calendar, CalendarUnit, LeakyBucket, Settle, SubWindows, Tier, TokenBucket,
+    UnknownTimeZone, WarmUp, Weekday,
+};
 pub use clock::{Clock, MAX_TIMESTAMP, ManualClock, SystemClock};
 pub use decision::{Decision, Decisions, Source};
 pub use error::{Error, RuleError};

@@ -323,6 +323,10 @@ impl Rule {
         feed(self.tiers().len() as u64);
         for tier in self.tiers() {
             algorithm.layout(tier, &mut feed);
+            // A calendar's windows begin elsewhere than another's of the same longest length.
+            if let Some(calendar) = tier.calendar_period() {
+                calendar.identity().bytes().for_each(|b| feed(u64::from(b)));
+            }
         }
         (hash ^ (hash >> 32)) as u32
     }

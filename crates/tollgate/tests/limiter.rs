@@ -258,3 +258,40 @@ async fn acquire_on_the_system_clock_really_waits() {
     // Two waits of 5 ms each, at least: a lower bound only, never an upper one.
     assert!(clock.now_micros() - start >= 10_000);
 }
+
+/// A plan sold per calendar month in Paris: its window ends at midnight on the 1st, Paris
+/// time, whatever the month's length; the fields say the real time left.
+#[test]
+fn a_calendar_month_resets_at_midnight_on_the_first_in_its_zone() {
+    use tollgate::Calendar;
+    let month = Calendar::month().in_zone("Europe/Paris").unwrap();
+    let rule = Rule::new("plan", Algorithm::FixedWindow, [Tier::calendar(3, month)]).unwrap();
+    // 31 January 2025, 23:59 in Paris (22:59 UTC).
+    let clock = ManualClock::at_micros(1_738_364_340_000_000);
+    let limiter = Limiter::builder(rule).clock(clock.clone()).build().unwrap();
+    for left in [2, 1, 0] {
+        assert_eq!(limiter.check_now("acme", 1).unwrap().remaining(), left);
+    }
+    let denied = limiter.check_now("acme", 1).unwrap();
+    assert!(!denied.allowed());
+    assert_eq!(denied.retry_after(), Some(Duration::from_secs(60)));
+    assert_eq!(denied.reset_after(), Duration::from_secs(60));
+    // Midnight in Paris: February's plan, 28 days of it.
+    clock.advance(Duration::from_secs(60));
+    let february = limiter.check_now("acme", 1).unwrap();
+    assert_eq!((february.allowed(), february.remaining()), (true, 2));
+    assert_eq!(february.reset_after(), Duration::from_secs(28 * 86_400));
+    // The policy advertised: 3 per the longest month and an hour (Paris changes its clocks).
+    assert_eq!(february.window(), Duration::from_secs(31 * 86_400 + 3_600));
+}
+
+#[test]
+fn a_calendar_period_takes_only_the_windowed_algorithms() {
+    use tollgate::Calendar;
+    for algorithm in [Algorithm::FixedWindow, Algorithm::HitCounter] {
+        assert!(Rule::new("ok", algorithm, [Tier::calendar(5, Calendar::day())]).is_ok());
+    }
+    let e = Rule::new("no", Algorithm::Gcra, [Tier::calendar(5, Calendar::day())]).unwrap_err();
+    assert_eq!(e.field, "tiers[0].period");
+    assert!(e.reason.contains("fixed_window or hit_counter"), "{e}");
+}

@@ -202,3 +202,89 @@ async fn differential(server: &RedisServer) {
     }
     assert_eq!(checks, 400 * rules().len());
 }
+
+/// Calendar periods: days in Paris across the change to summer time (a day of 23 hours), a
+/// month in New York across 1 April, weeks from Sunday with an hourly tier: the Redis
+/// functions, given each window's boundaries by the caller, decide as the memory store does.
+#[tokio::test]
+async fn calendar_periods_decide_identically_across_days_months_and_a_change_of_time() {
+    use tollgate::{Calendar, Weekday};
+    let server = RedisServer::start();
+    let store = RedisStore::builder(&server.url())
+        .store_time(StoreTime::Local)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let paris_day = Calendar::day().in_zone("Europe/Paris").unwrap();
+    let new_york_month = Calendar::month().in_zone("America/New_York").unwrap();
+    let sunday_week = Calendar::week().week_starts(Weekday::Sunday);
+    let rules = [
+        Rule::new(
+            "cal-day",
+            Algorithm::FixedWindow,
+            [Tier::calendar(20, paris_day)],
+        ),
+        Rule::new(
+            "cal-month",
+            Algorithm::HitCounter,
+            [Tier::calendar(60, new_york_month)],
+        ),
+        Rule::new(
+            "cal-week",
+            Algorithm::FixedWindow,
+            [Tier::calendar(40, sunday_week), Tier::per_hour(8)],
+        ),
+    ];
+    let mut random = Random(0x2545_f491_4f6c_dd1d);
+    for rule in rules {
+        let rule = rule.unwrap();
+        // Saturday 29 March 2025, 20:00 in Paris: the night before the clocks go forward.
+        let start = 1_743_274_800_000_000;
+        let (memory_clock, redis_clock) =
+            (ManualClock::at_micros(start), ManualClock::at_micros(start));
+        let memory = Limiter::builder(rule.clone())
+            .clock(memory_clock.clone())
+            .build()
+            .unwrap();
+        let redis = Limiter::builder(rule.clone())
+            .store(store.clone())
+            .clock(redis_clock.clone())
+            .build()
+            .unwrap();
+        for step in 0..300 {
+            // Up to three hours at a time: 300 steps cross about 19 days.
+            let gap = Duration::from_micros(random.below(3 * 3_600_000_000));
+            memory_clock.advance(gap);
+            redis_clock.advance(gap);
+            let key = format!("key-{}", random.below(2));
+            let cost = random.below(5);
+            let (expected, actual) = match random.below(8) {
+                0 => {
+                    let item = [Item::new(rule.name(), &key, cost * 4)];
+                    let binding = |d: Result<tollgate::Decisions, Error>| d.map(|d| d[0]);
+                    (
+                        binding(memory.settle_batch(&item, Settle::Report).await),
+                        binding(redis.settle_batch(&item, Settle::Report).await),
+                    )
+                }
+                1 => {
+                    let at = memory_clock.now_micros() - random.below(6 * 3_600_000_000);
+                    let item = [Item::new(rule.name(), &key, cost)];
+                    let binding = |d: Result<tollgate::Decisions, Error>| d.map(|d| d[0]);
+                    (
+                        binding(memory.settle_batch(&item, Settle::Credit { at }).await),
+                        binding(redis.settle_batch(&item, Settle::Credit { at }).await),
+                    )
+                }
+                _ => (memory.check_now(&key, cost), redis.check(&key, cost).await),
+            };
+            assert_eq!(
+                seen(&expected),
+                seen(&actual),
+                "rule {}, step {step}, {key} cost {cost}",
+                rule.name()
+            );
+        }
+    }
+}

@@ -24,8 +24,8 @@ use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 use tollgate::engine::{KeyPart, Match, PathPattern, Route};
 use tollgate::{
-    Algorithm, FailurePolicy, LeakyBucket, OnExpiry, Reservations, Rule, SubWindows, Tier,
-    TokenBucket, WarmUp, WhenFull,
+    Algorithm, Calendar, CalendarUnit, FailurePolicy, LeakyBucket, OnExpiry, Reservations, Rule,
+    SubWindows, Tier, TokenBucket, WarmUp, Weekday, WhenFull,
 };
 
 use super::duration::{self, parse_duration};
@@ -305,6 +305,10 @@ pub struct RuleSpec {
     #[serde(default = "open")]
     #[schemars(extend("default" = "open"))]
     pub on_failure: String,
+    /// The IANA time zone (`Europe/Paris`) its calendar periods' windows begin in, unless a
+    /// tier names its own; UTC when not set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_zone: Option<String>,
     /// How the rule's reservations live and end (`POST /v1/reservations`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reservations: Option<ReservationsSpec>,
@@ -358,7 +362,7 @@ mod optional_period {
 
     pub(super) fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
         match d {
-            Some(d) => super::period::serialize(d, s),
+            Some(d) => serde::Serialize::serialize(&super::Period::Fixed(*d), s),
             None => s.serialize_none(),
         }
     }
@@ -401,41 +405,184 @@ pub struct TierSpec {
     #[serde(alias = "threshold")]
     #[schemars(extend("x-aliases" = ["threshold"]))]
     pub limit: u64,
-    /// The period: `500ms`, `10s`, `1m`, `1h`, `1d`, `1w`, or a number of seconds.
-    #[serde(with = "period")]
-    #[schemars(schema_with = "duration::schema")]
+    /// The period: a duration (`500ms`, `10s`, `1m`, `1h`, `1d`, `1w`, or a number of
+    /// seconds), or a calendar period, `day`, `week`, `month` or `year`, whose windows begin at
+    /// midnight in `time_zone` and last as the calendar makes them (fixed_window and
+    /// hit_counter only; `30d` stays thirty days).
+    #[schemars(schema_with = "period::schema")]
     #[schema(value_type = String, example = "10s")]
-    pub period: Duration,
+    pub period: Period,
     /// A bucket's capacity (token bucket, leaky bucket, GCRA): how many at once; the limit
     /// when not set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub burst: Option<u64>,
+    /// A calendar period's time zone, an IANA name (`Europe/Paris`); the rule's `time_zone`
+    /// when not set, else UTC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_zone: Option<String>,
+    /// A calendar week's first day (`monday` unless set, as ISO 8601 has it; `sunday`...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub week_starts: Option<String>,
+}
+
+impl TierSpec {
+    /// A tier of `limit` per `period`, as written with nothing else.
+    pub fn new(limit: u64, period: Period) -> Self {
+        Self {
+            limit,
+            period,
+            burst: None,
+            time_zone: None,
+            week_starts: None,
+        }
+    }
+
+    /// The tier, a calendar period in `time_zone` unless the tier names its own.
+    ///
+    /// # Errors
+    /// What is wrong, after the field's name: an unknown time zone or day, or a time zone or
+    /// first day given to a period that is not a calendar one.
+    pub fn tier(&self, time_zone: Option<&str>) -> Result<Tier, String> {
+        let tier = match self.period {
+            Period::Fixed(period) => {
+                if let Some(zone) = &self.time_zone {
+                    return Err(format!(
+                        "time_zone: `{zone}` is for a calendar period (day, week, month, year), \
+                         and this period is a duration"
+                    ));
+                }
+                if self.week_starts.is_some() {
+                    return Err("week_starts: is for a calendar week".into());
+                }
+                Tier::new(self.limit, period)
+            }
+            Period::Calendar(unit) => {
+                let mut calendar = Calendar::new(unit);
+                if let Some(zone) = self.time_zone.as_deref().or(time_zone) {
+                    calendar = calendar
+                        .in_zone(zone)
+                        .map_err(|e| format!("time_zone: {e}"))?;
+                }
+                if let Some(day) = &self.week_starts {
+                    if unit != CalendarUnit::Week {
+                        return Err(format!(
+                            "week_starts: is for a calendar week, not a {}",
+                            unit.name()
+                        ));
+                    }
+                    let day = Weekday::parse(day).ok_or_else(|| {
+                        format!("week_starts: `{day}` is not a day of the week (monday ... sunday)")
+                    })?;
+                    calendar = calendar.week_starts(day);
+                }
+                Tier::calendar(self.limit, calendar)
+            }
+        };
+        Ok(match self.burst {
+            Some(burst) => tier.with_burst(burst),
+            None => tier,
+        })
+    }
+}
+
+/// A tier's period: a duration, or a calendar period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Period {
+    /// Windows of one length, aligned to multiples of it since the epoch.
+    Fixed(Duration),
+    /// Windows the calendar draws.
+    Calendar(CalendarUnit),
+}
+
+impl From<Duration> for Period {
+    fn from(d: Duration) -> Self {
+        Self::Fixed(d)
+    }
 }
 
 mod period {
-    use std::time::Duration;
+    use serde::de::Error as _;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use tollgate::CalendarUnit;
 
-    use serde::{Deserializer, Serializer};
+    use super::Period;
 
-    /// The largest unit that measures the period exactly: `1h`, not `3600s`.
-    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        let millis = d.as_millis();
-        let units = [
-            (604_800_000, "w"),
-            (86_400_000, "d"),
-            (3_600_000, "h"),
-            (60_000, "m"),
-            (1_000, "s"),
-        ];
-        let (size, unit) = units
-            .into_iter()
-            .find(|(size, _)| millis > 0 && millis.is_multiple_of(*size))
-            .unwrap_or((1, "ms"));
-        s.serialize_str(&format!("{}{unit}", millis / size))
+    /// The largest unit that measures a duration exactly (`1h`, not `3600s`); a calendar
+    /// period by its name.
+    impl Serialize for Period {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            let d = match self {
+                Period::Calendar(unit) => return s.serialize_str(unit.name()),
+                Period::Fixed(d) => d,
+            };
+            let millis = d.as_millis();
+            let units = [
+                (604_800_000, "w"),
+                (86_400_000, "d"),
+                (3_600_000, "h"),
+                (60_000, "m"),
+                (1_000, "s"),
+            ];
+            let (size, unit) = units
+                .into_iter()
+                .find(|(size, _)| millis > 0 && millis.is_multiple_of(*size))
+                .unwrap_or((1, "ms"));
+            s.serialize_str(&format!("{}{unit}", millis / size))
+        }
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        super::duration::deserialize(d)
+    impl<'de> Deserialize<'de> for Period {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            #[derive(Deserialize)]
+            #[serde(untagged)]
+            enum Written {
+                Seconds(u64),
+                Text(String),
+            }
+            match Written::deserialize(d).map_err(|_| {
+                D::Error::custom(
+                    "expected a duration (`10s`, `1m`, a number of seconds) or a calendar period \
+                     (`day`, `week`, `month`, `year`)",
+                )
+            })? {
+                Written::Seconds(s) => Ok(Period::Fixed(std::time::Duration::from_secs(s))),
+                Written::Text(text) => parse(&text).map_err(D::Error::custom),
+            }
+        }
+    }
+
+    /// A period as written.
+    fn parse(text: &str) -> Result<Period, String> {
+        let trimmed = text.trim();
+        if let Some(unit) = CalendarUnit::parse(trimmed) {
+            return Ok(Period::Calendar(unit));
+        }
+        match super::duration::parse_duration(trimmed) {
+            Ok(d) => Ok(Period::Fixed(d)),
+            Err(e) => {
+                let word = trimmed.trim_start_matches(|c: char| c.is_ascii_digit() || c == ' ');
+                let word = word.strip_suffix('s').unwrap_or(word);
+                match CalendarUnit::parse(word) {
+                    Some(unit) if word != trimmed => Err(format!(
+                        "`{text}`: a calendar period takes no number: write `{}` (or a \
+                         duration such as `30d`)",
+                        unit.name()
+                    )),
+                    _ => Err(format!("{e}, or a calendar period: day, week, month, year")),
+                }
+            }
+        }
+    }
+
+    /// The JSON Schema of a period.
+    pub(super) fn schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "A duration (a whole number and ms, s, m, h, d or w: `10s`, `1m`; or a whole number of seconds), or a calendar period: `day`, `week`, `month`, `year`.",
+            "oneOf": [
+                { "type": "string", "pattern": "^([0-9]+ *(ms|s|m|h|d|w)?|day|week|month|year)$" },
+                { "type": "integer", "minimum": 0 }
+            ]
+        })
     }
 }
 
@@ -476,13 +623,15 @@ impl RuleSpec {
     pub fn route(&self) -> Result<Route, String> {
         let field = |name: &str, e: String| format!("rule `{}`: {name}: {e}", self.id);
         let algorithm = parse_algorithm(&self.algorithm).map_err(|e| field("algorithm", e))?;
-        let tiers = self.tiers.iter().map(|t| {
-            let tier = Tier::new(t.limit, t.period);
-            match t.burst {
-                Some(burst) => tier.with_burst(burst),
-                None => tier,
-            }
-        });
+        let tiers = self
+            .tiers
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                t.tier(self.time_zone.as_deref())
+                    .map_err(|e| format!("rule `{}`: tiers[{i}].{e}", self.id))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let policy = parse_policy(&self.on_failure).map_err(|e| field("on_failure", e))?;
         let reservations = match &self.reservations {
             None => Reservations::default(),
@@ -839,14 +988,42 @@ mod tests {
             (86_400_000, "1d"),
             (120_000, "2m"),
         ] {
-            let tier = TierSpec {
-                limit: 1,
-                period: Duration::from_millis(millis),
-                burst: None,
-            };
+            let tier = TierSpec::new(1, Duration::from_millis(millis).into());
             let json = serde_json::to_value(&tier).unwrap();
             assert_eq!(json["period"], text);
             assert_eq!(serde_json::from_value::<TierSpec>(json).unwrap(), tier);
         }
+        for unit in ["day", "week", "month", "year"] {
+            let tier: TierSpec =
+                serde_json::from_value(serde_json::json!({"limit": 1, "period": unit})).unwrap();
+            assert_eq!(serde_json::to_value(&tier).unwrap()["period"], unit);
+        }
+    }
+
+    #[test]
+    fn a_calendar_period_with_a_number_says_how_to_write_it() {
+        for (written, hint) in [
+            ("1month", "`month`"),
+            ("2 weeks", "`week`"),
+            ("1day", "`day`"),
+        ] {
+            let e = serde_json::from_value::<TierSpec>(
+                serde_json::json!({"limit": 1, "period": written}),
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(
+                e.contains("a calendar period takes no number") && e.contains(hint),
+                "{e}"
+            );
+        }
+        let e =
+            serde_json::from_value::<TierSpec>(serde_json::json!({"limit": 1, "period": "soon"}))
+                .unwrap_err()
+                .to_string();
+        assert!(
+            e.contains("or a calendar period: day, week, month, year"),
+            "{e}"
+        );
     }
 }

@@ -125,6 +125,15 @@ macro_rules! console {
 }
 
 /// A period as rule files write it.
+/// A tier's period as the console shows it: a duration, or a calendar unit in its zone.
+fn period(t: &tollgate::Tier) -> String {
+    match t.calendar_period() {
+        Some(c) if c.zone() == "UTC" => c.unit().name().to_string(),
+        Some(c) => format!("{} ({})", c.unit().name(), c.zone()),
+        None => span(t.period()),
+    }
+}
+
 fn span(d: Duration) -> String {
     let s = d.as_secs();
     match () {
@@ -243,7 +252,7 @@ fn describe(rule: &Rule, spec: Option<&RuleSpec>, admin: bool, store: &str) -> V
         .tiers()
         .iter()
         .map(|t| {
-            let mut tier = json!({ "limit": t.limit(), "period": span(t.period()) });
+            let mut tier = json!({ "limit": t.limit(), "period": period(t) });
             if rule.algorithm().name() != "hit_counter" && t.burst() != t.limit() {
                 tier["burst"] = json!(t.burst());
             }
@@ -665,7 +674,7 @@ async fn explain(
                 .map(|r| {
                     r.tiers()
                         .iter()
-                        .map(|t| json!({ "limit": t.limit(), "period": span(t.period()) }))
+                        .map(|t| json!({ "limit": t.limit(), "period": period(t) }))
                         .collect()
                 })
                 .unwrap_or_default();

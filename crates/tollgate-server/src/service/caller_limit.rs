@@ -18,38 +18,33 @@ use crate::config::TierSpec;
 /// life of the process.
 pub const MAX_CALLER_LIMITS: usize = 1_000;
 
-/// A stated limit as it is told apart: limit, period in microseconds, burst.
-pub(super) type Stated = (u64, u128, Option<u64>);
+/// A stated limit as it is told apart: its tier as JSON (the same text for the same tier).
+pub(super) type Stated = String;
 
 /// Every limit stated so far, by rule.
 pub(super) type Kept = BTreeSet<(String, Stated)>;
 
 fn stated(tier: &TierSpec) -> Stated {
-    (tier.limit, tier.period.as_micros(), tier.burst)
+    serde_json::to_string(tier).unwrap_or_default()
 }
 
 /// The name of the rule a limit stated for `rule` is counted under.
 fn name_of(rule: &str, tier: &Stated) -> String {
-    let (limit, micros, burst) = *tier;
-    let mut what = Vec::with_capacity(40);
-    what.extend_from_slice(&limit.to_le_bytes());
-    what.extend_from_slice(&micros.to_le_bytes());
-    what.extend_from_slice(&burst.unwrap_or(0).to_le_bytes());
-    overrides::derived_name(rule, "l", &what)
+    overrides::derived_name(rule, "l", tier.as_bytes())
 }
 
 /// The rule a limit stated for `rule` is counted under.
 pub(super) fn derive(rule: &Rule, tier: &Stated) -> Result<Rule, String> {
-    let (limit, micros, burst) = *tier;
+    let spec: TierSpec = serde_json::from_str(tier)
+        .map_err(|e| format!("the limit stated for `{}`: {e}", rule.name()))?;
     let name = name_of(rule.name(), tier);
-    let period = std::time::Duration::from_micros(u64::try_from(micros).unwrap_or(u64::MAX));
-    let spec = TierSpec {
-        limit,
-        period,
-        burst,
-    };
-    overrides::derived(rule, name, std::slice::from_ref(&spec))
-        .map_err(|e| format!("the limit stated for `{}`: {e}", rule.name()))
+    overrides::derived(
+        rule,
+        name,
+        std::slice::from_ref(&spec),
+        overrides::zone_of(rule),
+    )
+    .map_err(|e| format!("the limit stated for `{}`: {e}", rule.name()))
 }
 
 /// The rules that take a stated limit, and the rule each limit stated so far is counted
@@ -57,7 +52,15 @@ pub(super) fn derive(rule: &Rule, tier: &Stated) -> Result<Rule, String> {
 #[derive(Debug, Default)]
 pub(super) struct Index {
     takes: HashSet<&'static str, foldhash::fast::RandomState>,
-    counted: HashMap<(&'static str, Stated), &'static str, foldhash::fast::RandomState>,
+    /// By rule, then by the stated tier.
+    counted: HashMap<&'static str, HashMap<Stated, &'static str>, foldhash::fast::RandomState>,
+}
+
+impl Index {
+    /// The rule counting `tier` stated for `rule`, if it is made.
+    fn counted(&self, rule: &str, tier: &str) -> Option<&'static str> {
+        self.counted.get(rule)?.get(tier).copied()
+    }
 }
 
 impl Index {
@@ -78,7 +81,8 @@ impl Index {
                 continue;
             };
             if let Some(rule) = by_name.get(name_of(base, tier).as_str()) {
-                index.counted.insert((base, *tier), rule.name());
+                let of_rule = index.counted.entry(base).or_default();
+                of_rule.insert(tier.clone(), rule.name());
             }
         }
         index
@@ -149,15 +153,15 @@ impl Service {
         let items = loaded.overrides.apply(items);
         let missing = takers
             .iter()
-            .any(|rule| !loaded.caller_limits.counted.contains_key(&(*rule, tier)));
+            .any(|rule| loaded.caller_limits.counted(rule, &tier).is_none());
         let rebuilt = match missing {
-            true => Some(self.keep_caller_limits(&takers, tier).await?),
+            true => Some(self.keep_caller_limits(&takers, &tier).await?),
             false => None,
         };
         let index = &rebuilt.as_deref().unwrap_or(loaded).caller_limits;
         let items = items
             .iter()
-            .map(|item| match index.counted.get(&(item.rule, tier)) {
+            .map(|item| match index.counted(item.rule, &tier) {
                 Some(name) => Item::new(name, item.key, item.cost),
                 None => *item,
             })
@@ -169,11 +173,11 @@ impl Service {
     async fn keep_caller_limits(
         &self,
         rules: &[&str],
-        tier: Stated,
+        tier: &str,
     ) -> Result<Arc<Loaded>, CheckError> {
         let _one_at_a_time = self.edits.lock().await;
         let old = self.current.load_full();
-        let made = |r: &&str| old.caller_limits.counted.contains_key(&(*r, tier));
+        let made = |r: &&str| old.caller_limits.counted(r, tier).is_some();
         if rules.iter().all(made) {
             // Made while this call waited for its turn.
             return Ok(old);
@@ -184,15 +188,16 @@ impl Service {
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         for rule in rules {
-            if kept.contains(&(rule.to_string(), tier)) {
+            let key = (rule.to_string(), tier.to_string());
+            if kept.contains(&key) {
                 continue;
             }
             let base = old.engine.rules().find(|r| r.name() == *rule);
             if let Some(base) = base {
-                derive(base, &tier).map_err(CheckError::Invalid)?;
+                derive(base, &key.1).map_err(CheckError::Invalid)?;
             }
             room(&kept, rule).map_err(CheckError::Invalid)?;
-            kept.insert((rule.to_string(), tier));
+            kept.insert(key);
         }
         let overlay = self
             .overlay
@@ -221,10 +226,10 @@ mod tests {
     #[test]
     fn the_limits_kept_are_bounded_per_rule() {
         let mut kept: Kept = (0..MAX_CALLER_LIMITS as u64 - 1)
-            .map(|i| ("tokens".to_string(), (i + 1, 1_000_000, None)))
+            .map(|i| ("tokens".to_string(), format!("{{\"limit\":{}}}", i + 1)))
             .collect();
         assert!(room(&kept, "tokens").is_ok());
-        kept.insert(("tokens".to_string(), (0, 1, None)));
+        kept.insert(("tokens".to_string(), "{}".to_string()));
         let refused = room(&kept, "tokens").unwrap_err();
         assert!(refused.contains("1000 distinct limits"), "{refused}");
         assert!(room(&kept, "other").is_ok());

@@ -23,7 +23,7 @@ pub(super) fn derive(rule: &Rule, key: &str, spec: &OverrideSpec) -> Result<Rule
         ));
     }
     let name = derived_name(rule.name(), "o", key.as_bytes());
-    derived(rule, name, &spec.tiers)
+    derived(rule, name, &spec.tiers, zone_of(rule))
         .map_err(|e| format!("the override of `{}` for `{key}`: {e}", rule.name()))
 }
 
@@ -33,19 +33,27 @@ pub(super) fn derived(
     rule: &Rule,
     name: String,
     tiers: &[crate::config::TierSpec],
+    time_zone: Option<&str>,
 ) -> Result<Rule, String> {
-    let tiers = tiers.iter().map(|t| {
-        let tier = Tier::new(t.limit, t.period);
-        match t.burst {
-            Some(burst) => tier.with_burst(burst),
-            None => tier,
-        }
-    });
+    let tiers = tiers
+        .iter()
+        .enumerate()
+        .map(|(i, t)| t.tier(time_zone).map_err(|e| format!("tiers[{i}].{e}")))
+        .collect::<Result<Vec<Tier>, String>>()?;
     let derived = Rule::new(name, rule.algorithm().clone(), tiers)
         .and_then(|r| r.on_failure(rule.failure_policy()))
         .and_then(|r| r.reservations(rule.reservation_policy()))
         .map_err(|e| format!("{}: {}", e.field, e.reason))?;
     Ok(derived.shadow(rule.is_shadow()).reported_as(rule.name()))
+}
+
+/// The time zone of `rule`'s calendar periods, if it has one: a derived rule's calendar
+/// periods are in it unless they name their own.
+pub(super) fn zone_of(rule: &Rule) -> Option<&str> {
+    rule.tiers()
+        .iter()
+        .find_map(|t| t.calendar_period())
+        .map(tollgate::Calendar::zone)
 }
 
 /// `rule`'s name, `/`, `kind`, `:` and a hash of `what` (FNV-1a, the same in every process).
@@ -206,7 +214,13 @@ impl Service {
         }
         let spec = spec.map(|(tiers, expires)| OverrideSpec {
             tiers,
-            expires_at: expires.map(|e| now_seconds().saturating_add(e.as_secs().max(1))),
+            // In whole seconds, rounded up: an override lasts at least as long as asked.
+            expires_at: expires.map(|e| {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default();
+                (now + e).as_millis().div_ceil(1_000) as u64
+            }),
         });
         if let Some(spec) = &spec {
             derive(&base.rule, key, spec).map_err(EditError::Invalid)?;

@@ -1,5 +1,6 @@
-//! Fixed window: one counter per window aligned to multiples of the period since the epoch, so
-//! every instance reading the same time counts in the same window.
+//! Fixed window: one counter per window aligned to multiples of the period since the epoch (or
+//! to the calendar, for a calendar period), so every instance reading the same time counts in
+//! the same window.
 //!
 //! State words: `[window start (µs), permits counted in it]`.
 
@@ -7,16 +8,17 @@ use super::Verdict;
 use super::{Attempt, Decide};
 use super::{MAX_EXACT, Tier};
 
-/// The window of `now` and its count in `state`; a count from a later window (written by a
-/// clock ahead of ours) keeps counting.
+/// The window of `now`: its start, its end and its count in `state`; a count from a later
+/// window (written by a clock ahead of ours) keeps counting, until that window's end.
 #[inline]
-pub(super) fn window(tier: &Tier, state: &[u64], now: u64) -> (u64, u64) {
-    let period = tier.period_micros();
-    let aligned = now - now % period;
-    if state[0] >= aligned {
-        (state[0], state[1])
+pub(super) fn window(tier: &Tier, state: &[u64], now: u64) -> (u64, u64, u64) {
+    let (start, end) = tier.window(now);
+    if state[0] > start {
+        (state[0], tier.window(state[0]).1, state[1])
+    } else if state[0] == start {
+        (start, end, state[1])
     } else {
-        (aligned, 0)
+        (start, end, 0)
     }
 }
 
@@ -28,15 +30,19 @@ impl Decide for FixedWindow {
         "fixed_window"
     }
 
+    fn takes_calendar(&self) -> bool {
+        true
+    }
+
     fn words(&self, _tier: &Tier) -> usize {
         2
     }
 
     #[inline]
     fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
-        let (limit, period, now) = (tier.limit(), tier.period_micros(), attempt.now);
-        let (start, count) = window(tier, state, now);
-        let reset_after = start + period - now;
+        let (limit, now) = (tier.limit(), attempt.now);
+        let (start, end, count) = window(tier, state, now);
+        let reset_after = end - now;
         let after = count.saturating_add(attempt.cost);
         if after <= limit {
             if attempt.writes() {
@@ -50,20 +56,20 @@ impl Decide for FixedWindow {
     }
 
     fn debit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64) {
-        let (start, count) = window(tier, state, now);
+        let (start, _, count) = window(tier, state, now);
         state[0] = start;
         state[1] = count.saturating_add(cost).min(MAX_EXACT - 1);
     }
 
     fn credit(&self, tier: &Tier, state: &mut [u64], _now: u64, cost: u64, at: u64) {
         // Only while the window of `at` is the one counted: a later window never held it.
-        if state[0] == at - at % tier.period_micros() {
+        if state[0] == tier.window(at).0 {
             state[1] = state[1].saturating_sub(cost);
         }
     }
 
     fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {
-        state[0] + tier.period_micros()
+        tier.window(state[0]).1
     }
 }
 

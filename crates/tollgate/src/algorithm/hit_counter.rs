@@ -23,6 +23,10 @@ impl Decide for HitCounter {
         "hit_counter"
     }
 
+    fn takes_calendar(&self) -> bool {
+        true
+    }
+
     fn words(&self, _tier: &Tier) -> usize {
         2
     }
@@ -45,7 +49,7 @@ impl Decide for HitCounter {
     }
 
     fn denied(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) {
-        let (start, count) = window(tier, state, attempt.now);
+        let (start, _, count) = window(tier, state, attempt.now);
         let after = count.saturating_add(attempt.cost).min(MAX_EXACT - 1);
         if after > tier.limit() {
             state[0] = start;
@@ -62,7 +66,7 @@ impl Decide for HitCounter {
     }
 
     fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {
-        state[0] + tier.period_micros()
+        tier.window(state[0]).1
     }
 }
 

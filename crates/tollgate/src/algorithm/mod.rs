@@ -9,6 +9,7 @@
 //! Every intermediate integer stays below 2^53 (rules are validated for it), so a script
 //! computing in doubles reaches the same decisions.
 
+mod calendar;
 mod fixed_window;
 mod gcra;
 mod hit_counter;
@@ -23,6 +24,7 @@ mod token_bucket;
 mod verdict;
 mod warm_up;
 
+pub use calendar::{Calendar, CalendarUnit, UnknownTimeZone, Weekday};
 pub use leaky_bucket::LeakyBucket;
 pub use sub_windows::SubWindows;
 pub use token_bucket::TokenBucket;
@@ -117,6 +119,9 @@ impl Decide for Algorithm {
     }
     fn uses_burst(&self) -> bool {
         self.imp().uses_burst()
+    }
+    fn takes_calendar(&self) -> bool {
+        self.imp().takes_calendar()
     }
     fn words(&self, tier: &Tier) -> usize {
         self.imp().words(tier)
@@ -215,6 +220,12 @@ pub(crate) trait Decide {
 
     /// Whether the tier's `burst` means something to this algorithm.
     fn uses_burst(&self) -> bool {
+        false
+    }
+
+    /// Whether a tier of a calendar period (see [`Calendar`]) means something to it: its
+    /// windows begin and end with the calendar's.
+    fn takes_calendar(&self) -> bool {
         false
     }
 

@@ -2,14 +2,15 @@
 
 use std::time::Duration;
 
-use super::{Algorithm, Decide, Rate};
+use super::{Algorithm, Calendar, Decide, Rate};
 
 /// Integers up to 2^53 are exact in a double; every quantity an algorithm computes stays below
 /// this so the Redis Lua scripts (doubles only) decide exactly as the Rust code does.
 pub(crate) const MAX_EXACT: u64 = 1 << 53;
 
-/// One limit of a rule: at most `limit` permits per `period`. Bucket algorithms also take a
-/// `burst` (their capacity), which defaults to `limit`.
+/// One limit of a rule: at most `limit` permits per `period`, or per calendar period (a
+/// month in a time zone, see [`Calendar`]). Bucket algorithms also take a `burst` (their
+/// capacity), which defaults to `limit`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tier {
     limit: u64,
@@ -17,6 +18,8 @@ pub struct Tier {
     burst: Option<u64>,
     period_micros: u64,
     rate: Rate,
+    /// For a calendar period: its windows (and `period` is its longest).
+    calendar: Option<Calendar>,
 }
 
 impl Tier {
@@ -29,6 +32,37 @@ impl Tier {
             burst: None,
             period_micros,
             rate: Rate::new(limit, period_micros),
+            calendar: None,
+        }
+    }
+
+    /// At most `limit` permits per calendar period: per day, week, month or year in a time
+    /// zone, each window as long as the calendar makes it. Its [`period`](Self::period) is the
+    /// longest such window. The fixed window and the hit counter take it; a rule of another
+    /// algorithm refuses it.
+    pub fn calendar(limit: u64, calendar: Calendar) -> Self {
+        let longest = calendar.longest_micros();
+        Self {
+            calendar: Some(calendar),
+            ..Self::new(limit, Duration::from_micros(longest))
+        }
+    }
+
+    /// The calendar period, for a tier of one.
+    pub fn calendar_period(&self) -> Option<&Calendar> {
+        self.calendar.as_ref()
+    }
+
+    /// The window holding `now` (µs): aligned to multiples of the period since the epoch, or
+    /// the calendar's.
+    #[inline]
+    pub(crate) fn window(&self, now: u64) -> (u64, u64) {
+        match &self.calendar {
+            None => {
+                let start = now - now % self.period_micros;
+                (start, start + self.period_micros)
+            }
+            Some(calendar) => calendar.window(now),
         }
     }
 
@@ -101,6 +135,17 @@ impl Tier {
         }
         if self.period_micros >= MAX_EXACT {
             return Err(("period", "must be shorter than 2^53 microseconds".into()));
+        }
+        if self.calendar.is_some() && !algorithm.takes_calendar() {
+            return Err((
+                "period",
+                format!(
+                    "a calendar period takes fixed_window or hit_counter, not {}: their windows \
+                     begin and end with the calendar; the others measure a duration, which a \
+                     month of varying length is not",
+                    algorithm.name()
+                ),
+            ));
         }
         match self.burst {
             Some(_) if !algorithm.uses_burst() => Err((

@@ -888,6 +888,7 @@ fn roll(item: &Planned<'_, HybridPlan>, w: &mut [u64], now: u64) {
 /// Whether `rule` counts a sliding window (else a fixed one); an error for an algorithm the
 /// hybrid store cannot hold. A hit counter counts as a fixed window: admitted hits only.
 fn sliding(rule: &Rule) -> Result<bool, Error> {
+    super::no_calendar(rule, "hybrid")?;
     match rule.algorithm() {
         Algorithm::FixedWindow | Algorithm::HitCounter => Ok(false),
         Algorithm::SlidingWindow => Ok(true),

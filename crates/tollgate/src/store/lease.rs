@@ -594,6 +594,7 @@ impl LeaseStore {
                 "a budget of permits per window, leased ahead",
             ));
         }
+        super::no_calendar(rule, "lease")?;
         super::guard::Guard::holds(rule)
     }
 }

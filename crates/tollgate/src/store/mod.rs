@@ -196,6 +196,27 @@ pub(crate) async fn settle_at<S: Store>(
     Ok(Decisions::many(decisions.into_iter().flatten().collect()))
 }
 
+/// Refuses a rule with a calendar period on `store` (hybrid, lease), whose instances count
+/// windows of one length apart.
+#[cfg(feature = "redis")]
+fn no_calendar(rule: &Rule, store: &str) -> Result<(), Error> {
+    match rule
+        .tiers()
+        .iter()
+        .position(|t| t.calendar_period().is_some())
+    {
+        None => Ok(()),
+        Some(i) => Err(Error::Rule(RuleError {
+            rule: rule.name().into(),
+            field: format!("tiers[{i}].period"),
+            reason: format!(
+                "the {store} store counts windows of one length in each instance: a calendar \
+                 period takes the memory store or the strict Redis store"
+            ),
+        })),
+    }
+}
+
 /// One item of a batch as a store sees it: `cost` permits of `key` under `rule`, which the
 /// store planned as `plan`. Built by the [`Limiter`](crate::Limiter).
 #[derive(Debug)]

@@ -25,6 +25,7 @@ mod queue;
 mod script;
 mod topology;
 
+use std::borrow::Cow;
 use std::fmt;
 use std::io::Write as _;
 use std::sync::Arc;
@@ -1015,7 +1016,8 @@ impl RedisStore {
         let plan = item.plan;
         let header = self.header(now, item.cost, max_delay);
         let keys = plan.keys(item.key);
-        let args: [&[u8]; 2] = [&header, &plan.tier_args];
+        let tier_args = plan.tier_args_at(item.rule, now);
+        let args: [&[u8]; 2] = [&header, &tier_args];
         let reply = self
             .invoke(plan.entry, &keys, &args)
             .await
@@ -1054,7 +1056,11 @@ impl RedisStore {
             keys.extend(names);
         }
         let mut args = vec![header, described];
-        args.extend(group.iter().map(|&i| items[i].plan.tier_args.clone()));
+        args.extend(
+            group
+                .iter()
+                .map(|&i| items[i].plan.tier_args_at(items[i].rule, now).into_owned()),
+        );
         Call { keys, args }
     }
 
@@ -1560,6 +1566,8 @@ pub struct RedisPlan {
     tiers: usize,
     /// ARGV[2]: eleven little-endian doubles per tier.
     tier_args: Vec<u8>,
+    /// Whether a tier has a calendar period, whose boundaries go in its arguments at each call.
+    calendar: bool,
     guard: GuardPlan,
 }
 
@@ -1580,8 +1588,26 @@ impl RedisPlan {
             prefix: [key_prefix, name.as_bytes()].concat(),
             tiers: rule.tiers().len(),
             tier_args: tier_args(rule),
+            calendar: rule.tiers().iter().any(|t| t.calendar_period().is_some()),
             guard,
         }
+    }
+
+    /// The tiers' arguments for a call at `now` (µs): with each calendar tier's boundaries
+    /// around `now` as its parameters (see `window_of` in `lua/prelude.lua`).
+    fn tier_args_at(&self, rule: &Rule, now: u64) -> Cow<'_, [u8]> {
+        if !self.calendar {
+            return Cow::Borrowed(&self.tier_args);
+        }
+        let mut args = self.tier_args.clone();
+        for (i, tier) in rule.tiers().iter().enumerate() {
+            if let Some(calendar) = tier.calendar_period() {
+                let [b0, b1, b2, b3] = calendar.bounds(now);
+                let parameters = packed([b0 as f64, b1 as f64, b2 as f64, b3 as f64, 1.0]);
+                args[88 * i + 48..88 * i + 88].copy_from_slice(&parameters);
+            }
+        }
+        Cow::Owned(args)
     }
 
     /// The Redis keys that hold `key`'s state, all with the same hash tag.

@@ -1,11 +1,22 @@
 -- Fixed window (src/algorithm/fixed_window.rs). Words: window start, count.
 
+-- The window of now: its start, its end and its count; a count from a later window (written
+-- by a clock ahead of this one) keeps counting, until that window's end.
+local function window(t, w, now)
+  local o = t.offset
+  local start, finish = window_of(t, now)
+  if w[o + 1] > start then
+    local _, later = window_of(t, w[o + 1])
+    return w[o + 1], later, w[o + 2]
+  end
+  if w[o + 1] == start then return start, finish, w[o + 2] end
+  return start, finish, 0
+end
+
 local function decide(t, w, a)
-  local o, limit, period = t.offset, t.limit, t.period
-  local aligned = a.now - a.now % period
-  local start, count = aligned, 0
-  if w[o + 1] >= aligned then start, count = w[o + 1], w[o + 2] end
-  local reset_after = start + period - a.now
+  local o, limit = t.offset, t.limit
+  local start, finish, count = window(t, w, a.now)
+  local reset_after = finish - a.now
   local after = count + a.cost
   if after <= limit then
     if a.writes then w[o + 1], w[o + 2] = start, after end
@@ -17,18 +28,18 @@ end
 local function denied(t, w, a) end
 
 local function debit(t, w, a)
-  local o, aligned = t.offset, a.now - a.now % t.period
-  local start, count = aligned, 0
-  if w[o + 1] >= aligned then start, count = w[o + 1], w[o + 2] end
+  local o = t.offset
+  local start, _, count = window(t, w, a.now)
   w[o + 1], w[o + 2] = start, min(count + a.cost, MAX_EXACT)
 end
 
 -- Only while the window of the credit is the one counted.
 local function credit(t, w, a)
-  local o, at = t.offset, a.credit_at
-  if w[o + 1] == at - at % t.period then w[o + 2] = max(w[o + 2] - a.cost, 0) end
+  local o = t.offset
+  if w[o + 1] == window_of(t, a.credit_at) then w[o + 2] = max(w[o + 2] - a.cost, 0) end
 end
 
 local function expires_at(t, w)
-  return w[t.offset + 1] + t.period
+  local _, finish = window_of(t, w[t.offset + 1])
+  return finish
 end

@@ -76,6 +76,20 @@ local function bucket(t, burst, level, cost)
     ceil_div(after - capacity, per_micro))
 end
 
+-- The window holding `now` of tier t: aligned to multiples of its period, or, for a calendar
+-- period (p5 = 1), the one among the boundaries the caller computed around its own clock
+-- (p1..p4: the starts of the window before, of the window and of the next, and the end of the
+-- next), which a server's clock a moment apart from the caller's finds as well.
+local function window_of(t, now)
+  if t.p5 ~= 1 then
+    local start = now - now % t.period
+    return start, start + t.period
+  end
+  if now < t.p2 then return t.p1, t.p2 end
+  if now < t.p3 then return t.p2, t.p3 end
+  return t.p3, t.p4
+end
+
 -- The largest integer a double holds exactly (2^53 - 1): settled quantities stop there.
 local MAX_EXACT = 9007199254740991
 
