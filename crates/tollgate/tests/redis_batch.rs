@@ -399,3 +399,35 @@ async fn a_commit_in_one_call_after_the_time_to_live_settles_as_the_rule_says() 
     );
     assert_eq!(server.cli(&["zcard", "tg:r:{reservations}"]), "0");
 }
+
+/// On the server's clock (the default), a calendar day's window is the one Redis's own time
+/// is in: it resets at midnight UTC as the memory store's does.
+#[tokio::test]
+async fn a_calendar_day_on_the_servers_clock_ends_at_midnight() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(&server.url())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let day = tollgate::Calendar::day();
+    let rule = Rule::new("daily", Algorithm::FixedWindow, [Tier::calendar(2, day)]).unwrap();
+    let limiter = Limiter::builder(rule).store(store).build().unwrap();
+    let to_midnight = || {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        Duration::from_secs(86_400)
+            - Duration::from_micros((now.as_micros() % 86_400_000_000) as u64)
+    };
+    let before = to_midnight();
+    let decision = limiter.check("acme", 1).await.unwrap();
+    let after = to_midnight();
+    assert_eq!(decision.source(), Source::Redis);
+    assert!(
+        decision.reset_after() <= before + Duration::from_millis(50)
+            && decision.reset_after() >= after.saturating_sub(Duration::from_millis(50)),
+        "{:?} against {after:?}..{before:?}",
+        decision.reset_after()
+    );
+}
