@@ -461,3 +461,63 @@ async fn a_calendar_day_resets_at_midnight_and_says_so() {
         Some("\"daily\";q=2;w=86400")
     );
 }
+
+/// Clients as attackers have them: an IPv6 client's /64 is one key, and behind the proxies
+/// of `server.trusted_proxies` the client is the one their `X-Forwarded-For` names, for
+/// `/v1/check` and `/v1/auth` alike; from anyone else the header is not believed.
+#[tokio::test]
+async fn clients_are_their_networks_and_trusted_proxies_come_in_ranges() {
+    let rules = "server: { trusted_proxies: [\"10.0.0.0/8\", \"2001:db8:ffff::/48\"] }\nrules:\n  - id: per-client\n    key: [client_ip]\n    algorithm: token_bucket\n    tiers: [{ limit: 1, period: 1d }]\n";
+    let server = Server::start(&[("rules.yaml", rules)], &[]);
+    let client = reqwest::Client::new();
+    let ask = |ip: &'static str, forwarded: Option<&'static str>| {
+        let mut headers = serde_json::Map::new();
+        if let Some(hops) = forwarded {
+            headers.insert("X-Forwarded-For".into(), json!(hops));
+        }
+        json!({ "request": { "method": "GET", "path": "/", "headers": headers, "client_ip": ip } })
+    };
+    let status = |body| {
+        let client = client.clone();
+        let http = server.http.clone();
+        async move { check(&client, &http, body).await.0 }
+    };
+    // One /64: one client.
+    assert_eq!(status(ask("2001:db8:1:2::1", None)).await, 200);
+    assert_eq!(status(ask("2001:db8:1:2::abcd", None)).await, 429);
+    assert_eq!(status(ask("2001:db8:1:3::1", None)).await, 200);
+    // Through any proxy of the ranges: the client named.
+    assert_eq!(status(ask("10.1.1.1", Some("198.51.100.7"))).await, 200);
+    assert_eq!(
+        status(ask("2001:db8:ffff::9", Some("198.51.100.7, 10.3.3.3"))).await,
+        429
+    );
+    // From an address that is not a proxy, the header is not believed.
+    assert_eq!(status(ask("203.0.113.9", Some("198.51.100.8"))).await, 200);
+    assert_eq!(status(ask("203.0.113.9", Some("198.51.100.9"))).await, 429);
+    // nginx's auth_request: X-Real-IP (or the peer) is the proxy, X-Forwarded-For the client.
+    let auth = |real: &'static str, forwarded: &'static str| {
+        client
+            .get(format!("{}/v1/auth", server.http))
+            .header("X-Original-URI", "/")
+            .header("X-Real-IP", real)
+            .header("X-Forwarded-For", forwarded)
+            .send()
+    };
+    assert_eq!(
+        auth("10.9.9.9", "192.0.2.50")
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        204
+    );
+    assert_eq!(
+        auth("10.8.8.8", "192.0.2.50")
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        429
+    );
+}

@@ -424,3 +424,45 @@ fn calendar_periods_validate_and_bad_ones_are_placed() {
         assert!(out.contains(message), "{message} in {out}");
     }
 }
+
+#[test]
+fn client_prefixes_and_trusted_ranges_are_checked_at_their_place() {
+    for key in [
+        "[\"client_ip(v4=24, v6=48)\"]",
+        "[client_ip(v4=24 v6=48)]",
+        "\n      - client_ip(v4=24, v6=48)",
+    ] {
+        let good = format!(
+            "server: {{ trusted_proxies: [\"10.0.0.0/8\", \"::1\"] }}\nrules:\n  - id: a\n    key: {key}\n    tiers: [{{ limit: 1, period: 1s }}]\n"
+        );
+        let (code, out) = validate(&[("rules.yaml", &good)]);
+        assert_eq!(code, 0, "{key}: {out}");
+    }
+    // Unquoted in a flow list, YAML cuts the part at its comma: said so.
+    let cut = "rules:\n  - id: a\n    key: [client_ip(v4=24, v6=48)]\n    tiers: [{ limit: 1, period: 1s }]\n";
+    let (code, out) = validate(&[("rules.yaml", cut)]);
+    assert_eq!(code, 1);
+    assert!(out.contains("quote a part that holds one"), "{out}");
+    for (text, at, message) in [
+        (
+            "server: { trusted_proxies: [\"10.0.0.0/33\"] }\n",
+            ":1:",
+            "server.trusted_proxies: `10.0.0.0/33`: /33 is longer than the address",
+        ),
+        (
+            "rules:\n  - id: a\n    key: [client_ip(v6=129)]\n    tiers: [{ limit: 1, period: 1s }]\n",
+            ":3:",
+            "v6=129: must be 1 to 128",
+        ),
+        (
+            "rules:\n  - id: a\n    key: [client_ip(v5=8)]\n    tiers: [{ limit: 1, period: 1s }]\n",
+            ":3:",
+            "expected client_ip(v4=BITS, v6=BITS)",
+        ),
+    ] {
+        let (code, out) = validate(&[("rules.yaml", text)]);
+        assert_eq!(code, 1, "{text}\n{out}");
+        assert!(out.contains(&format!("rules.yaml{at}")), "{at} in {out}");
+        assert!(out.contains(message), "{message} in {out}");
+    }
+}

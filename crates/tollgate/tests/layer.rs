@@ -39,7 +39,7 @@ async fn call(app: &Router, peer: &str, headers: &[(&str, &str)]) -> Response<Bo
         request = request.header(*name, *value);
     }
     let mut request = request.body(Body::empty()).unwrap();
-    let peer: SocketAddr = format!("{peer}:40000").parse().unwrap();
+    let peer = SocketAddr::new(peer.parse().unwrap(), 40000);
     request.extensions_mut().insert(ConnectInfo(peer));
     app.clone().oneshot(request).await.unwrap()
 }
@@ -245,7 +245,7 @@ async fn the_engine_refuses_address_keys_without_an_address() {
         rule: rule(2),
         enabled: true,
         matcher: Match::default(),
-        key: vec![KeyPart::ClientIp],
+        key: vec![KeyPart::ClientIp(Default::default())],
     };
     let engine = Engine::new(vec![route], vec![]).unwrap();
     let limiter = Limiter::builder(rule(2))
@@ -325,7 +325,7 @@ async fn requests_to_no_route_spend_nothing() {
 #[tokio::test]
 async fn x_forwarded_for_counts_only_behind_a_trusted_proxy() {
     let proxy: IpAddr = "10.9.9.9".parse().unwrap();
-    let app = app(memory(rule(1)), KeyExtractor::client_ip([proxy]));
+    let app = app(memory(rule(1)), KeyExtractor::client_ip([proxy.into()]));
     // Through the proxy: the client it names is the key.
     let via = |client: &'static str| [("x-forwarded-for", client)];
     assert_eq!(call(&app, "10.9.9.9", &via("1.1.1.1")).await.status(), 200);
@@ -344,6 +344,29 @@ async fn x_forwarded_for_counts_only_behind_a_trusted_proxy() {
             .status(),
         429
     );
+}
+
+#[tokio::test]
+async fn ipv6_clients_count_by_their_64_and_proxies_come_in_ranges() {
+    let balancers: tollgate::engine::IpRange = "10.0.0.0/8".parse().unwrap();
+    let ranged = app(memory(rule(1)), KeyExtractor::client_ip([balancers]));
+    // Two addresses of one /64: one client.
+    assert_eq!(call(&ranged, "2001:db8:1:2::1", &[]).await.status(), 200);
+    assert_eq!(
+        call(&ranged, "2001:db8:1:2:ffff::9", &[]).await.status(),
+        429
+    );
+    assert_eq!(call(&ranged, "2001:db8:1:3::1", &[]).await.status(), 200);
+    // Any balancer of the range is believed about the client behind it.
+    let via = [("x-forwarded-for", "198.51.100.7")];
+    assert_eq!(call(&ranged, "10.1.2.3", &via).await.status(), 200);
+    assert_eq!(call(&ranged, "10.200.0.1", &via).await.status(), 429);
+    // Wider prefixes, by choice: a /24 of IPv4 is one client.
+    let subnets =
+        KeyExtractor::client_ip([]).prefixes(tollgate::engine::Prefixes { v4: 24, v6: 48 });
+    let wide = app(memory(rule(1)), subnets);
+    assert_eq!(call(&wide, "203.0.113.7", &[]).await.status(), 200);
+    assert_eq!(call(&wide, "203.0.113.99", &[]).await.status(), 429);
 }
 
 #[tokio::test]

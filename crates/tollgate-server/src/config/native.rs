@@ -113,6 +113,12 @@ struct ServerSection {
     /// so that they outlive restarts; without it they last until the process ends. A Redis
     /// store keeps them in Redis.
     overrides_file: Option<PathBuf>,
+    /// The proxies in front of the services that ask (addresses or ranges: `10.0.0.0/8`,
+    /// `2001:db8::/32`). A request whose client address (`/v1/check`'s `client_ip`,
+    /// `/v1/auth`'s `X-Real-IP` or peer) is one of them is keyed on the right-most address
+    /// of its `X-Forwarded-For` that is not. None by default: the address given is the client.
+    #[serde(default)]
+    trusted_proxies: Vec<String>,
 }
 
 /// The `store` section: its `kind`, and the settings of that kind (a setting of the other
@@ -281,8 +287,10 @@ pub struct RuleSpec {
     #[serde(default, rename = "match")]
     pub matcher: MatchSpec,
     /// The counter key, from parts of the request, in order: `method`, `route` (the path
-    /// pattern matched), `client_ip`, `segment:NAME` (a named path segment), `header:NAME`,
-    /// `text:VALUE`. None: one counter for every request the rule matches.
+    /// pattern matched), `client_ip` (the client's network: an IPv6 client's /64, an IPv4
+    /// address whole; `client_ip(v4=24 v6=48)` keeps other prefixes), `segment:NAME` (a named
+    /// path segment), `header:NAME`, `text:VALUE`. None: one counter for every request the
+    /// rule matches.
     #[serde(default)]
     pub key: Vec<String>,
     /// The algorithm, with its arguments in parentheses: `fixed_window`, `sliding_window`,
@@ -903,6 +911,18 @@ pub fn parse(file: &Path, text: &str) -> Result<Sections, ConfigError> {
                     .console_record_always
                     .unwrap_or(defaults.console_record_always),
                 overrides_file: s.overrides_file,
+                trusted_proxies: s
+                    .trusted_proxies
+                    .iter()
+                    .map(|r| r.parse())
+                    .collect::<Result<_, String>>()
+                    .map_err(|e| {
+                        ConfigError::new(
+                            file,
+                            super::places::section_key_place(text, at, "trusted_proxies").or(at),
+                            format!("server.trusted_proxies: {e}"),
+                        )
+                    })?,
                 grpc_uds: None,
                 prometheus: None,
                 connections: Limits {

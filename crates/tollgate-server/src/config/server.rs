@@ -44,6 +44,9 @@ pub struct ServerConfig {
     /// Where the memory store keeps the overrides set through the admin API, so that they
     /// outlive restarts (`server.overrides_file`); a Redis store keeps them in Redis.
     pub overrides_file: Option<PathBuf>,
+    /// The proxies whose `X-Forwarded-For` is believed about the client behind them
+    /// (`server.trusted_proxies`).
+    pub trusted_proxies: Vec<tollgate::engine::IpRange>,
     /// gRPC on this Unix socket instead of a TCP address: the Envoy service's `GRPC_UDS`.
     pub grpc_uds: Option<PathBuf>,
     /// The metrics served on a listener of their own too, at this address and path: the Envoy
@@ -83,6 +86,7 @@ impl Default for ServerConfig {
             tls: None,
             grpc_tls: None,
             overrides_file: None,
+            trusted_proxies: Vec::new(),
             grpc_uds: None,
             prometheus: None,
         }

@@ -267,7 +267,7 @@ pub(super) async fn check(state: AppState, request: axum::extract::Request) -> R
                 method: &r.method,
                 path,
                 headers: &r.headers,
-                client_ip: r.client_ip,
+                client_ip: client(&state, r.client_ip, &r.headers),
             };
             let limit = body.limit.as_ref();
             let outcome = state.service.check_request(&request, cost, limit).await;
@@ -309,6 +309,30 @@ pub(super) async fn check(state: AppState, request: axum::extract::Request) -> R
             "give one of: `request`; `rule` and `key`; `domain` and `descriptors`",
         ),
     }
+}
+
+/// The client of a checked request whose address is `given`: behind a trusted proxy
+/// (`server.trusted_proxies`), the one its `X-Forwarded-For` names.
+fn client(state: &AppState, given: Option<IpAddr>, headers: &Headers<'_>) -> Option<IpAddr> {
+    let trusted = &state.service.loaded().config.server.trusted_proxies;
+    given.map(|ip| client_behind_given(trusted, ip, headers))
+}
+
+/// `ip`, or the client behind it when it is one of `trusted`.
+fn client_behind_given(
+    trusted: &[tollgate::engine::IpRange],
+    ip: IpAddr,
+    headers: &Headers<'_>,
+) -> IpAddr {
+    if trusted.is_empty() {
+        return ip;
+    }
+    let forwarded = headers
+        .0
+        .iter()
+        .filter(|(name, _)| name.eq_ignore_ascii_case("x-forwarded-for"))
+        .map(|(_, value)| value.as_ref());
+    tollgate::engine::client_behind(ip, forwarded, trusted)
 }
 
 /// The body of a JSON request, within `max_body_bytes` and UTF-8; or the 4xx that says why
@@ -385,8 +409,10 @@ pub(super) enum Asked<'a> {
 
 impl<'a> Asked<'a> {
     /// What `body` asks, its cost and its `ttl`; or the 4xx that says what is wrong.
+    /// (A request's client behind one of the `trusted` proxies is the one they name.)
     pub(super) fn of(
         body: &'a CheckBody<'a>,
+        trusted: &[tollgate::engine::IpRange],
     ) -> Result<(Self, u64, Option<std::time::Duration>), Refusal> {
         let bad = |message: String| Refusal(StatusCode::BAD_REQUEST, message);
         let ttl = match &body.ttl {
@@ -407,7 +433,9 @@ impl<'a> Asked<'a> {
                 method: &r.method,
                 path: r.path.split('?').next().unwrap_or_default(),
                 headers: &r.headers,
-                client_ip: r.client_ip,
+                client_ip: r
+                    .client_ip
+                    .map(|ip| client_behind_given(trusted, ip, &r.headers)),
             }),
             (None, Some(rule), Some(key)) => Self::Key(rule, key.as_bytes()),
             _ => return Err(bad("give one of: `request`; `rule` and `key`".into())),
@@ -571,9 +599,17 @@ pub(super) async fn auth(
         );
     };
     let method = text(&[X_ORIGINAL_METHOD, X_FORWARDED_METHOD]).unwrap_or("GET");
-    let client_ip = text(&[X_REAL_IP])
+    let given = text(&[X_REAL_IP])
         .and_then(|ip| ip.trim().parse().ok())
         .unwrap_or(peer.ip());
+    let forwarded = headers
+        .get_all(header::HeaderName::from_static("x-forwarded-for"))
+        .iter()
+        .filter_map(|v| v.to_str().ok());
+    let client_ip = {
+        let loaded = state.service.loaded();
+        tollgate::engine::client_behind(given, forwarded, &loaded.config.server.trusted_proxies)
+    };
     let path = uri.split('?').next().unwrap_or_default();
     let request = Request {
         method,

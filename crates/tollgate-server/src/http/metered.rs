@@ -78,7 +78,8 @@ async fn report(State(state): State<AppState>, request: axum::extract::Request) 
         Ok(body) => body,
         Err(refused) => return refused.into_response(),
     };
-    let (asked, cost, ttl) = match Asked::of(&body) {
+    let trusted = state.service.loaded().config.server.trusted_proxies.clone();
+    let (asked, cost, ttl) = match Asked::of(&body, &trusted) {
         Ok(asked) => asked,
         Err(refused) => return refused.into_response(),
     };
@@ -128,7 +129,8 @@ async fn reserve(State(state): State<AppState>, request: axum::extract::Request)
         Ok(body) => body,
         Err(refused) => return refused.into_response(),
     };
-    let (asked, cost, ttl) = match Asked::of(&body) {
+    let trusted = state.service.loaded().config.server.trusted_proxies.clone();
+    let (asked, cost, ttl) = match Asked::of(&body, &trusted) {
         Ok(asked) => asked,
         Err(refused) => return refused.into_response(),
     };

@@ -10,12 +10,14 @@
 //! The engine does no I/O and keeps no state: it is rebuilt on every reload and shared by
 //! readers. Counter keys are length-prefixed parts, so no value can forge another's key.
 
+mod address;
 mod descriptors;
 mod pattern;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 
+pub use address::{IpRange, Prefixes, client_behind};
 pub use descriptors::{
     Descriptor, DescriptorHit, Domain, DomainBuilder, Entry, LimitOverride, Node, NodeLimit,
     descriptor,
@@ -160,29 +162,59 @@ pub enum KeyPart {
     Segment(String),
     /// A header's value (empty when absent: requests without it share one counter).
     Header(String),
-    /// The client's address (empty when unknown).
-    ClientIp,
+    /// The client's network: its address grouped by [`Prefixes`] (an IPv6 client's /64 by
+    /// default); empty when unknown.
+    ClientIp(Prefixes),
     /// Fixed text.
     Text(String),
 }
 
 impl KeyPart {
-    /// Parses `method`, `route`, `client_ip`, `segment:NAME`, `header:NAME` or `text:VALUE`.
+    /// Parses `method`, `route`, `client_ip` (or `client_ip(v4=24, v6=48)`: the prefix kept
+    /// per family), `segment:NAME`, `header:NAME` or `text:VALUE`.
     ///
     /// # Errors
     /// A message naming what is accepted.
     pub fn parse(text: &str) -> Result<Self, String> {
+        if let Some(args) = text
+            .strip_prefix("client_ip(")
+            .and_then(|rest| rest.strip_suffix(')'))
+        {
+            let mut prefixes = Prefixes::default();
+            let args = args.split([',', ' ']).map(str::trim);
+            for arg in args.filter(|a| !a.is_empty()) {
+                let bad = || {
+                    format!("`{text}`: expected client_ip(v4=BITS, v6=BITS), e.g. client_ip(v6=48)")
+                };
+                let (family, bits) = arg.split_once('=').ok_or_else(bad)?;
+                let bits: u8 = bits.trim().parse().map_err(|_| bad())?;
+                match family.trim() {
+                    "v4" => prefixes.v4 = bits,
+                    "v6" => prefixes.v6 = bits,
+                    _ => return Err(bad()),
+                }
+            }
+            prefixes.validate().map_err(|e| format!("`{text}`: {e}"))?;
+            return Ok(Self::ClientIp(prefixes));
+        }
+        let cut = text.ends_with(')') && text.contains('=') && !text.contains(':');
+        if text.starts_with("client_ip(") || cut {
+            return Err(format!(
+                "`{text}`: a part cut at a comma? In a list written [a, b], quote a part that \
+                 holds one: \"client_ip(v4=24, v6=48)\", or separate with a space"
+            ));
+        }
         Ok(match text.split_once(':') {
             None if text == "method" => Self::Method,
             None if text == "route" => Self::Route,
-            None if text == "client_ip" => Self::ClientIp,
+            None if text == "client_ip" => Self::ClientIp(Prefixes::default()),
             Some(("segment", name)) if !name.is_empty() => Self::Segment(name.into()),
             Some(("header", name)) if !name.is_empty() => Self::Header(name.to_ascii_lowercase()),
             Some(("text", value)) => Self::Text(value.into()),
             _ => {
                 return Err(format!(
                     "unknown key part `{text}`: expected method, route, client_ip, \
-                     segment:NAME, header:NAME or text:VALUE"
+                     client_ip(v4=BITS, v6=BITS), segment:NAME, header:NAME or text:VALUE"
                 ));
             }
         })
@@ -246,8 +278,11 @@ impl Route {
                     .find(|(n, _)| n == name)
                     .map_or(&b""[..], |(_, v)| v.as_bytes()),
                 KeyPart::Header(name) => request.headers.get(name).unwrap_or_default(),
-                KeyPart::ClientIp => {
-                    ip = request.client_ip.map(|a| a.to_string()).unwrap_or_default();
+                KeyPart::ClientIp(prefixes) => {
+                    ip = request
+                        .client_ip
+                        .map(|a| prefixes.network(a))
+                        .unwrap_or_default();
                     ip.as_bytes()
                 }
                 KeyPart::Text(text) => text.as_bytes(),

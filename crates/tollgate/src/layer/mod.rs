@@ -49,7 +49,9 @@ use tower::{Layer, Service};
 
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decisions;
-use crate::engine::{Engine, Hit, Items, KeyPart, Request as EngineRequest};
+use crate::engine::{
+    Engine, Hit, IpRange, Items, KeyPart, Prefixes, Request as EngineRequest, client_behind,
+};
 use crate::error::Error;
 use crate::limiter::{Item, Limiter};
 use crate::reservation::Reservation;
@@ -65,7 +67,7 @@ pub struct KeyExtractor(Source);
 /// Where the key comes from; the built-in sources borrow it from the request.
 #[derive(Clone)]
 enum Source {
-    ClientIp(Arc<[IpAddr]>),
+    ClientIp(Arc<[IpRange]>, Prefixes),
     Header(&'static str),
     Route,
     Custom(Arc<Extract>),
@@ -74,7 +76,9 @@ enum Source {
 impl std::fmt::Debug for KeyExtractor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.0 {
-            Source::ClientIp(trusted) => write!(f, "KeyExtractor::client_ip({trusted:?})"),
+            Source::ClientIp(trusted, prefixes) => {
+                write!(f, "KeyExtractor::client_ip({trusted:?}, {prefixes:?})")
+            }
             Source::Header(name) => write!(f, "KeyExtractor::header({name:?})"),
             Source::Route => f.write_str("KeyExtractor::route()"),
             Source::Custom(_) => f.write_str("KeyExtractor::custom(..)"),
@@ -83,11 +87,26 @@ impl std::fmt::Debug for KeyExtractor {
 }
 
 impl KeyExtractor {
-    /// The client's address: the connection's peer (axum's `ConnectInfo<SocketAddr>`, or a
-    /// `SocketAddr` extension), or, when the peer is one of `trusted_proxies`, the right-most
-    /// address of `X-Forwarded-For` that is not itself a trusted proxy.
-    pub fn client_ip(trusted_proxies: impl IntoIterator<Item = IpAddr>) -> Self {
-        Self(Source::ClientIp(trusted_proxies.into_iter().collect()))
+    /// The client's network: the connection's peer (axum's `ConnectInfo<SocketAddr>`, or a
+    /// `SocketAddr` extension), or, when the peer is in one of the `trusted_proxies` ranges,
+    /// the right-most address of `X-Forwarded-For` that is not itself trusted
+    /// ([`client_behind`](crate::engine::client_behind)); grouped by the default
+    /// [`Prefixes`]: an IPv6 client's /64, an IPv4 address whole. An address converts to a
+    /// range of one: `[proxy_ip.into()]`.
+    pub fn client_ip(trusted_proxies: impl IntoIterator<Item = IpRange>) -> Self {
+        Self(Source::ClientIp(
+            trusted_proxies.into_iter().collect(),
+            Prefixes::default(),
+        ))
+    }
+
+    /// With a client address key, the prefix kept per family (e.g. `v4: 24, v6: 48`);
+    /// other keys are unchanged.
+    pub fn prefixes(self, prefixes: Prefixes) -> Self {
+        match self.0 {
+            Source::ClientIp(trusted, _) => Self(Source::ClientIp(trusted, prefixes)),
+            other => Self(other),
+        }
     }
 
     /// A header's value (the first, if repeated).
@@ -109,9 +128,9 @@ impl KeyExtractor {
     /// The key of the request whose head is `parts`, or why it has none.
     fn key<'a>(&self, parts: &'a Parts) -> Result<Cow<'a, [u8]>, Missing> {
         match &self.0 {
-            Source::ClientIp(trusted) => {
+            Source::ClientIp(trusted, prefixes) => {
                 let ip = client_ip(parts, trusted).ok_or(Missing::Address)?;
-                Ok(Cow::Owned(ip.to_string().into_bytes()))
+                Ok(Cow::Owned(prefixes.network(ip).into_bytes()))
             }
             Source::Header(name) => parts
                 .headers
@@ -179,31 +198,14 @@ impl Missing {
 
 /// The connection's peer address, or, from a trusted proxy, the right-most address of
 /// `X-Forwarded-For` that is not itself a trusted proxy.
-fn client_ip(parts: &Parts, trusted: &[IpAddr]) -> Option<IpAddr> {
+fn client_ip(parts: &Parts, trusted: &[IpRange]) -> Option<IpAddr> {
     let peer = peer(parts)?;
-    let mut client = peer;
-    if trusted.contains(&peer) {
-        let hops = parts
-            .headers
-            .get_all("x-forwarded-for")
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(|hop| hop.trim().parse::<IpAddr>())
-            .collect::<Vec<_>>();
-        for hop in hops.iter().rev() {
-            match hop {
-                Ok(ip) if trusted.contains(ip) => client = *ip,
-                Ok(ip) => {
-                    client = *ip;
-                    break;
-                }
-                // A hop that is not an address ends what can be believed.
-                Err(_) => break,
-            }
-        }
-    }
-    Some(client)
+    let hops = parts
+        .headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok());
+    Some(client_behind(peer, hops, trusted))
 }
 
 /// The connection's peer: axum's `ConnectInfo<SocketAddr>`, or a `SocketAddr` extension.
@@ -284,7 +286,7 @@ impl<S: Store, C: Clock> RateLimitLayer<S, C> {
         let by_address = engine
             .routes()
             .iter()
-            .any(|r| r.key.contains(&KeyPart::ClientIp));
+            .any(|r| r.key.iter().any(|k| matches!(k, KeyPart::ClientIp(_))));
         Self {
             limiter,
             key: Keys::Engine(engine, by_address),
