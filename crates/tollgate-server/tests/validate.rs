@@ -426,6 +426,54 @@ fn calendar_periods_validate_and_bad_ones_are_placed() {
 }
 
 #[test]
+fn concurrency_rules_validate_and_bad_ones_are_placed() {
+    let rule = |tiers: &str| {
+        format!("rules:\n  - id: exports\n    algorithm: concurrency\n    tiers: [{tiers}]\n")
+    };
+    let (code, out) = validate(&[("rules.yaml", &rule("{ limit: 5, period: 30s }"))]);
+    assert_eq!(code, 0, "{out}");
+    let strict = format!(
+        "store: {{ kind: redis, url: \"redis://127.0.0.1:6379\" }}\n{}",
+        rule("{ limit: 5, period: 30s }")
+    );
+    assert_eq!(validate(&[("rules.yaml", &strict)]).0, 0);
+    let cases = [
+        (
+            rule("{ limit: 1001, period: 30s }"),
+            ":4:",
+            "tiers[0].limit: a concurrency tier keeps each slot's lease, so at most 1000 slots",
+        ),
+        (
+            rule("{ limit: 5, period: day }"),
+            ":4:",
+            "a calendar period takes fixed_window or hit_counter, not concurrency",
+        ),
+        (
+            format!(
+                "store: {{ kind: redis, url: \"redis://127.0.0.1:6379\", mode: lease }}\n{}",
+                rule("{ limit: 5, period: 30s }")
+            ),
+            ":3:",
+            "the lease store holds only fixed_window and hit_counter",
+        ),
+        (
+            format!(
+                "store: {{ kind: redis, url: \"redis://127.0.0.1:6379\", mode: hybrid }}\n{}",
+                rule("{ limit: 5, period: 30s }")
+            ),
+            ":3:",
+            "concurrency is held by the strict Redis store and the memory store",
+        ),
+    ];
+    for (text, at, message) in cases {
+        let (code, out) = validate(&[("rules.yaml", &text)]);
+        assert_eq!(code, 1, "{text}\n{out}");
+        assert!(out.contains(&format!("rules.yaml{at}")), "{at} in {out}");
+        assert!(out.contains(message), "{message} in {out}");
+    }
+}
+
+#[test]
 fn client_prefixes_and_trusted_ranges_are_checked_at_their_place() {
     for key in [
         "[\"client_ip(v4=24, v6=48)\"]",

@@ -49,6 +49,7 @@ mod error;
 #[cfg(feature = "tower")]
 pub mod layer;
 mod limiter;
+mod permit;
 mod reservation;
 pub mod retry;
 mod rule;
@@ -62,6 +63,7 @@ pub use clock::{Clock, MAX_TIMESTAMP, ManualClock, SystemClock};
 pub use decision::{Decision, Decisions, Source};
 pub use error::{Error, RuleError};
 pub use limiter::{Item, Limiter, LimiterBuilder};
+pub use permit::Permit;
 pub use reservation::Reservation;
 pub use rule::{FailurePolicy, OnExpiry, Reservations, Rule};
 pub use store::{

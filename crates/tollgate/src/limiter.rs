@@ -21,6 +21,9 @@ const MAX_COST: u64 = 1 << 53;
 /// The most expired reservations a full book settles to make room for a new one.
 const SWEEP: usize = 1_000;
 
+/// A permit ends a tenth of its slots' lease early, at most a second (see [`Limiter::hold`]).
+const PERMIT_MARGIN: u64 = 10;
+
 /// Enforces one or more [`Rule`]s over a [`Store`]: process memory by default, or Redis
 /// (strict, hybrid or lease) with the `redis` feature.
 ///
@@ -217,7 +220,6 @@ impl<S: Store, C: Clock> Limiter<S, C> {
     ) -> Result<Reservation, Error> {
         self.store.settles()?;
         let batch = self.batch(items)?;
-        let now = now(&self.clock);
         let ttl = ttl.unwrap_or_else(|| {
             let rules = batch
                 .planned
@@ -225,7 +227,117 @@ impl<S: Store, C: Clock> Limiter<S, C> {
                 .map(|p| p.rule.reservation_policy().ttl);
             rules.min().unwrap_or_default()
         });
-        let ttl = u64::try_from(ttl.min(Reservations::MAX_TTL).as_micros()).unwrap_or(u64::MAX);
+        self.recorded(batch, ttl, |_| true).await
+    }
+
+    /// Decides `items` as [`check_batch`](Self::check_batch) does, and when admitted, holds
+    /// the slots taken on concurrency rules (see [`Algorithm::Concurrency`]) under a permit:
+    /// the id of the answer, to [`release`](Self::release) them by when the work is done, or
+    /// to [`extend`](Self::extend) their lease by while it goes on. Unreleased, the slots
+    /// free themselves when their lease ends (a holder that crashed keeps none for longer).
+    /// Items of other rules take their cost as a check does and are not part of the permit.
+    /// With no concurrency rule among the items taking a slot (a look, of cost 0, takes
+    /// none), this is a check: no permit.
+    ///
+    /// The permit ends a little before the slots' lease (a tenth of it, at most a second), so
+    /// that a store deciding on its own clock (Redis) frees nothing a later
+    /// holder took while the clocks differ by less than that.
+    ///
+    /// # Errors
+    /// As [`reserve`](Self::reserve).
+    ///
+    /// [`Algorithm::Concurrency`]: crate::Algorithm::Concurrency
+    pub async fn hold(&self, items: &[Item<'_>]) -> Result<Reservation, Error> {
+        let batch = self.batch(items)?;
+        if !batch
+            .planned
+            .iter()
+            .any(|p| p.cost > 0 && p.rule.algorithm().holds_slots())
+        {
+            let decisions = self
+                .store
+                .check(&batch.planned, now(&self.clock), None)
+                .await?;
+            return Ok(Reservation {
+                id: None,
+                decisions: batch.spread(decisions),
+                expires: 0,
+            });
+        }
+        self.store.settles()?;
+        self.recorded(batch, Reservations::MAX_TTL, |rule| {
+            rule.algorithm().holds_slots()
+        })
+        .await
+    }
+
+    /// Gives back the slots held under `permit` (see [`hold`](Self::hold)); the decisions say
+    /// what each key has left. The same as [`cancel`](Self::cancel).
+    ///
+    /// # Errors
+    /// [`Error::UnknownReservation`] for a permit unknown, released or whose lease ended; as
+    /// [`report`](Self::report).
+    pub async fn release(&self, permit: &str) -> Result<Decisions, Error> {
+        self.settle_reservation(permit, 0).await
+    }
+
+    /// Renews the lease of every slot held under `permit` (or by reservation `permit`) from
+    /// now, for as long as it was first given; returns when the permit now ends (µs since
+    /// the epoch, the limiter's clock). Renewing a permit while it is released by another
+    /// task may find it unknown.
+    ///
+    /// # Errors
+    /// As [`release`](Self::release); when the store did not take the renewal, the permit is
+    /// unknown from then on, and its slots free themselves when their lease ends.
+    pub async fn extend(&self, permit: &str) -> Result<u64, Error> {
+        let now = now(&self.clock);
+        let unknown = || Error::UnknownReservation { id: permit.into() };
+        let Some(mut record) = self.store.take_reservation(permit, now).await? else {
+            return Err(unknown());
+        };
+        if record.expires <= now {
+            self.expired(&record).await?;
+            return Err(unknown());
+        }
+        let items: Vec<Item<'_>> = record
+            .items
+            .iter()
+            .filter(|i| {
+                let rule = self.by_name.get(i.rule.as_str());
+                rule.is_some_and(|&at| self.rules[at].rule.algorithm().holds_slots())
+            })
+            .map(|i| Item::new(&i.rule, &i.key, i.cost))
+            .collect();
+        if !items.is_empty() {
+            self.settle_batch(&items, Settle::Renew).await?;
+        }
+        let lasts = record.expires - record.at;
+        record.expires = now.saturating_add(lasts);
+        record.at = now;
+        self.store.keep_reservation(&record, now).await?;
+        Ok(record.expires)
+    }
+
+    /// Decides `batch` and, when admitted, records the items `recorded` picks by their rule
+    /// under a new id, to be settled within `ttl` (shortened to end within the lease of any
+    /// slots held).
+    async fn recorded(
+        &self,
+        batch: Batch<'_, S::Plan>,
+        ttl: Duration,
+        recorded: impl Fn(&Rule) -> bool,
+    ) -> Result<Reservation, Error> {
+        let now = now(&self.clock);
+        let mut ttl = u64::try_from(ttl.min(Reservations::MAX_TTL).as_micros()).unwrap_or(u64::MAX);
+        for p in batch
+            .planned
+            .iter()
+            .filter(|p| p.rule.algorithm().holds_slots())
+        {
+            if let Some(lease) = p.rule.tiers().iter().map(|t| t.period_micros()).min() {
+                ttl = ttl.min(lease - (lease / PERMIT_MARGIN).min(1_000_000));
+            }
+        }
         let record = ReservationRecord {
             id: new_id(),
             at: now,
@@ -233,11 +345,15 @@ impl<S: Store, C: Clock> Limiter<S, C> {
             items: batch
                 .planned
                 .iter()
+                .filter(|p| recorded(p.rule))
                 .map(|p| ReservedItem {
                     rule: p.rule.name().to_string(),
                     key: p.key.to_vec(),
                     cost: p.cost,
-                    release: p.rule.reservation_policy().on_expiry == OnExpiry::Released,
+                    // Slots free themselves when their lease ends: a release after it would
+                    // free another holder's.
+                    release: p.rule.reservation_policy().on_expiry == OnExpiry::Released
+                        && !p.rule.algorithm().holds_slots(),
                 })
                 .collect(),
         };

@@ -14,7 +14,8 @@ pub struct Reservation {
 
 impl Reservation {
     /// The id to [`commit`](crate::Limiter::commit) or [`cancel`](crate::Limiter::cancel)
-    /// by: 32 hex digits, unguessable. `None` when the estimate was denied (nothing was
+    /// by, or a permit's to [`release`](crate::Limiter::release) by: 32 hex digits,
+    /// unguessable. `None` when the estimate was denied (nothing was
     /// taken), or admitted by a failure policy while the store failed (nothing was counted,
     /// so there is nothing to settle).
     pub fn id(&self) -> Option<&str> {

@@ -436,6 +436,7 @@ impl Rule {
             match settle {
                 Settle::Report => algorithm.debit(tier, words, now, cost),
                 Settle::Credit { at } => algorithm.credit(tier, words, now, cost, at),
+                Settle::Renew => algorithm.renew(tier, words, now, cost),
             }
         }
         let look = Attempt {

@@ -729,3 +729,37 @@ mod metered {
         assert_eq!(left(&limiter).await, 995);
     }
 }
+
+/// A concurrency rule's slot is held for the whole request, its response body included: a
+/// second request is refused while the first one's body is still unsent, admitted once it is
+/// sent; a body dropped unsent gives the slot back too.
+#[tokio::test]
+async fn a_concurrency_slot_is_held_until_the_body_is_sent() {
+    let exports = Rule::new(
+        "exports",
+        Algorithm::Concurrency,
+        [Tier::new(1, Duration::from_secs(60))],
+    )
+    .unwrap();
+    let app = app(memory(exports), KeyExtractor::header("x-org"));
+    let first = call(&app, "10.0.0.1", &[("x-org", "a")]).await;
+    assert_eq!(first.status(), 200);
+    let refused = call(&app, "10.0.0.1", &[("x-org", "a")]).await;
+    assert_eq!(refused.status(), 429, "the first body is not sent yet");
+    assert!(header(&refused, "retry-after").is_some());
+    let body = axum::body::to_bytes(first.into_body(), usize::MAX).await;
+    assert_eq!(&body.unwrap()[..], b"items");
+    let second = call(&app, "10.0.0.1", &[("x-org", "a")]).await;
+    assert_eq!(
+        second.status(),
+        200,
+        "the slot came back with the body's end"
+    );
+    // Dropped unsent: given back in the background, at once.
+    drop(second);
+    tokio::task::yield_now().await;
+    assert_eq!(
+        call(&app, "10.0.0.1", &[("x-org", "a")]).await.status(),
+        200
+    );
+}

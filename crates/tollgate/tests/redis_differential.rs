@@ -1,7 +1,7 @@
 //! The Redis scripts decide exactly as the Rust algorithms: the memory store and the Redis
 //! store are driven through the same timelines (checks, waits, reports past the limit and
-//! give-backs of what was taken earlier) and must give identical decisions, for every
-//! algorithm, single and multi-tier.
+//! give-backs of what was taken earlier, renewals of slots held) and must give identical
+//! decisions, for every algorithm, single and multi-tier.
 
 mod support;
 
@@ -46,6 +46,7 @@ fn rules() -> Vec<Rule> {
         Algorithm::SlidingLog,
         Algorithm::IntervalBucket,
         Algorithm::HitCounter,
+        Algorithm::Concurrency,
     ];
     for algorithm in plain {
         rules.push(rule(algorithm.clone(), vec![Tier::new(5, ms(600))]));
@@ -163,13 +164,14 @@ async fn differential(server: &RedisServer) {
                         .now_micros()
                         .saturating_sub(random.below(1_500_000)),
                 }),
+                2 => Some(Settle::Renew),
                 _ => None,
             };
             let (expected, actual) = if let Some(settle) = settle {
                 // A report may take far more than a tier holds: a debt.
                 let cost = match settle {
                     Settle::Report => random.below(3) * rule.capacity() + random.below(4),
-                    Settle::Credit { .. } => random.below(6),
+                    Settle::Credit { .. } | Settle::Renew => random.below(6),
                 };
                 let item = [Item::new(rule.name(), &key, cost)];
                 let binding = |d: Result<tollgate::Decisions, Error>| d.map(|d| d[0]);

@@ -296,7 +296,8 @@ pub struct RuleSpec {
     /// The algorithm, with its arguments in parentheses: `fixed_window`, `sliding_window`,
     /// `sub_windows(10)`, `sliding_log`, `token_bucket`, `token_bucket(initial=5)`,
     /// `interval_bucket`, `leaky_bucket`, `leaky_bucket(shaper)`, `gcra`, `warm_up(10s)`,
-    /// `warm_up(10s, 3)`, `hit_counter`.
+    /// `warm_up(10s, 3)`, `hit_counter`, `concurrency` (a cap on work in flight: each tier's
+    /// `limit` is a number of slots and its `period` their lease).
     #[serde(default = "fixed_window")]
     #[schemars(extend("default" = "fixed_window"))]
     pub algorithm: String,
@@ -782,6 +783,7 @@ pub fn parse_algorithm(text: &str) -> Result<Algorithm, String> {
         "interval_bucket" => none(Algorithm::IntervalBucket),
         "gcra" => none(Algorithm::Gcra),
         "hit_counter" => none(Algorithm::HitCounter),
+        "concurrency" => none(Algorithm::Concurrency),
         "sub_windows" => match args[..] {
             [count] => count
                 .parse()
@@ -826,7 +828,7 @@ pub fn parse_algorithm(text: &str) -> Result<Algorithm, String> {
             Ok(Algorithm::WarmUp(warm_up))
         }
         _ => {
-            const NAMES: [&str; 10] = [
+            const NAMES: [&str; 11] = [
                 "fixed_window",
                 "sliding_window",
                 "sub_windows",
@@ -837,6 +839,7 @@ pub fn parse_algorithm(text: &str) -> Result<Algorithm, String> {
                 "gcra",
                 "warm_up",
                 "hit_counter",
+                "concurrency",
             ];
             let nearest = super::places::nearest(name, NAMES)
                 .map(|n| format!("did you mean `{n}`? "))
@@ -844,7 +847,7 @@ pub fn parse_algorithm(text: &str) -> Result<Algorithm, String> {
             Err(format!(
                 "unknown algorithm `{name}`: {nearest}expected fixed_window, sliding_window, \
                  sub_windows(N), sliding_log, token_bucket, interval_bucket, leaky_bucket, gcra, \
-                 warm_up(PERIOD) or hit_counter"
+                 warm_up(PERIOD), hit_counter or concurrency"
             ))
         }
     }

@@ -460,10 +460,38 @@ fn answer_outcome(
     json: bool,
 ) -> Response {
     match outcome {
-        Ok(outcome) => answer(&outcome.decisions, denied, json),
+        Ok(Outcome {
+            decisions,
+            permit: None,
+        }) => answer(&decisions, denied, json),
+        Ok(Outcome {
+            decisions,
+            permit: Some(permit),
+        }) => {
+            let mut response = answer(&decisions, denied, json);
+            let id = HeaderValue::from_str(&permit.id).expect("a permit id is hex digits");
+            response.headers_mut().insert(PERMIT, id);
+            if json {
+                // The body is this module's JSON: the permit goes ahead of its fields (ids are
+                // hex digits, nothing to escape).
+                let before = format!(
+                    "{{\"permit\":\"{}\",\"permit_expires_in_ms\":{},",
+                    permit.id,
+                    permit.expires_in.as_millis()
+                );
+                let mut body = before.into_bytes();
+                body.extend_from_slice(&answer_json(true, &decisions)[1..]);
+                *response.body_mut() = Body::from(body);
+            }
+            response
+        }
         Err(e) => refused(e),
     }
 }
+
+/// The header field that carries the permit of slots held (concurrency rules), for callers
+/// that read no body (`/v1/auth`).
+const PERMIT: HeaderName = HeaderName::from_static("tollgate-permit");
 
 /// The answer to what the service refused: 400 for the caller's mistake, 403 for what the
 /// rules do not let a caller do, 404 for an unknown reservation, 503 for what the store could

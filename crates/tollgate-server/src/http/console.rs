@@ -353,6 +353,8 @@ async fn rule(State(state): State<AppState>, _: Admin, Path(id): Path<String>) -
     let spec = loaded.specs.iter().find(|s| s.id == id).cloned();
     let admin = state.service.admin_ids().contains(&id);
     let described = describe(found, spec.as_ref(), admin, state.service.store().kind());
+    // A concurrency rule's keys show their slots in use.
+    let found_slots = found.algorithm().holds_slots();
     let yaml = spec.as_ref().and_then(|s| serde_saphyr::to_string(s).ok());
     let now = console.now() / 1_000_000;
     let RuleView {
@@ -375,6 +377,9 @@ async fn rule(State(state): State<AppState>, _: Admin, Path(id): Path<String>) -
             {
                 value["remaining"] = json!(d.remaining());
                 value["limit"] = json!(d.limit());
+                if found_slots {
+                    value["in_use"] = json!(d.limit() - d.remaining());
+                }
                 value["reset_after_s"] = json!(d.reset_after().as_secs_f64());
             }
             out.push(value);

@@ -8,6 +8,8 @@
 //!   original method and URI from `X-Original-Method` and `X-Original-URI` (or `X-Forwarded-*`),
 //!   the client from `X-Real-IP`, and answers 204 or 429 (`?deny_status=403` for nginx, whose
 //!   `auth_request` passes only 401 and 403 on);
+//! - `POST /v1/release` and `POST /v1/extend`: the permits of concurrency rules
+//!   (`permits.rs`);
 //! - `/v1/rules`: the admin API (see [`admin`]);
 //! - `/v1/console/...` and `/console`: the console (see [`console`]);
 //! - `/metrics`, `/healthz`, `/readyz`, and the Envoy service's `/healthcheck` and `POST
@@ -26,6 +28,7 @@ mod health;
 mod metered;
 pub mod openapi;
 mod overrides;
+mod permits;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -88,6 +91,7 @@ fn router(state: AppState) -> Router {
         .merge(admin::router().layer(limit))
         .merge(metered::router().layer(limit))
         .merge(overrides::router().layer(limit))
+        .merge(permits::router().layer(limit))
         .split_for_parts();
     // The console's routes are described always, and served only where an admin token
     // guards them.

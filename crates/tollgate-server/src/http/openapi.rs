@@ -33,6 +33,7 @@ use super::AppState;
     tags(
         (name = "checks", description = "Asked before doing work: is this request within its limits?"),
         (name = "metered", description = "Work whose cost is known once it is done (an LLM answer's tokens): reports, and reservations settled at the real cost."),
+        (name = "permits", description = "Slots of concurrency rules held under a permit from a check: released when the work is done, extended while it goes on."),
         (name = "admin", description = "Rules created, replaced and deleted at run time, behind the admin token."),
         (name = "console", description = "The console's page and JSON API: on only with an admin token (404 otherwise), behind it."),
         (name = "health", description = "Liveness, readiness, metrics, and this document."),
@@ -93,6 +94,15 @@ pub(super) async fn document(State(_): State<AppState>) -> Response {
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"allowed": true, "decisions": [{"rule": "get-product", "allowed": true, "limit": 1000, "remaining": 999, "reset_after_ms": 9512, "window_s": 10, "shadowed": false, "source": "memory"}]}))]
 pub struct CheckAnswer {
+    /// When a concurrency rule admitted: the permit its slots are held under, to release
+    /// (`POST /v1/release`) when the work is done, or extend (`POST /v1/extend`) while it goes
+    /// on. Also in the `Tollgate-Permit` header field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permit: Option<String>,
+    /// With `permit`: milliseconds until it ends unless extended (its slots free themselves
+    /// then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permit_expires_in_ms: Option<u64>,
     /// Whether the request is admitted: every decision admits. A denied check consumed
     /// nothing, in any rule.
     pub allowed: bool,

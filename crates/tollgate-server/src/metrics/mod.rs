@@ -175,6 +175,12 @@ pub const CATALOG: &[Metric] = &[
         "Reservations: `created`, `refused` (a full book, or a store that takes none), `committed`, `cancelled`, `expired` (settled by themselves as their rules say).",
     ),
     metric(
+        "tollgate_permits_total",
+        Kind::Counter,
+        &["event"],
+        "Permits of concurrency rules: `held` (slots taken under a permit), `released`, `extended`.",
+    ),
+    metric(
         "tollgate_metric_series_folded_total",
         Kind::Counter,
         &[],
@@ -706,6 +712,11 @@ pub fn redis_nodes(nodes: &[tollgate::NodeHealth]) {
 /// Counts `cost` permits reported under `rule`.
 pub fn reported(rule: &str, cost: u64) {
     counter!("tollgate_reported_total", "rule" => rule.to_string()).increment(cost);
+}
+
+/// Counts a permit's `event`.
+pub fn permit(event: &'static str) {
+    counter!("tollgate_permits_total", "event" => event).increment(1);
 }
 
 /// Counts a reservation's `event`.

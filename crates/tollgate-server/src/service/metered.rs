@@ -87,7 +87,7 @@ impl Service {
         for decision in decisions.iter() {
             metrics::reported(decision.rule(), cost);
         }
-        Ok(Outcome { decisions })
+        Ok(Outcome::of(decisions))
     }
 
     /// Reserves an estimate of `cost`, decided as a check (all-or-nothing across the rules
@@ -130,13 +130,10 @@ impl Service {
         if reserved.id().is_some() {
             metrics::reservation("created");
         }
-        let left = reserved.expires_at().saturating_sub(now_micros());
         Ok(Metered {
             id: reserved.id().map(str::to_string),
-            expires_in: Duration::from_micros(left),
-            outcome: Outcome {
-                decisions: reserved.decisions().clone(),
-            },
+            expires_in: until(reserved.expires_at()),
+            outcome: Outcome::of(reserved.decisions().clone()),
         })
     }
 
@@ -151,7 +148,7 @@ impl Service {
         let limiter = loaded.limiter.as_ref().ok_or_else(|| unknown(id))?;
         let decisions = limiter.commit(id, cost).await?;
         metrics::reservation("committed");
-        Ok(Outcome { decisions })
+        Ok(Outcome::of(decisions))
     }
 
     /// Cancels reservation `id`: its estimate comes back.
@@ -163,7 +160,32 @@ impl Service {
         let limiter = loaded.limiter.as_ref().ok_or_else(|| unknown(id))?;
         let decisions = limiter.cancel(id).await?;
         metrics::reservation("cancelled");
-        Ok(Outcome { decisions })
+        Ok(Outcome::of(decisions))
+    }
+
+    /// Gives back the slots held under `permit`.
+    ///
+    /// # Errors
+    /// [`CheckError::UnknownReservation`] for a permit unknown, released or ended; as
+    /// [`report`](Self::report).
+    pub async fn release(&self, permit: &str) -> Result<Outcome, CheckError> {
+        let loaded = self.loaded();
+        let limiter = loaded.limiter.as_ref().ok_or_else(|| unknown(permit))?;
+        let decisions = limiter.release(permit).await.map_err(unknown_permit)?;
+        metrics::permit("released");
+        Ok(Outcome::of(decisions))
+    }
+
+    /// Renews the lease of the slots held under `permit`; answers how long until it ends.
+    ///
+    /// # Errors
+    /// As [`release`](Self::release).
+    pub async fn extend(&self, permit: &str) -> Result<Duration, CheckError> {
+        let loaded = self.loaded();
+        let limiter = loaded.limiter.as_ref().ok_or_else(|| unknown(permit))?;
+        let ends = limiter.extend(permit).await.map_err(unknown_permit)?;
+        metrics::permit("extended");
+        Ok(until(ends))
     }
 
     /// Settles the reservations expired unsettled, as their rules say, every second for as
@@ -194,6 +216,21 @@ impl Service {
                 Err(e) => tracing::warn!(error = %e, "cannot settle expired reservations now"),
             }
         }
+    }
+}
+
+/// How long from now until `at` (µs since the epoch, the system clock's).
+pub(super) fn until(at: u64) -> Duration {
+    Duration::from_micros(at.saturating_sub(now_micros()))
+}
+
+/// An unknown reservation's error said of a permit.
+fn unknown_permit(e: tollgate::Error) -> CheckError {
+    match e {
+        tollgate::Error::UnknownReservation { id } => CheckError::UnknownReservation(format!(
+            "no permit `{id}` holds slots: unknown, released, or its lease ended"
+        )),
+        e => e.into(),
     }
 }
 

@@ -46,6 +46,8 @@ pub struct Loaded {
     overrides: overrides::Index,
     /// The rules that take a limit stated by the check, and the rules that count them.
     caller_limits: caller_limit::Index,
+    /// Whether some rule holds slots (concurrency): checks then hold them under a permit.
+    holds_slots: bool,
 }
 
 impl Loaded {
@@ -114,6 +116,28 @@ pub enum EditError {
 pub struct Outcome {
     /// One decision per rule that applied, in order.
     pub decisions: Decisions,
+    /// When a concurrency rule applied and admitted: the permit its slots are held under.
+    pub permit: Option<Permit>,
+}
+
+/// Slots held on concurrency rules: the id to release them by, and how long until the permit
+/// ends (the slots free themselves shortly after).
+#[derive(Debug, Clone)]
+pub struct Permit {
+    /// 32 hex digits.
+    pub id: String,
+    /// Until the permit ends unless extended.
+    pub expires_in: std::time::Duration,
+}
+
+impl Outcome {
+    /// The outcome of `decisions`, holding no slots.
+    pub fn of(decisions: Decisions) -> Self {
+        Self {
+            decisions,
+            permit: None,
+        }
+    }
 }
 
 impl Outcome {
@@ -522,7 +546,19 @@ impl Service {
             return Ok(Outcome::default());
         }
         let started = Instant::now();
-        let decisions = limiter.check_batch(items).await?;
+        let (decisions, permit) = if loaded.holds_slots {
+            let held = limiter.hold(items).await?;
+            let permit = held.id().map(|id| Permit {
+                id: id.to_string(),
+                expires_in: metered::until(held.expires_at()),
+            });
+            if permit.is_some() {
+                metrics::permit("held");
+            }
+            (held.decisions().clone(), permit)
+        } else {
+            (limiter.check_batch(items).await?, None)
+        };
         let took = started.elapsed();
         metrics::record_latency(&self.latency, took);
         for (i, decision) in decisions.iter().enumerate() {
@@ -539,7 +575,7 @@ impl Service {
             let decided = items.iter().map(|item| item.key).zip(decisions.iter());
             console.checked(second, took, decided);
         }
-        Ok(Outcome { decisions })
+        Ok(Outcome { decisions, permit })
     }
 
     /// Marks the service as stopping: it is no longer healthy (see [`Service::healthy`]),
@@ -766,9 +802,13 @@ fn build(
         .flat_map(|d| d.stats_names())
         .map(|name| (name.to_string(), EnvoyStats::new(name)))
         .collect();
+    let holds_slots = limiter
+        .as_ref()
+        .is_some_and(|l| l.rules().any(|r| r.algorithm().holds_slots()));
     Ok(Loaded {
         engine: config.engine.clone(),
         limiter,
+        holds_slots,
         specs: config.specs.clone(),
         config,
         metrics,

@@ -10,6 +10,7 @@
 //! computing in doubles reaches the same decisions.
 
 mod calendar;
+mod concurrency;
 mod fixed_window;
 mod gcra;
 mod hit_counter;
@@ -35,6 +36,7 @@ pub(crate) use tier::MAX_EXACT;
 pub use tier::Tier;
 pub(crate) use verdict::Verdict;
 
+use concurrency::Concurrency;
 pub(crate) use fixed_window::FixedWindow;
 use gcra::Gcra;
 use hit_counter::HitCounter;
@@ -75,6 +77,9 @@ pub enum Algorithm {
     /// does: over the limit once the window's hits exceed it, and a cost above the limit is
     /// over rather than an error. What Envoy domains use.
     HitCounter,
+    /// A cap on work in flight: `limit` slots per key, each held from the check that takes it
+    /// until it is released or its lease (the tier's `period`) ends. Not a rate.
+    Concurrency,
 }
 
 impl Algorithm {
@@ -93,6 +98,7 @@ impl Algorithm {
             Self::Gcra => visit.visit(&Gcra),
             Self::WarmUp(a) => visit.visit(a),
             Self::HitCounter => visit.visit(&HitCounter),
+            Self::Concurrency => visit.visit(&Concurrency),
         }
     }
 
@@ -110,6 +116,12 @@ impl Algorithm {
     /// The algorithm's name, as written in rule files.
     pub fn name(&self) -> &'static str {
         self.imp().name()
+    }
+
+    /// Whether a check takes slots held until released or their lease ends
+    /// ([`Concurrency`](Self::Concurrency)), rather than permits of a rate.
+    pub fn holds_slots(&self) -> bool {
+        self.imp().holds_slots()
     }
 }
 
@@ -143,6 +155,12 @@ impl Decide for Algorithm {
     }
     fn credit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64, at: u64) {
         self.imp().credit(tier, state, now, cost, at)
+    }
+    fn renew(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64) {
+        self.imp().renew(tier, state, now, cost)
+    }
+    fn holds_slots(&self) -> bool {
+        self.imp().holds_slots()
     }
     fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {
         self.imp().expires_at(tier, state)
@@ -197,6 +215,9 @@ pub enum Settle {
         /// When the cost was taken.
         at: u64,
     },
+    /// Renews the lease of each item's cost in slots held, from now: a concurrency holder
+    /// still at work. Nothing to other algorithms.
+    Renew,
 }
 
 impl Attempt {
@@ -276,6 +297,17 @@ pub(crate) trait Decide {
     /// log drops up to `cost` entries logged at or after `at`; warm-up keeps what it took.
     /// Never gives back more than is counted.
     fn credit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64, at: u64);
+
+    /// Renews the lease of `cost` slots held at `now` (see [`Settle::Renew`]); nothing but
+    /// for an algorithm that [holds slots](Self::holds_slots).
+    fn renew(&self, _tier: &Tier, _state: &mut [u64], _now: u64, _cost: u64) {}
+
+    /// Whether a check takes slots held until given back, rather than permits of a rate: a
+    /// reservation's items of such a rule give their whole cost back when it is settled,
+    /// whatever its real cost.
+    fn holds_slots(&self) -> bool {
+        false
+    }
 
     /// The time (µs since the epoch) from which `state` is equivalent to all zeros and may be
     /// dropped; the TTL a store gives it.

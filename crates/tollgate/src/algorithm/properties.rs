@@ -25,6 +25,7 @@ fn algorithm() -> impl Strategy<Value = Algorithm> {
         Just(Algorithm::LeakyBucket(LeakyBucket::Shaper)),
         Just(Algorithm::Gcra),
         Just(Algorithm::HitCounter),
+        Just(Algorithm::Concurrency),
         (2u64..=4).prop_map(
             |periods| Algorithm::WarmUp(WarmUp::new(Duration::from_micros(periods * PERIODS[3])))
         ),

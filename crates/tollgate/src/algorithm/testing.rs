@@ -57,6 +57,19 @@ impl Key {
             .evaluate(self.rule.algorithm(), &mut self.state, attempt)
     }
 
+    /// Settles `cost` at the current time as `settle` says, then looks.
+    pub(crate) fn settle(&mut self, cost: u64, settle: crate::algorithm::Settle) -> Decision {
+        let attempt = Attempt {
+            now: self.now,
+            cost,
+            max_delay: None,
+            commit: true,
+            settle: Some(settle),
+        };
+        self.rule
+            .evaluate(self.rule.algorithm(), &mut self.state, attempt)
+    }
+
     /// How many of `n` checks of `cost` at the current time are admitted.
     pub(crate) fn admitted(&mut self, n: u64, cost: u64) -> u64 {
         (0..n).filter(|_| self.check(cost).allowed()).count() as u64

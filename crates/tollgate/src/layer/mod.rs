@@ -4,7 +4,9 @@
 //! `Retry-After`, and every answer carries the rate limit fields (see [`headers`]). Rules in
 //! shadow mode count and report but never deny; when the store fails, each rule's failure
 //! policy decides, as for any check. A request whose key cannot be found is refused unless
-//! [`MissingKey`] says otherwise: the layer never stops limiting silently.
+//! [`MissingKey`] says otherwise: the layer never stops limiting silently. A concurrency
+//! rule's slots are held for the whole request, response body included, and given back when
+//! the body ends or is dropped.
 //!
 //! Add it to a method router with `route_layer`, so that only requests the app serves are
 //! counted (`Router::layer` would count 404s and 405s too, `Router::route_layer` 405s: a `PUT`
@@ -521,6 +523,14 @@ async fn decide<S: Store, C: Clock>(layer: &RateLimitLayer<S, C>, parts: &Parts)
                     .collect();
                 return Decided::Reserved(layer.limiter.reserve(&items, ttl).await);
             }
+            if holds_slots(&layer.limiter) {
+                let items: Vec<Item<'_>> = layer
+                    .limiter
+                    .rules()
+                    .map(|r| Item::new(r.name(), &key, layer.cost))
+                    .collect();
+                return Decided::Reserved(layer.limiter.hold(&items).await);
+            }
             let decision = layer.limiter.check(&key, layer.cost).await;
             Decided::Checked(decision.map(Decisions::one))
         }
@@ -540,10 +550,20 @@ async fn decide<S: Store, C: Clock>(layer: &RateLimitLayer<S, C>, parts: &Parts)
             let items = Items::of(&hits, layer.cost);
             match layer.metered {
                 Some(ttl) => Decided::Reserved(layer.limiter.reserve(&items, ttl).await),
+                None if holds_slots(&layer.limiter) => {
+                    Decided::Reserved(layer.limiter.hold(&items).await)
+                }
                 None => Decided::Checked(layer.limiter.check_batch(&items).await),
             }
         }
     }
+}
+
+/// Whether some rule of `limiter` holds slots (a concurrency rule): its checks hold them
+/// under a permit for the whole request, response body included, as a metered layer holds
+/// its reservation.
+fn holds_slots<S: Store, C: Clock>(limiter: &Limiter<S, C>) -> bool {
+    limiter.rules().any(|r| r.algorithm().holds_slots())
 }
 
 /// A 429 with the fields of `decisions`.

@@ -156,7 +156,7 @@ pub(crate) async fn commit_apart<S: Store>(
 /// Settles `items`, each at its estimate (its cost, taken at `at`), at the real cost
 /// `actual`: an item whose estimate was short takes the excess ([`Settle::Report`]), one
 /// whose estimate was more gives back the difference ([`Settle::Credit`]), one that was
-/// exact is looked at. The decisions of every item, in order.
+/// exact is looked at; slots held (a concurrency rule's) all come back. The decisions of every item, in order.
 ///
 /// # Errors
 /// As [`Store::settle`].
@@ -175,6 +175,10 @@ pub(crate) async fn settle_at<S: Store>(
             .enumerate()
             .filter_map(|(place, item)| {
                 let (settle, cost) = match actual.cmp(&item.cost) {
+                    // Slots held come back whole, whatever the work cost.
+                    _ if item.rule.algorithm().holds_slots() => {
+                        (Some(Settle::Credit { at }), item.cost)
+                    }
                     std::cmp::Ordering::Greater => (Some(Settle::Report), actual - item.cost),
                     std::cmp::Ordering::Less => (Some(Settle::Credit { at }), item.cost - actual),
                     std::cmp::Ordering::Equal => (None, 0),

@@ -300,13 +300,13 @@ async function rules() {
 
 // ---- one rule ---------------------------------------------------------------------------
 
-function hotRows(list, id) {
+function hotRows(list, id, slots) {
   if (!list.length) return '<tr><td colspan="5" class="muted">No traffic in the last two minutes.</td></tr>';
   return list.map((k) => `
     <tr data-key="${esc(k.key)}">
       <td class="mono" title="${esc(k.key)}">${esc(k.display || k.key)}${k.cut ? '…' : ''}</td>
       <td class="num" title="${k.estimated ? 'estimated from a sample of the checks (heavy traffic)' : ''}">${k.estimated ? '≈' : ''}${number(k.count)}${k.error ? ` <span class="muted">±${number(k.error)}</span>` : ''}</td>
-      <td class="num">${k.remaining !== undefined ? `${number(k.remaining)} of ${number(k.limit)}` : '–'}</td>
+      <td class="num">${k.in_use !== undefined ? `${number(k.in_use)} of ${number(k.limit)} slots` : k.remaining !== undefined ? `${number(k.remaining)} of ${number(k.limit)}` : '–'}</td>
       <td class="num">${k.reset_after_s !== undefined ? `${number(k.reset_after_s, 1)} s` : '–'}</td>
       <td>${k.cut ? '' : `<button type="button" class="danger reset" data-rule="${esc(id)}" data-key="${esc(k.key)}">Reset</button>`}</td>
     </tr>`).join('');
@@ -318,6 +318,7 @@ async function rule(id) {
   const d = r.json;
   const rule = d.rule;
   const native = rule.source !== 'envoy';
+  const slots = rule.algorithm === 'concurrency';
   const seconds = d.seconds;
   const minutes = d.minutes;
   $('#view').innerHTML = `
@@ -358,9 +359,9 @@ async function rule(id) {
     </div>
     <div class="row">
       <div class="panel"><h2>Hottest keys by hits</h2>
-        <table id="hot-hits"><thead><tr><th>Key</th><th class="num">Hits</th><th class="num">Left</th><th class="num">Reset</th><th></th></tr></thead><tbody>${hotRows(d.hot.hits, rule.id)}</tbody></table></div>
+        <table id="hot-hits"><thead><tr><th>Key</th><th class="num">Hits</th><th class="num">${slots ? 'In use' : 'Left'}</th><th class="num">Reset</th><th></th></tr></thead><tbody>${hotRows(d.hot.hits, rule.id, slots)}</tbody></table></div>
       <div class="panel"><h2>Hottest keys by denials</h2>
-        <table id="hot-denials"><thead><tr><th>Key</th><th class="num">Denials</th><th class="num">Left</th><th class="num">Reset</th><th></th></tr></thead><tbody>${hotRows(d.hot.denials, rule.id)}</tbody></table></div>
+        <table id="hot-denials"><thead><tr><th>Key</th><th class="num">Denials</th><th class="num">${slots ? 'In use' : 'Left'}</th><th class="num">Reset</th><th></th></tr></thead><tbody>${hotRows(d.hot.denials, rule.id, slots)}</tbody></table></div>
     </div>`;
   $$('button.reset').forEach((b) => b.addEventListener('click', async () => {
     if (!confirm(`Reset the count of ${b.dataset.key} under ${b.dataset.rule}?`)) return;

@@ -695,6 +695,7 @@ impl RedisStore {
             None => (0.0, 0.0),
             Some(Settle::Report) => (1.0, 0.0),
             Some(Settle::Credit { at }) => (2.0, at as f64),
+            Some(Settle::Renew) => (3.0, 0.0),
         };
         packed([
             at,

@@ -25,8 +25,9 @@ const RESERVATIONS: &str = include_str!("lua/reservations.lua");
 const METERED: &str = include_str!("lua/metered.lua");
 
 /// What an algorithm's file may leave out: whether its expired states are read as new (see
-/// `Decide::forgets`).
-const DEFAULTS: &str = "local forgets = false\n";
+/// `Decide::forgets`), whether it holds slots and how it renews them (`Decide::holds_slots`,
+/// `Decide::renew`).
+const DEFAULTS: &str = "local forgets = false\nlocal slots = false\nlocal renew = nil\n";
 
 /// How an algorithm keeps its state, and so which driver runs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,7 +59,7 @@ impl Driver {
 
 /// Every algorithm's name (as in its function's name), its code and its driver, in the order
 /// of [`index`].
-const ALGORITHMS: [(&str, &str, Driver); 10] = [
+const ALGORITHMS: [(&str, &str, Driver); 11] = [
     (
         "fixed_window",
         include_str!("lua/fixed_window.lua"),
@@ -101,6 +102,11 @@ const ALGORITHMS: [(&str, &str, Driver); 10] = [
         include_str!("lua/hit_counter.lua"),
         Driver::Words,
     ),
+    (
+        "concurrency",
+        include_str!("lua/concurrency.lua"),
+        Driver::Words,
+    ),
 ];
 
 /// The Lua call that registers the algorithm defined just before it for batches.
@@ -108,7 +114,7 @@ fn registration(driver: Driver) -> &'static str {
     match driver {
         Driver::Words => {
             "{decide = decide, denied = denied, expires_at = expires_at, \
-             forgets = forgets, debit = debit, credit = credit}"
+             forgets = forgets, debit = debit, credit = credit, renew = renew, slots = slots}"
         }
         Driver::Log => "{decide = decide, debit = debit, credit = credit, log = true}",
     }
@@ -297,6 +303,7 @@ pub(crate) fn index(algorithm: &Algorithm) -> usize {
         Algorithm::Gcra => 8,
         Algorithm::WarmUp(_) => 9,
         Algorithm::HitCounter => 10,
+        Algorithm::Concurrency => 11,
     }
 }
 

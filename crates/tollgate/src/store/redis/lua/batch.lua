@@ -88,7 +88,9 @@ local function batch(keys, args)
 end
 
 -- A settlement: every item takes its cost whatever its key's state (a report), or gives it
--- back (a credit, of a cost taken at args[1]'s time), each on its own: nothing is refused.
+-- back (a credit, of a cost taken at args[1]'s time), or renews the lease of as many slots
+-- held (a renewal: nothing for algorithms that hold none), each on its own: nothing is
+-- refused.
 -- Arguments as a batch's (dry unused). Returns every tier's verdict of a look (cost 0) after
 -- the settlement, as a batch does: denied while the key is in debt.
 -- (settle_items does it for keys[first_key...] and args[first_arg...], and with `actual`, a
@@ -97,7 +99,7 @@ end
 local function settle_items(keys, first_key, args, first_arg, actual)
   local settled = attempt_of(args[first_arg])
   local a = {now = settled.now, ttl_padding = settled.ttl_padding, credit_at = settled.credit_at}
-  local report = settled.settle == 1
+  local report, renew = settled.settle == 1, settled.settle == 3
   local described = args[first_arg + 1]
   local _, position = unpack_packed('<d', described)
   local first, reply = first_key, {}
@@ -107,11 +109,15 @@ local function settle_items(keys, first_key, args, first_arg, actual)
     local f, tiers = algorithms[algorithm], tiers_of(args[i])
     local change = f.credit
     if actual then
-      if actual > cost then change, cost = f.debit, actual - cost
+      -- Slots held come back whole, whatever the work cost.
+      if f.slots then change = f.credit
+      elseif actual > cost then change, cost = f.debit, actual - cost
       elseif actual < cost then cost = cost - actual
       else change = nil end
     elseif report then
       change = f.debit
+    elseif renew then
+      change = f.renew
     end
     local verdicts = {}
     if f.log then

@@ -9,7 +9,8 @@
 --          every TTL (0 on the server's time; more on the caller's, whose clock says when
 --          state expires while Redis expires keys by its own; plus the store's expiry jitter);
 --          what a settlement does (0 none: a check; 1 a report, which takes the cost whatever
---          the state; 2 a credit, which gives back the cost taken at the next double, µs)
+--          the state; 2 a credit, which gives back the cost taken at the next double, µs; 3 a
+--          renewal of slots held)
 -- args[2]  eleven little-endian doubles per tier: limit, period (µs), burst, per_permit,
 --          per_micro, state words, and five algorithm parameters
 -- Returns one string of six little-endian doubles per tier, in order: allowed (1/0), limit,
