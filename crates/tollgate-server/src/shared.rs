@@ -4,19 +4,24 @@
 //! `tg:admin:{rules}:overrides` (`[rule, key]` as JSON to the override as JSON), with a
 //! version, `tg:admin:{rules}:version`, that every edit increments in the same transaction.
 //! Each instance reads them at start and again whenever the version moves (polled every
-//! second), so an edit made through any instance reaches all of them.
+//! second), so an edit made through any instance reaches all of them. The allow and deny
+//! lists live beside them, `tg:admin:{rules}:lists`, with a version of their own.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 
-use crate::config::{OverrideSpec, Overrides, RedisOptions, RuleSpec};
+use crate::config::{ListEntry, OverrideSpec, Overrides, RedisOptions, RuleSpec};
 
 /// The hash of rules and its version, after the store's key prefix.
 const RULES: &str = "tg:admin:{rules}";
 const OVERRIDES: &str = "tg:admin:{rules}:overrides";
 const VERSION: &str = "tg:admin:{rules}:version";
+/// The allow and deny lists (`[list, rule, key]` as JSON to the entry as JSON) and their own
+/// version: bans change them often, and that need not re-read the rules.
+const LISTS: &str = "tg:admin:{rules}:lists";
+const LISTS_VERSION: &str = "tg:admin:{rules}:lists:version";
 
 /// How often instances look for edits made elsewhere.
 pub const POLL: Duration = Duration::from_secs(1);
@@ -28,6 +33,8 @@ pub struct SharedRules {
     rules: String,
     overrides: String,
     version: String,
+    lists: String,
+    lists_version: String,
     /// The console's summaries of the instances (see [`crate::console::instances`]).
     instances: String,
 }
@@ -104,6 +111,8 @@ impl SharedRules {
             rules: format!("{}{RULES}", options.key_prefix),
             overrides: format!("{}{OVERRIDES}", options.key_prefix),
             version: format!("{}{VERSION}", options.key_prefix),
+            lists: format!("{}{LISTS}", options.key_prefix),
+            lists_version: format!("{}{LISTS_VERSION}", options.key_prefix),
             instances: format!("{}tg:console:{{instances}}", options.key_prefix),
         })
     }
@@ -205,6 +214,67 @@ impl SharedRules {
             None => pipe.cmd("HDEL").arg(&self.overrides).arg(name).ignore(),
         };
         pipe.cmd("INCR").arg(&self.version);
+        let (version,): (u64,) = self.pipe(&pipe).await?;
+        Ok(version)
+    }
+
+    /// The version of the shared lists (0: none ever written).
+    ///
+    /// # Errors
+    /// Redis did not answer.
+    pub async fn lists_version(&self) -> redis::RedisResult<u64> {
+        let version: Option<u64> = self
+            .query(redis::cmd("GET").arg(&self.lists_version))
+            .await?;
+        Ok(version.unwrap_or(0))
+    }
+
+    /// The shared list entries and their version, read together; entries that do not read as
+    /// one are skipped (and logged).
+    ///
+    /// # Errors
+    /// Redis did not answer.
+    pub async fn read_lists(&self) -> anyhow::Result<(u64, Vec<ListEntry>)> {
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .cmd("GET")
+            .arg(&self.lists_version)
+            .cmd("HGETALL")
+            .arg(&self.lists);
+        let (version, kept): (Option<u64>, BTreeMap<String, String>) = self.pipe(&pipe).await?;
+        let mut entries = Vec::with_capacity(kept.len());
+        for (name, json) in kept {
+            match serde_json::from_str(&json) {
+                Ok(entry) => entries.push(entry),
+                Err(e) => {
+                    tracing::warn!(entry = name, error = %e, "a list entry in Redis is not one")
+                }
+            }
+        }
+        Ok((version.unwrap_or(0), entries))
+    }
+
+    /// Writes `entries` (`Some`) or deletes them (the entry's list, rule and key, `None`),
+    /// and moves the lists' version, in one transaction.
+    ///
+    /// # Errors
+    /// Redis did not answer; nothing was written then.
+    pub async fn write_lists(&self, entries: &[(&ListEntry, bool)]) -> anyhow::Result<u64> {
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for (entry, keep) in entries {
+            let name = serde_json::to_string(&(entry.list, &entry.rule, &entry.key))?;
+            if *keep {
+                pipe.cmd("HSET")
+                    .arg(&self.lists)
+                    .arg(name)
+                    .arg(serde_json::to_string(entry)?)
+                    .ignore();
+            } else {
+                pipe.cmd("HDEL").arg(&self.lists).arg(name).ignore();
+            }
+        }
+        pipe.cmd("INCR").arg(&self.lists_version);
         let (version,): (u64,) = self.pipe(&pipe).await?;
         Ok(version)
     }

@@ -326,6 +326,40 @@ async fn the_console_in_a_browser() {
         "the rule's tiers again"
     );
 
+    // A key denied on the Lists page, for every rule: refused at once; deleted, served again.
+    browser.goto(&format!("{console}#/lists")).await;
+    browser
+        .wait_text("#lists tbody", Duration::from_secs(5), |t| {
+            t.contains("No entry")
+        })
+        .await;
+    browser.fill("#l-key", &key).await;
+    browser.fill("#l-reason", "scraping").await;
+    browser.click("#save-entry").await;
+    browser
+        .wait_text("#list-message", Duration::from_secs(5), |t| {
+            t.starts_with("Put")
+        })
+        .await;
+    let row = browser
+        .wait_text("#lists tbody", Duration::from_secs(5), |t| {
+            t.contains("scraping")
+        })
+        .await;
+    assert!(
+        row.contains("every rule") && row.contains("planco"),
+        "{row}"
+    );
+    browser.screenshot("11-lists").await;
+    assert_eq!(get_product(&server, "planco").await, 429, "denied at once");
+    browser.click("#lists button.delete-entry").await;
+    browser
+        .wait_text("#list-message", Duration::from_secs(5), |t| {
+            t.starts_with("Took")
+        })
+        .await;
+    assert_eq!(get_product(&server, "planco").await, 200, "served again");
+
     // The audit log has the reset, the creation, the deletion and the plan.
     browser.goto(&format!("{console}#/audit")).await;
     let audit = browser
@@ -333,7 +367,7 @@ async fn the_console_in_a_browser() {
             t.contains("delete override")
         })
         .await;
-    for action in ["reset", "create", "delete", "override"] {
+    for action in ["reset", "create", "delete", "override", "deny list"] {
         assert!(audit.contains(action), "{audit}");
     }
     browser.screenshot("09-audit").await;

@@ -474,6 +474,35 @@ fn concurrency_rules_validate_and_bad_ones_are_placed() {
 }
 
 #[test]
+fn bans_validate_and_bad_ones_are_placed() {
+    let rule = |algorithm: &str, ban: &str| {
+        format!(
+            "rules:\n  - id: api\n    algorithm: {algorithm}\n    tiers: [{{ limit: 5, period: 1s }}]\n    ban: {ban}\n"
+        )
+    };
+    assert_eq!(validate(&[("rules.yaml", &rule("gcra", "10m"))]).0, 0);
+    for (algorithm, ban, message) in [
+        (
+            "leaky_bucket(shaper)",
+            "10m",
+            "ban: leaky_bucket(shaper) makes a denied check wait its turn",
+        ),
+        (
+            "concurrency",
+            "10m",
+            "ban: concurrency makes a denied check wait its turn",
+        ),
+        ("fixed_window", "0s", "ban: a ban must be longer than zero"),
+        ("fixed_window", "soon", "ban:"),
+    ] {
+        let (code, out) = validate(&[("rules.yaml", &rule(algorithm, ban))]);
+        assert_eq!(code, 1, "{algorithm} {ban}: {out}");
+        assert!(out.contains("rules.yaml:5:"), "at the field: {out}");
+        assert!(out.contains(message), "{message} in {out}");
+    }
+}
+
+#[test]
 fn client_prefixes_and_trusted_ranges_are_checked_at_their_place() {
     for key in [
         "[\"client_ip(v4=24, v6=48)\"]",

@@ -118,6 +118,9 @@ pub enum Source {
     FailOpen,
     /// The shared store failed; the rule fails closed and denied.
     FailClosed,
+    /// An allow or deny list entry, or a ban, decided before the store was asked (see
+    /// [`Rule::listed`](crate::Rule::listed)): nothing was counted.
+    Listed,
 }
 
 /// The answer to a check: whether it was admitted, and what the caller should know about the
@@ -326,6 +329,14 @@ impl Decisions {
     /// admission with the least remaining. `None` for an empty batch.
     pub fn binding(&self) -> Option<Decision> {
         self.iter().copied().reduce(Decision::combine)
+    }
+}
+
+/// Decisions gathered by a caller (a service answering some items itself, from its lists),
+/// in order.
+impl FromIterator<Decision> for Decisions {
+    fn from_iter<I: IntoIterator<Item = Decision>>(iter: I) -> Self {
+        Self::many(iter.into_iter().collect())
     }
 }
 

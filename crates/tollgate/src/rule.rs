@@ -356,6 +356,22 @@ impl Rule {
         Decision::of(self.label(), 0, verdict).with_source(source)
     }
 
+    /// A decision of this rule taken by a list before any store, counting nothing: admitted
+    /// with the whole capacity left (an allowed key), or denied for `denied_for` (a denied
+    /// or banned key: `retry_after` and `reset_after` say when the entry ends). Binds to the
+    /// first tier; its source is [`Source::Listed`].
+    pub fn listed(&self, denied_for: Option<std::time::Duration>) -> Decision {
+        let limit = self.algorithm().capacity(&self.tiers()[0]);
+        let verdict = match denied_for {
+            None => Verdict::allow(limit, limit, 0),
+            Some(wait) => {
+                let wait = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX);
+                Verdict::deny(limit, 0, wait, wait)
+            }
+        };
+        Decision::of(self.label(), 0, verdict).with_source(Source::Listed)
+    }
+
     /// Combines the verdicts of this rule's tiers, `verdict(i)` being tier `i`'s.
     pub(crate) fn merge(&self, mut verdict: impl FnMut(usize) -> Verdict) -> Decision {
         let mut merged = Decision::of(self.label(), 0, verdict(0));

@@ -6,6 +6,7 @@
 
 mod duration;
 mod error;
+mod lists;
 pub mod native;
 mod overrides;
 pub mod places;
@@ -16,6 +17,7 @@ use tollgate::engine::Engine;
 
 pub use duration::parse_duration;
 pub use error::{ConfigError, Place, Places};
+pub use lists::{ListEntry, ListKind, MAX_LIST_ENTRIES};
 pub use native::{RuleSpec, TierSpec, parse_algorithm, parse_rule_spec, parse_rule_text};
 pub use overrides::{
     MAX_OVERRIDES, MAX_PATTERNS, OverrideEntry, OverrideSpec, Overrides, entries, from_entries,

@@ -113,6 +113,10 @@ struct ServerSection {
     /// so that they outlive restarts; without it they last until the process ends. A Redis
     /// store keeps them in Redis.
     overrides_file: Option<PathBuf>,
+    /// Memory store: the file where the allow and deny lists set through the admin API are
+    /// kept (JSON), so that they outlive restarts; without it they last until the process
+    /// ends. A Redis store keeps them in Redis. Bans are not written to it.
+    lists_file: Option<PathBuf>,
     /// The proxies in front of the services that ask (addresses or ranges: `10.0.0.0/8`,
     /// `2001:db8::/32`). A request whose client address (`/v1/check`'s `client_ip`,
     /// `/v1/auth`'s `X-Real-IP` or peer) is one of them is keyed on the right-most address
@@ -328,6 +332,11 @@ pub struct RuleSpec {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     #[schemars(extend("default" = false))]
     pub caller_limit: bool,
+    /// How long a key that exceeds this rule is refused afterwards, whatever the rule's state
+    /// (`10m`): its checks are denied until the ban ends, `Retry-After` saying when. Not for
+    /// a shaper (`leaky_bucket(shaper)`) or a concurrency rule, whose denials are a wait.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ban: Option<String>,
 }
 
 /// How a rule's reservations live and end.
@@ -625,6 +634,35 @@ fn open() -> String {
 }
 
 impl RuleSpec {
+    /// How long this rule bans a key that exceeds it, if it does.
+    ///
+    /// # Errors
+    /// A ban that is not a duration, is zero, or is on an algorithm whose denials are a wait.
+    pub fn ban(&self) -> Result<Option<std::time::Duration>, String> {
+        let Some(ban) = &self.ban else {
+            return Ok(None);
+        };
+        let algorithm = parse_algorithm(&self.algorithm)?;
+        self.ban_of(ban, &algorithm).map(Some)
+    }
+
+    fn ban_of(&self, ban: &str, algorithm: &Algorithm) -> Result<std::time::Duration, String> {
+        let ban = parse_duration(ban)?;
+        if ban.is_zero() {
+            return Err("a ban must be longer than zero".into());
+        }
+        if matches!(algorithm, Algorithm::LeakyBucket(LeakyBucket::Shaper))
+            || algorithm.holds_slots()
+        {
+            return Err(format!(
+                "{} makes a denied check wait its turn rather than refusing abuse: a ban \
+                 takes a rule that counts a rate",
+                self.algorithm
+            ));
+        }
+        Ok(ban)
+    }
+
     /// The route this spec describes.
     ///
     /// # Errors
@@ -652,6 +690,9 @@ impl RuleSpec {
                 },
             },
         };
+        if let Some(ban) = &self.ban {
+            self.ban_of(ban, &algorithm).map_err(|e| field("ban", e))?;
+        }
         let rule = Rule::new(self.id.clone(), algorithm, tiers)
             .and_then(|r| r.on_failure(policy))
             .and_then(|r| r.reservations(reservations))
@@ -914,6 +955,7 @@ pub fn parse(file: &Path, text: &str) -> Result<Sections, ConfigError> {
                     .console_record_always
                     .unwrap_or(defaults.console_record_always),
                 overrides_file: s.overrides_file,
+                lists_file: s.lists_file,
                 trusted_proxies: s
                     .trusted_proxies
                     .iter()

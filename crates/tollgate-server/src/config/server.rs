@@ -44,6 +44,9 @@ pub struct ServerConfig {
     /// Where the memory store keeps the overrides set through the admin API, so that they
     /// outlive restarts (`server.overrides_file`); a Redis store keeps them in Redis.
     pub overrides_file: Option<PathBuf>,
+    /// Where the memory store keeps the allow and deny lists (`server.lists_file`); a Redis
+    /// store keeps them in Redis.
+    pub lists_file: Option<PathBuf>,
     /// The proxies whose `X-Forwarded-For` is believed about the client behind them
     /// (`server.trusted_proxies`).
     pub trusted_proxies: Vec<tollgate::engine::IpRange>,
@@ -86,6 +89,7 @@ impl Default for ServerConfig {
             tls: None,
             grpc_tls: None,
             overrides_file: None,
+            lists_file: None,
             trusted_proxies: Vec::new(),
             grpc_uds: None,
             prometheus: None,

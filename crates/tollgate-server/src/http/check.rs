@@ -212,6 +212,7 @@ fn source_name(source: Source) -> &'static str {
         Source::Fallback => "fallback",
         Source::FailOpen => "fail_open",
         Source::FailClosed => "fail_closed",
+        Source::Listed => "list",
         _ => "other",
     }
 }
@@ -462,11 +463,18 @@ fn answer_outcome(
     match outcome {
         Ok(Outcome {
             decisions,
+            forbidden: true,
+            ..
+        }) => answer(&decisions, StatusCode::FORBIDDEN, json),
+        Ok(Outcome {
+            decisions,
             permit: None,
+            ..
         }) => answer(&decisions, denied, json),
         Ok(Outcome {
             decisions,
             permit: Some(permit),
+            ..
         }) => {
             let mut response = answer(&decisions, denied, json);
             let id = HeaderValue::from_str(&permit.id).expect("a permit id is hex digits");

@@ -10,7 +10,7 @@
 //!   `auth_request` passes only 401 and 403 on);
 //! - `POST /v1/release` and `POST /v1/extend`: the permits of concurrency rules
 //!   (`permits.rs`);
-//! - `/v1/rules`: the admin API (see [`admin`]);
+//! - `/v1/rules`: the admin API (see [`admin`]), with `/v1/overrides` and `/v1/lists`;
 //! - `/v1/console/...` and `/console`: the console (see [`console`]);
 //! - `/metrics`, `/healthz`, `/readyz`, and the Envoy service's `/healthcheck` and `POST
 //!   /json` (`health.rs`).
@@ -25,6 +25,7 @@ pub mod admin;
 mod check;
 pub mod console;
 mod health;
+mod lists;
 mod metered;
 pub mod openapi;
 mod overrides;
@@ -92,6 +93,7 @@ fn router(state: AppState) -> Router {
         .merge(metered::router().layer(limit))
         .merge(overrides::router().layer(limit))
         .merge(permits::router().layer(limit))
+        .merge(lists::router().layer(limit))
         .split_for_parts();
     // The console's routes are described always, and served only where an admin token
     // guards them.

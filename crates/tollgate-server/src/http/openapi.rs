@@ -138,7 +138,8 @@ pub struct DecisionView {
     pub source: DecisionSource,
 }
 
-/// What decided: the store, or, when a shared store failed, the rule's failure policy.
+/// What decided: the store, a list, or, when a shared store failed, the rule's failure
+/// policy.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DecisionSource {
@@ -156,6 +157,8 @@ pub enum DecisionSource {
     FailOpen,
     /// Denied (`on_failure: closed`), while Redis failed.
     FailClosed,
+    /// An allow or deny list entry, or a ban: decided before the store, counting nothing.
+    List,
     /// A path added after this version.
     Other,
 }

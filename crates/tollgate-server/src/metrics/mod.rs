@@ -175,6 +175,24 @@ pub const CATALOG: &[Metric] = &[
         "Reservations: `created`, `refused` (a full book, or a store that takes none), `committed`, `cancelled`, `expired` (settled by themselves as their rules say).",
     ),
     metric(
+        "tollgate_list_decisions_total",
+        Kind::Counter,
+        &["list", "rule"],
+        "Checks decided by an allow or deny list entry (bans included) before the store, by list (`allow`, `deny`) and rule.",
+    ),
+    metric(
+        "tollgate_list_entries",
+        Kind::Gauge,
+        &["list"],
+        "Entries on each list (`allow`, `deny`) held by this instance, bans included.",
+    ),
+    metric(
+        "tollgate_bans_total",
+        Kind::Counter,
+        &["rule", "outcome"],
+        "Keys banned by a rule's `ban` (`banned`), or not for want of room on the lists (`refused`).",
+    ),
+    metric(
         "tollgate_permits_total",
         Kind::Counter,
         &["event"],
@@ -712,6 +730,22 @@ pub fn redis_nodes(nodes: &[tollgate::NodeHealth]) {
 /// Counts `cost` permits reported under `rule`.
 pub fn reported(rule: &str, cost: u64) {
     counter!("tollgate_reported_total", "rule" => rule.to_string()).increment(cost);
+}
+
+/// Counts a check decided by the `list` entry of `rule`'s key.
+pub fn listed(list: &'static str, rule: &str) {
+    counter!("tollgate_list_decisions_total", "list" => list, "rule" => rule.to_string())
+        .increment(1);
+}
+
+/// Sets how many entries `list` holds.
+pub fn list_entries(list: &'static str, count: usize) {
+    gauge!("tollgate_list_entries", "list" => list).set(count as f64);
+}
+
+/// Counts a ban's `outcome` under `rule`.
+pub fn ban(rule: &str, outcome: &'static str) {
+    counter!("tollgate_bans_total", "rule" => rule.to_string(), "outcome" => outcome).increment(1);
 }
 
 /// Counts a permit's `event`.

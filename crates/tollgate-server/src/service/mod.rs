@@ -18,6 +18,7 @@ use crate::metrics::{self, EnvoyStats, RuleMetrics};
 use crate::shared::{Overlay, Shared, SharedRules};
 
 mod caller_limit;
+pub mod lists;
 mod metered;
 mod overrides;
 mod store;
@@ -48,6 +49,8 @@ pub struct Loaded {
     caller_limits: caller_limit::Index,
     /// Whether some rule holds slots (concurrency): checks then hold them under a permit.
     holds_slots: bool,
+    /// How long each rule with a `ban` bans a key that exceeds it, by rule name.
+    bans: HashMap<&'static str, std::time::Duration, foldhash::fast::RandomState>,
 }
 
 impl Loaded {
@@ -86,6 +89,8 @@ pub struct Service {
     console: std::sync::OnceLock<Arc<Console>>,
     /// How the rule files loaded, for the console.
     status: Mutex<LoadStatus>,
+    /// The allow and deny lists, bans included.
+    lists: lists::Lists,
 }
 
 /// How the rule files loaded: how many times (the version of the rules), when, and the last
@@ -118,6 +123,8 @@ pub struct Outcome {
     pub decisions: Decisions,
     /// When a concurrency rule applied and admitted: the permit its slots are held under.
     pub permit: Option<Permit>,
+    /// Refused by a deny entry that answers 403 rather than 429.
+    pub forbidden: bool,
 }
 
 /// Slots held on concurrency rules: the id to release them by, and how long until the permit
@@ -136,6 +143,7 @@ impl Outcome {
         Self {
             decisions,
             permit: None,
+            forbidden: false,
         }
     }
 }
@@ -199,14 +207,26 @@ impl Service {
             StoreConfig::Memory { .. } => None,
         };
         let mut kept = Shared::default();
+        let mut listed = (0, Vec::new());
         if let Some(shared) = &shared {
             match shared.read().await {
                 Ok(read) => kept = read,
                 Err(e) => tracing::warn!(error = %e, "cannot read the shared admin rules yet"),
             }
-        } else if let Some(file) = &config.server.overrides_file {
-            kept.overrides = overrides::read_file(file)?;
+            match shared.read_lists().await {
+                Ok(read) => listed = read,
+                Err(e) => tracing::warn!(error = %e, "cannot read the shared lists yet"),
+            }
+        } else {
+            if let Some(file) = &config.server.overrides_file {
+                kept.overrides = overrides::read_file(file)?;
+            }
+            if let Some(file) = &config.server.lists_file {
+                listed.1 = lists::read_file(file)?;
+            }
         }
+        let lists = lists::Lists::new(listed.1);
+        lists.set_version(listed.0);
         let Shared {
             version,
             overlay,
@@ -240,6 +260,7 @@ impl Service {
             latency: metrics::store_latency(store.kind()),
             terminating: AtomicBool::new(false),
             store,
+            lists,
         })
     }
 
@@ -483,6 +504,7 @@ impl Service {
                 return;
             };
             service.refresh_shared(&shared).await;
+            service.refresh_lists(&shared).await;
         }
     }
 
@@ -545,8 +567,27 @@ impl Service {
         if items.is_empty() {
             return Ok(Outcome::default());
         }
+        let screened = self.lists.screen(loaded, items);
+        let (items, waved) = match screened {
+            None => (std::borrow::Cow::Borrowed(items), Vec::new()),
+            Some(lists::Screened::Denied {
+                decisions,
+                forbidden,
+            }) => {
+                return Ok(Outcome {
+                    decisions,
+                    permit: None,
+                    forbidden,
+                });
+            }
+            Some(lists::Screened::Check(kept, waved)) => (std::borrow::Cow::Owned(kept), waved),
+        };
+        let items = &items[..];
+        if items.is_empty() {
+            return Ok(Outcome::of(waved.into_iter().collect()));
+        }
         let started = Instant::now();
-        let (decisions, permit) = if loaded.holds_slots {
+        let (mut decisions, permit) = if loaded.holds_slots {
             let held = limiter.hold(items).await?;
             let permit = held.id().map(|id| Permit {
                 id: id.to_string(),
@@ -575,7 +616,17 @@ impl Service {
             let decided = items.iter().map(|item| item.key).zip(decisions.iter());
             console.checked(second, took, decided);
         }
-        Ok(Outcome { decisions, permit })
+        if !decisions.allowed() {
+            self.ban(loaded, items, &mut decisions).await;
+        }
+        if !waved.is_empty() {
+            decisions = waved.into_iter().chain(decisions.iter().copied()).collect();
+        }
+        Ok(Outcome {
+            decisions,
+            permit,
+            forbidden: false,
+        })
     }
 
     /// Marks the service as stopping: it is no longer healthy (see [`Service::healthy`]),
@@ -805,10 +856,20 @@ fn build(
     let holds_slots = limiter
         .as_ref()
         .is_some_and(|l| l.rules().any(|r| r.algorithm().holds_slots()));
+    let bans = config
+        .specs
+        .iter()
+        .filter_map(|spec| {
+            let ban = spec.ban().ok()??;
+            let rule = config.engine.rules().find(|r| r.name() == spec.id)?;
+            Some((rule.name(), ban))
+        })
+        .collect();
     Ok(Loaded {
         engine: config.engine.clone(),
         limiter,
         holds_slots,
+        bans,
         specs: config.specs.clone(),
         config,
         metrics,

@@ -126,7 +126,7 @@ function route() {
   const [, view, ...rest] = hash.split('/');
   const arg = rest.map(decodeURIComponent).join('/');
   $$('header nav a').forEach((a) => a.classList.toggle('active', a.dataset.view === view || (view === 'rule' && a.dataset.view === 'rules')));
-  const views = { overview, rules, rule, edit, new: edit, explain, plans, audit };
+  const views = { overview, rules, rule, edit, new: edit, explain, plans, lists, audit };
   const show = views[view] || overview;
   show(arg, view).catch(failed);
 }
@@ -743,6 +743,63 @@ async function plans(only) {
     const r = await api('DELETE', `/v1/overrides/${encodeURIComponent(row.dataset.rule)}/${encodeURIComponent(row.dataset.key)}`);
     if (r.ok) { await plans(only); }
     say(r, `Deleted the plan of ${row.dataset.key} under ${row.dataset.rule}.`);
+  }));
+}
+
+// ---- lists (allow, deny, bans) -----------------------------------------------------------
+
+// Keys that bypass a rule or are refused before it, and the bans rules made. Not refreshed by
+// itself, so that the form keeps what is being typed.
+async function lists() {
+  const [listed, ruled] = await Promise.all([api('GET', '/v1/lists'), api('GET', '/v1/console/rules')]);
+  const ids = ruled.json.rules.map((r) => r.id);
+  const rows = listed.json.entries.map((e) => `<tr data-list="${esc(e.list)}" data-rule="${esc(e.rule)}" data-key="${esc(e.key)}">
+      <td>${e.list === 'deny' ? '<span class="badge bad">deny</span>' : '<span class="badge good">allow</span>'}</td>
+      <td class="mono">${esc(e.rule === '*' ? 'every rule' : e.rule)}</td><td class="mono">${esc(e.key)}</td>
+      <td>${esc(e.expires_at_ms ? new Date(e.expires_at_ms).toLocaleString('en-GB') : 'never')}</td>
+      <td>${e.list === 'deny' ? esc(String(e.status ?? 429)) : ''}</td><td>${esc(e.reason ?? '')}</td>
+      <td><button type="button" class="danger delete-entry">Delete</button></td></tr>`).join('');
+  const options = ['*', ...ids].map((id) => `<option value="${esc(id)}">${esc(id === '*' ? 'every rule' : id)}</option>`).join('');
+  $('#view').innerHTML = `
+    <h1>Lists</h1>
+    <p class="muted">Checked before the rules: an allowed key bypasses its rule (counting nothing), a denied key is
+      refused (nothing counted, <code>Retry-After</code> until the entry ends). A rule's <code>ban</code> puts a key that
+      exceeds it on the deny list. Kept across restarts; every instance on one Redis applies an edit within a second.</p>
+    <div class="panel"><table id="lists"><thead><tr><th>List</th><th>Rule</th><th>Key</th><th>Ends</th><th>Status</th><th>Why</th><th></th></tr></thead>
+      <tbody>${rows || '<tr><td colspan="7" class="muted">No entry: every key goes to its rules.</td></tr>'}</tbody></table></div>
+    <div class="panel form"><h2>Add an entry</h2>
+      <div class="field"><label for="l-list">List</label><select id="l-list"><option value="deny">deny</option><option value="allow">allow</option></select></div>
+      <div class="field"><label for="l-rule">Rule</label><select id="l-rule">${options}</select></div>
+      <div class="field"><label for="l-key">Key (as the rule pages show it)</label><input type="text" id="l-key" placeholder="acme"></div>
+      <div class="field"><label for="l-expires">Ends after (optional: 10m, 30d)</label><input type="text" id="l-expires"></div>
+      <div class="field"><label for="l-status">Deny status</label><select id="l-status"><option value="429">429</option><option value="403">403</option></select></div>
+      <div class="field"><label for="l-reason">Why (optional)</label><input type="text" id="l-reason"></div>
+      <button type="button" class="primary" id="save-entry">Save</button> <span id="list-message"></span>
+    </div>`;
+  const say = (r, what) => {
+    $('#list-message').innerHTML = r.ok ? `<span class="ok">${esc(what)}</span>` : `<span class="error">${esc(r.json?.error)}</span>`;
+  };
+  $('#save-entry').addEventListener('click', async () => {
+    const list = $('#l-list').value;
+    const rule = $('#l-rule').value;
+    const key = $('#l-key').value.trim();
+    if (!key) { $('#list-message').innerHTML = '<span class="error">Give a key.</span>'; return; }
+    const body = {};
+    const expires = $('#l-expires').value.trim();
+    if (expires) body.expires = expires;
+    if (list === 'deny') body.status = Number($('#l-status').value);
+    const reason = $('#l-reason').value.trim();
+    if (reason) body.reason = reason;
+    const r = await api('PUT', `/v1/lists/${list}/${encodeURIComponent(rule)}/${encodeURIComponent(key)}`, body);
+    if (r.ok) { await lists(); }
+    say(r, `Put ${key} on the ${list} list.`);
+  });
+  $$('button.delete-entry').forEach((b) => b.addEventListener('click', async () => {
+    const row = b.closest('tr');
+    if (!confirm(`Take ${row.dataset.key} off the ${row.dataset.list} list?`)) return;
+    const r = await api('DELETE', `/v1/lists/${row.dataset.list}/${encodeURIComponent(row.dataset.rule)}/${encodeURIComponent(row.dataset.key)}`);
+    if (r.ok) { await lists(); }
+    say(r, `Took ${row.dataset.key} off the ${row.dataset.list} list.`);
   }));
 }
 
