@@ -328,3 +328,37 @@ async fn instances_on_one_redis_share_lists_and_bans() {
     let c = Server::start(&[("rules.yaml", &rules)], &["--admin-token", TOKEN]);
     assert_eq!(check(&c.http, "kept").await.0, 429);
 }
+
+/// On a Redis Cluster: the lists live in the admin rules' slot; bans and entries as on one
+/// server, and a calendar day's quota counts there too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_bans_and_calendar_days_on_a_cluster() {
+    let cluster = support::Cluster::start();
+    let nodes: Vec<String> = cluster.urls().iter().map(|u| format!("'{u}'")).collect();
+    let calendar = "  - id: day\n    match: { path: \"/v1/day/**\" }\n    key: [header:x-tenant]\n    time_zone: Europe/Paris\n    tiers: [{ limit: 3, period: day }]\n";
+    let rules = format!(
+        "store: {{ kind: redis, cluster: [{}], timeout: 2s }}\n{RULES}{calendar}",
+        nodes.join(", ")
+    );
+    let server = Server::start(&[("rules.yaml", &rules)], &["--admin-token", TOKEN]);
+    a_key_that_exceeds_a_rule_is_banned(&server.http).await;
+    deny_and_allow_entries_come_before_the_rules(&server.http).await;
+    bad_edits_change_nothing(&server.http).await;
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        let body = json!({ "request": { "method": "GET", "path": "/v1/day/x", "headers": { "x-tenant": "acme" } } });
+        let answer = reqwest::Client::new()
+            .post(format!("{}/v1/check", server.http))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        statuses.push(answer.status().as_u16());
+        if answer.status() == 429 {
+            let body: Value = answer.json().await.unwrap();
+            let wait = body["decisions"][0]["retry_after_ms"].as_u64().unwrap();
+            assert!(wait <= 25 * 3_600_000, "until midnight in Paris: {body}");
+        }
+    }
+    assert_eq!(statuses, [200, 200, 200, 429]);
+}

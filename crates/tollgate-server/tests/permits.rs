@@ -315,3 +315,19 @@ async fn four_processes_never_hold_more_than_the_limit() {
     );
     assert_eq!(held_in_redis(redis.port), 0, "every slot released");
 }
+
+/// On a Redis Cluster: a key's slots live in one key, so held, released and extended as on one
+/// server; the permit's record lives in its own slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_on_a_cluster() {
+    let cluster = support::Cluster::start();
+    let nodes: Vec<String> = cluster.urls().iter().map(|u| format!("'{u}'")).collect();
+    let rules = format!(
+        "store: {{ kind: redis, cluster: [{}], timeout: 2s }}\n{RULES}",
+        nodes.join(", ")
+    );
+    let server = Server::start(&[("rules.yaml", &rules)], &[]);
+    slots_are_held_released_and_extended(&server.http).await;
+    bad_permits_change_nothing(&server.http).await;
+    a_lost_holders_slots_come_back_after_the_lease(&server.http).await;
+}

@@ -29,7 +29,13 @@ async fn the_limit_is_global_and_exact_across_processes() {
             tasks.push(tokio::spawn(async move {
                 let (status, _, answer) = check(&client, &url, body).await;
                 assert!(status == 200 || status == 429, "{status}: {answer}");
-                assert_eq!(answer["decisions"][0]["source"], "redis");
+                // Redis decides; a denied key may be answered again from the instance's
+                // cache of denials until its retry_after.
+                let source = &answer["decisions"][0]["source"];
+                assert!(
+                    source == "redis" || (status == 429 && source == "cache"),
+                    "{answer}"
+                );
                 status == 200
             }));
         }

@@ -248,12 +248,52 @@ fn metered(c: &mut Criterion) {
     group.finish();
 }
 
+/// What the quotas issue added against a plain check, on 10,000 keys in turn: a fixed
+/// window by the hour; a calendar month in Paris; a slot of 10 held and released (two calls,
+/// a permit's record made and taken out).
+fn quotas(c: &mut Criterion) {
+    let mut group = c.benchmark_group("quotas");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let keys: Vec<Key> = (0..10_000).map(key).collect();
+    let next = std::cell::Cell::new(0usize);
+    let key = || {
+        let i = next.get();
+        next.set((i + 1) % keys.len());
+        &keys[i]
+    };
+    let plain = limiter(Algorithm::FixedWindow, Tier::per_hour(1_000_000_000));
+    let month = tollgate::Calendar::month().in_zone("Europe/Paris").unwrap();
+    let calendar = limiter(Algorithm::FixedWindow, Tier::calendar(1_000_000_000, month));
+    let slots = limiter(
+        Algorithm::Concurrency,
+        Tier::new(10, Duration::from_secs(60)),
+    );
+    group.bench_function(BenchmarkId::new("tollgate", "check"), |b| {
+        b.to_async(&runtime)
+            .iter(|| async { plain.check(black_box(key()), 1).await.unwrap() })
+    });
+    group.bench_function(BenchmarkId::new("tollgate", "calendar_month"), |b| {
+        b.to_async(&runtime)
+            .iter(|| async { calendar.check(black_box(key()), 1).await.unwrap() })
+    });
+    group.bench_function(BenchmarkId::new("tollgate", "hold_release"), |b| {
+        b.to_async(&runtime).iter(|| async {
+            let item = [tollgate::Item::new("bench", key(), 1)];
+            let held = slots.hold(&item).await.unwrap();
+            slots.release(held.id().unwrap()).await.unwrap()
+        })
+    });
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2))
         .sample_size(30);
-    targets = one_key_one_thread, one_key_two_threads, million_keys, metered
+    targets = one_key_one_thread, one_key_two_threads, million_keys, metered, quotas
 }
 criterion_main!(benches);

@@ -121,6 +121,9 @@ pub enum Source {
     /// An allow or deny list entry, or a ban, decided before the store was asked (see
     /// [`Rule::listed`](crate::Rule::listed)): nothing was counted.
     Listed,
+    /// A denial the store gave earlier, answered again by this process until its
+    /// `retry_after` (see [`Decision::cached`]): nothing was asked or counted.
+    Cache,
 }
 
 /// The answer to a check: whether it was admitted, and what the caller should know about the
@@ -209,6 +212,21 @@ impl Decision {
             self.verdict.retry_after = 0;
             self.shadowed = true;
         }
+        self
+    }
+
+    /// This denial answered again from a cache of the caller's, `elapsed` after the store
+    /// gave it, nothing having been asked since: its waits shorter by `elapsed` (a
+    /// `retry_after` of at least 1 µs), its source [`Source::Cache`]. An admission is
+    /// returned as it is.
+    pub fn cached(mut self, elapsed: Duration) -> Decision {
+        if self.verdict.allowed {
+            return self;
+        }
+        let elapsed = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+        self.verdict.retry_after = self.verdict.retry_after.saturating_sub(elapsed).max(1);
+        self.verdict.reset_after = self.verdict.reset_after.saturating_sub(elapsed);
+        self.source = Source::Cache;
         self
     }
 

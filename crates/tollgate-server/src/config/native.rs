@@ -117,6 +117,11 @@ struct ServerSection {
     /// kept (JSON), so that they outlive restarts; without it they last until the process
     /// ends. A Redis store keeps them in Redis. Bans are not written to it.
     lists_file: Option<PathBuf>,
+    /// Redis strict: the most bytes of denials kept to answer a denied key in this process
+    /// until its `retry_after` without asking Redis (a flood at many times a limit costs Redis
+    /// a call per `retry_after`); 0 turns it off.
+    #[schemars(extend("default" = 4194304))]
+    denied_cache_bytes: Option<usize>,
     /// The proxies in front of the services that ask (addresses or ranges: `10.0.0.0/8`,
     /// `2001:db8::/32`). A request whose client address (`/v1/check`'s `client_ip`,
     /// `/v1/auth`'s `X-Real-IP` or peer) is one of them is keyed on the right-most address
@@ -956,6 +961,7 @@ pub fn parse(file: &Path, text: &str) -> Result<Sections, ConfigError> {
                     .unwrap_or(defaults.console_record_always),
                 overrides_file: s.overrides_file,
                 lists_file: s.lists_file,
+                denied_cache_bytes: s.denied_cache_bytes.unwrap_or(defaults.denied_cache_bytes),
                 trusted_proxies: s
                     .trusted_proxies
                     .iter()

@@ -47,6 +47,9 @@ pub struct ServerConfig {
     /// Where the memory store keeps the allow and deny lists (`server.lists_file`); a Redis
     /// store keeps them in Redis.
     pub lists_file: Option<PathBuf>,
+    /// Redis strict: the bytes of denials answered here until their `retry_after`
+    /// (`server.denied_cache_bytes`, 4 MiB by default; 0: off).
+    pub denied_cache_bytes: usize,
     /// The proxies whose `X-Forwarded-For` is believed about the client behind them
     /// (`server.trusted_proxies`).
     pub trusted_proxies: Vec<tollgate::engine::IpRange>,
@@ -90,6 +93,7 @@ impl Default for ServerConfig {
             grpc_tls: None,
             overrides_file: None,
             lists_file: None,
+            denied_cache_bytes: 4 << 20,
             trusted_proxies: Vec::new(),
             grpc_uds: None,
             prometheus: None,

@@ -213,6 +213,7 @@ fn source_name(source: Source) -> &'static str {
         Source::FailOpen => "fail_open",
         Source::FailClosed => "fail_closed",
         Source::Listed => "list",
+        Source::Cache => "cache",
         _ => "other",
     }
 }

@@ -159,6 +159,9 @@ pub enum DecisionSource {
     FailClosed,
     /// An allow or deny list entry, or a ban: decided before the store, counting nothing.
     List,
+    /// A denial Redis gave, answered again by this instance until its `retry_after`
+    /// (`server.denied_cache_bytes`).
+    Cache,
     /// A path added after this version.
     Other,
 }

@@ -175,6 +175,12 @@ pub const CATALOG: &[Metric] = &[
         "Reservations: `created`, `refused` (a full book, or a store that takes none), `committed`, `cancelled`, `expired` (settled by themselves as their rules say).",
     ),
     metric(
+        "tollgate_denied_cache_total",
+        Kind::Counter,
+        &["rule"],
+        "Checks of a strict Redis rule answered denied by this instance from a denial Redis gave, until its `retry_after`, without asking Redis.",
+    ),
+    metric(
         "tollgate_list_decisions_total",
         Kind::Counter,
         &["list", "rule"],
@@ -730,6 +736,11 @@ pub fn redis_nodes(nodes: &[tollgate::NodeHealth]) {
 /// Counts `cost` permits reported under `rule`.
 pub fn reported(rule: &str, cost: u64) {
     counter!("tollgate_reported_total", "rule" => rule.to_string()).increment(cost);
+}
+
+/// Counts a check answered denied from the cache of denials of `rule`.
+pub fn denied_cache(rule: &str) {
+    counter!("tollgate_denied_cache_total", "rule" => rule.to_string()).increment(1);
 }
 
 /// Counts a check decided by the `list` entry of `rule`'s key.

@@ -147,6 +147,8 @@ impl Service {
         let loaded = self.loaded();
         let limiter = loaded.limiter.as_ref().ok_or_else(|| unknown(id))?;
         let decisions = limiter.commit(id, cost).await?;
+        // Less than the estimate gives permits back: a denial kept here may no longer hold.
+        loaded.clear_denied();
         metrics::reservation("committed");
         Ok(Outcome::of(decisions))
     }
@@ -159,6 +161,7 @@ impl Service {
         let loaded = self.loaded();
         let limiter = loaded.limiter.as_ref().ok_or_else(|| unknown(id))?;
         let decisions = limiter.cancel(id).await?;
+        loaded.clear_denied();
         metrics::reservation("cancelled");
         Ok(Outcome::of(decisions))
     }
@@ -209,6 +212,10 @@ impl Service {
             }
             match limiter.settle_expired(1_000).await {
                 Ok(settled) => {
+                    if settled > 0 {
+                        // Estimates released on expiry give permits back.
+                        loaded.clear_denied();
+                    }
                     for _ in 0..settled {
                         metrics::reservation("expired");
                     }

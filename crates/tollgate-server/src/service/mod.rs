@@ -18,6 +18,7 @@ use crate::metrics::{self, EnvoyStats, RuleMetrics};
 use crate::shared::{Overlay, Shared, SharedRules};
 
 mod caller_limit;
+pub mod denied;
 pub mod lists;
 mod metered;
 mod overrides;
@@ -51,9 +52,20 @@ pub struct Loaded {
     holds_slots: bool,
     /// How long each rule with a `ban` bans a key that exceeds it, by rule name.
     bans: HashMap<&'static str, std::time::Duration, foldhash::fast::RandomState>,
+    /// Keys Redis denied, answered here until their `retry_after` (Redis strict only), and
+    /// the rules whose denials it keeps. A new one with every load: reloads, admin edits
+    /// and overrides clear it.
+    denied: Option<(denied::DeniedCache, std::collections::HashSet<&'static str>)>,
 }
 
 impl Loaded {
+    /// Forgets the denials kept here: permits were given back, or a key reset.
+    pub(super) fn clear_denied(&self) {
+        if let Some((cache, _)) = &self.denied {
+            cache.clear();
+        }
+    }
+
     /// The Envoy service's statistics of the configured limit `name`.
     pub fn envoy_stats(&self, name: &str) -> Option<&EnvoyStats> {
         self.envoy_stats.get(name)
@@ -320,7 +332,9 @@ impl Service {
         let Some(limiter) = &loaded.limiter else {
             return Err(CheckError::Invalid(format!("unknown rule `{rule}`")));
         };
-        limiter.reset(rule, key).await.map_err(CheckError::from)
+        limiter.reset(rule, key).await.map_err(CheckError::from)?;
+        loaded.clear_denied();
+        Ok(())
     }
 
     /// Swaps in the rules of `config`, the files read again, when it loaded and is valid;
@@ -586,6 +600,17 @@ impl Service {
         if items.is_empty() {
             return Ok(Outcome::of(waved.into_iter().collect()));
         }
+        if let Some((cache, _)) = &loaded.denied
+            && let Some(decisions) = cache.deny(items, denied::now_micros())
+        {
+            for decision in decisions.iter() {
+                metrics::denied_cache(decision.rule());
+                if let Some(m) = loaded.metrics.get(decision.rule()) {
+                    m.record(decision);
+                }
+            }
+            return Ok(Outcome::of(decisions));
+        }
         let started = Instant::now();
         let (mut decisions, permit) = if loaded.holds_slots {
             let held = limiter.hold(items).await?;
@@ -617,6 +642,11 @@ impl Service {
             console.checked(second, took, decided);
         }
         if !decisions.allowed() {
+            if let Some((cache, rules)) = &loaded.denied {
+                cache.remember(items, &decisions, denied::now_micros(), |r| {
+                    rules.contains(r)
+                });
+            }
             self.ban(loaded, items, &mut decisions).await;
         }
         if !waved.is_empty() {
@@ -865,8 +895,31 @@ fn build(
             Some((rule.name(), ban))
         })
         .collect();
+    let denied = match (&limiter, store.kind(), config.server.denied_cache_bytes) {
+        (Some(limiter), "redis", bytes) if bytes > 0 => {
+            // Native rules and those derived from them (overrides, stated limits: named
+            // `rule/...`), not Envoy domains', whose every hit Redis counts.
+            let native: std::collections::HashSet<&str> = config
+                .engine
+                .routes()
+                .iter()
+                .map(|r| r.rule.name())
+                .collect();
+            let rules = limiter
+                .rules()
+                .filter(|r| {
+                    let base = r.name().split_once('/').map_or(r.name(), |(b, _)| b);
+                    native.contains(base) && denied::caches(r)
+                })
+                .map(tollgate::Rule::name)
+                .collect();
+            Some((denied::DeniedCache::new(bytes), rules))
+        }
+        _ => None,
+    };
     Ok(Loaded {
         engine: config.engine.clone(),
+        denied,
         limiter,
         holds_slots,
         bans,
