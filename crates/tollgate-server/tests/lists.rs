@@ -140,13 +140,10 @@ async fn deny_and_allow_entries_come_before_the_rules(server: &str) {
     for _ in 0..5 {
         let (status, waved) = check(server, "vip").await;
         assert_eq!(status, 200, "{waved}");
-        let api = waved["decisions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|d| d["rule"] == "api")
-            .unwrap()
-            .clone();
+        // Each rule's decision in the rules' order, the allowed one in its place.
+        assert_eq!(waved["decisions"][1]["rule"], "daily", "{waved}");
+        let api = waved["decisions"][0].clone();
+        assert_eq!(api["rule"], "api", "{waved}");
         assert_eq!(
             (&api["source"], &api["remaining"]),
             (&json!("list"), &json!(2)),

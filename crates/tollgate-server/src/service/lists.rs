@@ -38,8 +38,9 @@ pub(super) enum Screened<'a> {
         decisions: Decisions,
         forbidden: bool,
     },
-    /// The items to check (those on no list), and the decisions of those allowed.
-    Check(Vec<Item<'a>>, Vec<Decision>),
+    /// The items to check (those on no list), and the decisions of those allowed, each with
+    /// its item's place among the items given.
+    Check(Vec<Item<'a>>, Vec<(usize, Decision)>),
 }
 
 /// Milliseconds since the epoch.
@@ -214,7 +215,7 @@ impl Lists {
                 found.next();
                 metrics::listed(ListKind::Allow.name(), base(item.rule));
                 if let Some(rule) = rule_of(item.rule) {
-                    waved.push(rule.listed(None));
+                    waved.push((i, rule.listed(None)));
                 }
             } else {
                 kept.push(*item);

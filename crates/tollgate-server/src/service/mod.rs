@@ -581,7 +581,12 @@ impl Service {
         if items.is_empty() {
             return Ok(Outcome::default());
         }
-        let screened = self.lists.screen(loaded, items);
+        // Lists are for native rules: Envoy's descriptors (named) each get their decision.
+        let given = items.len();
+        let screened = match named {
+            None => self.lists.screen(loaded, items),
+            Some(_) => None,
+        };
         let (items, waved) = match screened {
             None => (std::borrow::Cow::Borrowed(items), Vec::new()),
             Some(lists::Screened::Denied {
@@ -598,7 +603,7 @@ impl Service {
         };
         let items = &items[..];
         if items.is_empty() {
-            return Ok(Outcome::of(waved.into_iter().collect()));
+            return Ok(Outcome::of(waved.into_iter().map(|(_, d)| d).collect()));
         }
         if let Some((cache, _)) = &loaded.denied
             && let Some(decisions) = cache.deny(items, denied::now_micros())
@@ -650,7 +655,15 @@ impl Service {
             self.ban(loaded, items, &mut decisions).await;
         }
         if !waved.is_empty() {
-            decisions = waved.into_iter().chain(decisions.iter().copied()).collect();
+            // Every item's decision in the order given: the allowed ones' in their places.
+            let mut checked = decisions.iter().copied();
+            let mut waved = waved.into_iter().peekable();
+            decisions = (0..given)
+                .filter_map(|i| match waved.peek() {
+                    Some((at, _)) if *at == i => waved.next().map(|(_, d)| d),
+                    _ => checked.next(),
+                })
+                .collect();
         }
         Ok(Outcome {
             decisions,
