@@ -313,3 +313,148 @@ async fn the_ai_gateway_pattern_reports_tokens_after_the_answer() {
     assert_eq!((next.overall_code, codes(&next)), (OVER, vec![OVER]));
     assert_eq!(ask("beta", 0).await.overall_code, OK);
 }
+
+/// Envoy's negative hits (`is_negative_hits`): a descriptor counted to 5, then 3 negative hits
+/// leave 2, then 10 leave 0, not below, each answered OK; and the pattern Envoy users build
+/// concurrency caps with, +1 when a stream starts and -1 when it is done. On `files` (the
+/// memory store, or Redis with a store file beside them).
+async fn negative_hits_give_back(files: &[(&str, &str)]) {
+    const STREAMS: &str = "domain: streams\ndescriptors:\n  - key: tenant\n    rate_limit: { unit: hour, requests_per_unit: 100 }\n  - key: api_key\n    rate_limit: { unit: hour, requests_per_unit: 2 }\n";
+    let mut all = vec![("streams.yaml", STREAMS)];
+    all.extend_from_slice(files);
+    let server = Server::start(&all, &[]);
+    let mut c = client(&server).await;
+    let ask = |descriptor: RateLimitDescriptor, hits: u32| RateLimitRequest {
+        domain: "streams".into(),
+        descriptors: vec![descriptor],
+        hits_addend: hits,
+    };
+    let negative = |entries: &[(&str, &str)]| RateLimitDescriptor {
+        is_negative_hits: true,
+        ..descriptor(entries)
+    };
+    let tenant = [("tenant", "acme")];
+    let left = |r: &RateLimitResponse| {
+        (
+            r.overall_code,
+            r.statuses[0].code,
+            r.statuses[0].limit_remaining,
+        )
+    };
+    let counted = c
+        .should_rate_limit(ask(descriptor(&tenant), 5))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(left(&counted), (OK, OK, 95));
+    let three = c
+        .should_rate_limit(ask(negative(&tenant), 3))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(left(&three), (OK, OK, 98), "5 - 3 = 2 counted");
+    let ten = c
+        .should_rate_limit(ask(negative(&tenant), 10))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(left(&ten), (OK, OK, 100), "floored at 0");
+    let look = c
+        .should_rate_limit(ask(descriptor(&tenant), 1))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(left(&look), (OK, OK, 99), "counting starts again from 0");
+
+    // +1 per stream started, -1 per stream done: at most 2 streams of one key at once.
+    let key = [("api_key", "k1")];
+    for _ in 0..2 {
+        let started = c
+            .should_rate_limit(ask(descriptor(&key), 1))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(started.overall_code, OK);
+    }
+    let third = c
+        .should_rate_limit(ask(descriptor(&key), 1))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(third.overall_code, OVER, "two streams open");
+    // Envoy gives back the two streams that started, when each is done. The refused third
+    // stays counted (Envoy's service counts every hit, over the limit or not) until the
+    // window ends: 1 counted, so one stream may start again, not two.
+    for _ in 0..2 {
+        let done = c
+            .should_rate_limit(ask(negative(&key), 1))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(done.overall_code, OK, "a negative hit is never over");
+    }
+    let again = c
+        .should_rate_limit(ask(descriptor(&key), 1))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again.overall_code, OK, "a stream done frees its place");
+    let more = c
+        .should_rate_limit(ask(descriptor(&key), 1))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(more.overall_code, OVER, "the refused hit still counts");
+    let metrics = support::metrics(&server.http).await;
+    assert!(
+        metrics.contains("tollgate_envoy_negative_hits_total{descriptor=\"streams.tenant\"} 13"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn negative_hits_give_back_on_the_memory_store() {
+    negative_hits_give_back(&[]).await;
+}
+
+#[tokio::test]
+async fn negative_hits_give_back_on_redis() {
+    let redis = support::Redis::start();
+    let store = format!(
+        "store: {{ kind: redis, url: '{}', mode: strict, timeout: 1s }}\n",
+        redis.url()
+    );
+    negative_hits_give_back(&[("store.yaml", &store)]).await;
+}
+
+/// `POST /json` takes `isNegativeHits` as the gRPC service does; a value that is not a
+/// boolean is refused.
+#[tokio::test]
+async fn negative_hits_over_json() {
+    const STREAMS: &str = "domain: streams\ndescriptors:\n  - key: tenant\n    rate_limit: { unit: hour, requests_per_unit: 100 }\n";
+    let server = Server::start(&[("streams.yaml", STREAMS)], &[]);
+    let post = |negative: serde_json::Value| {
+        let body = json!({"domain": "streams", "hitsAddend": 4, "descriptors": [{"entries": [{"key": "tenant", "value": "acme"}], "isNegativeHits": negative}]});
+        let url = format!("{}/json", server.http);
+        async move {
+            let answer = reqwest::Client::new()
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let status = answer.status().as_u16();
+            (
+                status,
+                answer.json::<serde_json::Value>().await.unwrap_or_default(),
+            )
+        }
+    };
+    let (status, counted) = post(json!(false)).await;
+    assert_eq!(status, 200, "{counted}");
+    assert_eq!(counted["statuses"][0]["limitRemaining"], 96, "{counted}");
+    let (status, given) = post(json!(true)).await;
+    assert_eq!(status, 200, "{given}");
+    assert_eq!(given["statuses"][0]["limitRemaining"], 100, "{given}");
+    assert_eq!(post(json!("yes")).await.0, 400);
+}

@@ -41,6 +41,62 @@ impl Envoy {
         &self.service
     }
 
+    /// Takes the hits of `descriptors` off their counters: Envoy's negative hits
+    /// (`is_negative_hits`, sent when a stream is done, for the hits its request took). Each
+    /// counter goes down by the descriptor's hits, floored at 0, in the window counting now;
+    /// the answer is never over the limit, and says what the limit has left after. A limit of
+    /// 0 per unit, `unlimited` or no limit has nothing to give back: OK. The local cache of
+    /// descriptors over their limit forgets each one. Counted in
+    /// `tollgate_envoy_negative_hits_total`, not in the hits' statistics.
+    ///
+    /// # Errors
+    /// [`CheckError::Unsupported`] on a store that takes no give-backs (hybrid, lease);
+    /// [`CheckError::Unavailable`] when Redis did not take it.
+    pub async fn give_back(
+        &self,
+        domain: &str,
+        descriptors: &[(Descriptor, u64, Option<LimitOverride>)],
+    ) -> Result<Vec<DescriptorOutcome>, CheckError> {
+        let loaded = self.service.loaded();
+        let (Some(found), Some(limiter)) = (loaded.engine.domain(domain), &loaded.limiter) else {
+            return Ok(vec![DescriptorOutcome::None; descriptors.len()]);
+        };
+        let hits = found.hits(descriptors.iter().map(|(d, _, limit)| (d, *limit)));
+        let now = over_cache::now_micros();
+        let mut outcomes = Vec::with_capacity(hits.len());
+        for (hit, (_, cost, _)) in hits.into_iter().zip(descriptors) {
+            let outcome = match hit {
+                DescriptorHit::Limited {
+                    mut hit,
+                    limit,
+                    stats,
+                    ..
+                } => {
+                    if hit.key.len() > tollgate::MAX_KEY_LEN {
+                        hit.key = digested(&hit.key);
+                    }
+                    let credit = tollgate::Settle::Credit { at: now };
+                    let decisions = limiter.settle_batch(&[hit.item(*cost)], credit).await?;
+                    if let Some(cache) = &self.over_cache {
+                        cache.forget(hit.rule, &hit.key, limit.unit.1, now);
+                    }
+                    crate::metrics::negative_hits(&stats, *cost);
+                    let decision = decisions[0];
+                    DescriptorOutcome::Checked {
+                        limit: limit.into_owned(),
+                        decision,
+                        over: false,
+                        remaining: decision.remaining(),
+                    }
+                }
+                DescriptorHit::None | DescriptorHit::Blocked { .. } => DescriptorOutcome::None,
+                DescriptorHit::Unlimited(_) => DescriptorOutcome::Unlimited,
+            };
+            outcomes.push(outcome);
+        }
+        Ok(outcomes)
+    }
+
     /// Checks Envoy descriptors of `domain`, each with its cost and the limit it carries if
     /// any, as the Envoy ratelimit service counts: every descriptor counts its hits, over its
     /// limit or not, whatever the others' outcome. With `stop_when_over` (its

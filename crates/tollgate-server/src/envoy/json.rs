@@ -76,6 +76,11 @@ fn descriptor(value: &Value) -> Result<RateLimitDescriptor, String> {
                     value: integer(value, name)?,
                 });
             }
+            "isNegativeHits" | "is_negative_hits" => {
+                descriptor.is_negative_hits = value
+                    .as_bool()
+                    .ok_or_else(|| format!("{name}: expected true or false"))?;
+            }
             other => return Err(format!("unknown field `{other}` in a descriptor")),
         }
     }

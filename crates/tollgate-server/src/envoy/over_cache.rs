@@ -78,6 +78,16 @@ impl OverCache {
         shard.entries.insert(name, end);
     }
 
+    /// Forgets that `key` of `rule` is over its limit in the window of `period` that holds
+    /// `now`: hits were given back.
+    pub fn forget(&self, rule: &str, key: &[u8], period: Duration, now: u64) {
+        let (name, _) = entry(rule, key, period, now);
+        let mut shard = self.shard(&name).lock().unwrap_or_else(|e| e.into_inner());
+        if shard.entries.remove(&name).is_some() {
+            shard.bytes -= name.len() + ENTRY_OVERHEAD;
+        }
+    }
+
     /// Bytes held now.
     pub fn bytes(&self) -> usize {
         self.shards

@@ -2,7 +2,8 @@
 //! ShouldRateLimit`, answered as the Envoy ratelimit service answers it: each descriptor
 //! counts its hits whatever the others' outcome (see [`Envoy::check_descriptors`]), a
 //! descriptor may carry its own limit, and the statuses report what that service reports.
-//! Each descriptor's cost is its `hits_addend`, else the request's, else 1. How many
+//! Each descriptor's cost is its `hits_addend`, else the request's, else 1; a descriptor
+//! sent with `is_negative_hits` gives that many back instead (see [`Envoy::give_back`]). How many
 //! descriptors a request carries is bounded by the message size (`max_body_bytes`). When
 //! asked, answers carry the rate limit fields of the HTTP answers in
 //! `response_headers_to_add`, which Envoy adds to its answer to the client.
@@ -226,13 +227,46 @@ async fn answered(
             Ok((entries, cost, limit))
         })
         .collect::<Result<Vec<(Descriptor, u64, Option<LimitOverride>)>, Status>>()?;
-    let answer = envoy
-        .check_descriptors(&request.domain, &descriptors)
-        .await
-        .map_err(|e| match e {
-            CheckError::Invalid(message) => Status::invalid_argument(message),
-            other => Status::unavailable(other.to_string()),
-        })?;
+    let refused = |e: CheckError| match e {
+        CheckError::Invalid(message) => Status::invalid_argument(message),
+        other => Status::unavailable(other.to_string()),
+    };
+    // Negative hits (a stream done) give back; the others are checked, as if alone.
+    let negative: Vec<bool> = request
+        .descriptors
+        .iter()
+        .map(|d| d.is_negative_hits)
+        .collect();
+    let answer = if negative.contains(&true) {
+        let (given, checked): (Vec<_>, Vec<_>) = descriptors
+            .into_iter()
+            .zip(&negative)
+            .partition(|(_, negative)| **negative);
+        let given: Vec<_> = given.into_iter().map(|(d, _)| d).collect();
+        let checked: Vec<_> = checked.into_iter().map(|(d, _)| d).collect();
+        let mut answer = envoy
+            .check_descriptors(&request.domain, &checked)
+            .await
+            .map_err(refused)?;
+        let given = envoy
+            .give_back(&request.domain, &given)
+            .await
+            .map_err(refused)?;
+        let (mut given, mut checked) = (given.into_iter(), answer.outcomes.into_iter());
+        answer.outcomes = negative
+            .iter()
+            .filter_map(|negative| match negative {
+                true => given.next(),
+                false => checked.next(),
+            })
+            .collect();
+        answer
+    } else {
+        envoy
+            .check_descriptors(&request.domain, &descriptors)
+            .await
+            .map_err(refused)?
+    };
     let statuses: Vec<DescriptorStatus> = answer.outcomes.iter().map(status).collect();
     let overall = if answer.over {
         Code::OverLimit

@@ -175,6 +175,12 @@ pub const CATALOG: &[Metric] = &[
         "Reservations: `created`, `refused` (a full book, or a store that takes none), `committed`, `cancelled`, `expired` (settled by themselves as their rules say).",
     ),
     metric(
+        "tollgate_envoy_negative_hits_total",
+        Kind::Counter,
+        &["descriptor"],
+        "Hits given back by Envoy descriptors sent with `is_negative_hits` (a stream done), by the name of the descriptor's statistics.",
+    ),
+    metric(
         "tollgate_denied_cache_total",
         Kind::Counter,
         &["rule"],
@@ -736,6 +742,12 @@ pub fn redis_nodes(nodes: &[tollgate::NodeHealth]) {
 /// Counts `cost` permits reported under `rule`.
 pub fn reported(rule: &str, cost: u64) {
     counter!("tollgate_reported_total", "rule" => rule.to_string()).increment(cost);
+}
+
+/// Counts `hits` given back by the negative descriptor whose statistics are `name`.
+pub fn negative_hits(name: &str, hits: u64) {
+    counter!("tollgate_envoy_negative_hits_total", "descriptor" => name.to_string())
+        .increment(hits);
 }
 
 /// Counts a check answered denied from the cache of denials of `rule`.
