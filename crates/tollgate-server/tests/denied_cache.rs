@@ -16,7 +16,7 @@ rules:
   - id: api
     match: {{ path: \"/v1/api/**\" }}
     key: [header:x-tenant]
-    tiers: [{{ limit: 2, period: 3s }}]
+    tiers: [{{ limit: 2, period: 5s }}]
   - id: shaped
     match: {{ path: \"/v1/shaped/**\" }}
     key: [header:x-tenant]
@@ -37,6 +37,16 @@ async fn check(server: &str, path: &str, tenant: &str, cost: u64) -> (u16, Value
         .unwrap();
     let status = answer.status().as_u16();
     (status, answer.json().await.unwrap_or(Value::Null))
+}
+
+/// Waits for the next 5 s window of the `api` rule to begin.
+async fn window_begins() {
+    let into = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        % 5_000;
+    tokio::time::sleep(std::time::Duration::from_millis((5_010 - into) as u64)).await;
 }
 
 /// The calls of Redis functions and scripts so far.
@@ -64,6 +74,8 @@ async fn a_flooding_key_is_answered_here_until_its_retry_after() {
         &["--admin-token", TOKEN],
     );
     let http = &server.http;
+    // What follows (about a second) happens within one 5 s window.
+    window_begins().await;
     assert_eq!(check(http, "/v1/api/x", "flood", 1).await.0, 200);
     assert_eq!(check(http, "/v1/api/x", "flood", 1).await.0, 200);
     let (status, first) = check(http, "/v1/api/x", "flood", 1).await;
@@ -146,6 +158,7 @@ async fn without_the_cache_every_denial_asks_redis() {
     let redis = Redis::start();
     let off = "server: { denied_cache_bytes: 0 }\n";
     let server = Server::start(&[("rules.yaml", &rules(&redis, off))], &[]);
+    window_begins().await;
     for _ in 0..2 {
         assert_eq!(check(&server.http, "/v1/api/x", "flood", 1).await.0, 200);
     }
