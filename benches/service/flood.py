@@ -13,12 +13,11 @@ has built the release binary, or `cargo build --release -p tollgate-server --bin
 import argparse
 import os
 import re
-import shutil
-import socket
 import statistics
 import subprocess
 import tempfile
-import time
+
+from bench import free_port, pinned, wait_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOLLGATE = os.path.join(ROOT, "target/release/tollgate")
@@ -37,28 +36,6 @@ rules:
     key: [header:x-tenant]
     tiers: [{{ limit: {limit}, period: 1s }}]
 """
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port, deadline=10.0):
-    end = time.time() + deadline
-    while time.time() < end:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit(f"nothing listens on {port}")
-
-
-def pinned(core, command):
-    """`command` on `core` when taskset exists."""
-    return (["taskset", "-c", str(core)] if shutil.which("taskset") else []) + command
 
 
 def redis_calls(port):
@@ -145,7 +122,9 @@ def main():
     for mode in ("on", "off", "no flood"):
         rounds = results[mode]
         med = lambda k: statistics.median(r[k] for r in rounds)
-        print(f"| {mode} | {med('calls_per_denial'):.4f} | {med('flood_denied'):.0f} | "
+        per_denial = med("calls_per_denial")
+        per_denial = "–" if per_denial != per_denial else f"{per_denial:.4f}"  # NaN: no flood
+        print(f"| {mode} | {per_denial} | {med('flood_denied'):.0f} | "
               f"{med('calls'):.0f} | {med('normal_p99'):.2f} ms | {med('normal_denied'):.0f} | "
               f"{sum(r['failed'] for r in rounds)} |")
 

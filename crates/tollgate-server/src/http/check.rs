@@ -240,10 +240,11 @@ fn source_name(source: Source) -> &'static str {
             ("X-RateLimit-Reset" = u64, description = "Seconds, rounded up, until the binding tier is full again."),
             ("RateLimit-Policy" = String, description = "Every tier of every rule that decided: `\"name\";q=QUOTA;w=SECONDS`."),
             ("RateLimit" = String, description = "The binding tier's policy, what it would still admit and the seconds to wait or until full: `\"name\";r=0;t=1`."),
+            ("Tollgate-Permit" = String, description = "When a concurrency rule admitted: the permit its slots are held under (also `permit` in the body)."),
         )),
         (status = 429, description = "Denied: some rule denies; nothing was consumed. `Retry-After` says when the same request would be admitted.", body = super::openapi::CheckAnswer, example = json!({"allowed": false, "decisions": [{"rule": "get-product", "allowed": false, "limit": 1000, "remaining": 0, "reset_after_ms": 4210, "retry_after_ms": 4210, "window_s": 10, "shadowed": false, "source": "memory"}]})),
         (status = 400, description = "A body that is not a check: an unknown rule, a bad key, a cost no tier can admit, a stated limit the rule's algorithm cannot take, not UTF-8.", body = super::openapi::ErrorBody),
-        (status = 403, description = "A `limit` stated, and no rule the check applies to takes one (`caller_limit: true`): nothing counted.", body = super::openapi::ErrorBody),
+        (status = 403, description = "A `limit` stated, and no rule the check applies to takes one (`caller_limit: true`): nothing counted. Also a key on a deny list whose entry answers 403: then the body is a check's answer (decisions of source `list`), nothing counted.", body = super::openapi::ErrorBody),
         (status = 413, description = "A body over `server.max_body_bytes`.", body = super::openapi::ErrorBody),
         (status = 415, description = "Not `application/json`.", body = super::openapi::ErrorBody),
         (status = 422, description = "JSON of the wrong shape (an unknown field, a negative cost).", body = super::openapi::ErrorBody),
@@ -477,21 +478,19 @@ fn answer_outcome(
             permit: Some(permit),
             ..
         }) => {
-            let mut response = answer(&decisions, denied, json);
+            // A permit is held only when admitted. In JSON it goes ahead of the answer's fields
+            // (ids are hex digits, nothing to escape).
+            let before = format!(
+                "\"permit\":\"{}\",\"permit_expires_in_ms\":{},",
+                permit.id,
+                permit.expires_in.as_millis()
+            );
+            let mut response = match json {
+                true => super::metered::answer(&Outcome::of(decisions), StatusCode::OK, &before),
+                false => answer(&decisions, denied, false),
+            };
             let id = HeaderValue::from_str(&permit.id).expect("a permit id is hex digits");
             response.headers_mut().insert(PERMIT, id);
-            if json {
-                // The body is this module's JSON: the permit goes ahead of its fields (ids are
-                // hex digits, nothing to escape).
-                let before = format!(
-                    "{{\"permit\":\"{}\",\"permit_expires_in_ms\":{},",
-                    permit.id,
-                    permit.expires_in.as_millis()
-                );
-                let mut body = before.into_bytes();
-                body.extend_from_slice(&answer_json(true, &decisions)[1..]);
-                *response.body_mut() = Body::from(body);
-            }
             response
         }
         Err(e) => refused(e),
@@ -598,6 +597,7 @@ const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
             ("X-RateLimit-Reset" = u64, description = "Seconds, rounded up, until the binding tier is full again."),
             ("RateLimit-Policy" = String, description = "Every tier of every rule that decided: `\"name\";q=QUOTA;w=SECONDS`."),
             ("RateLimit" = String, description = "The binding tier's policy, what it would still admit and the seconds to wait or until full: `\"name\";r=0;t=1`."),
+            ("Tollgate-Permit" = String, description = "When a concurrency rule admitted: the permit its slots are held under, to release with `POST /v1/release`."),
         )),
         (status = 429, description = "Denied (or the `deny_status` asked for: 401, 403); `Retry-After` says when."),
         (status = 400, description = "No `X-Original-URI`, or a bad `deny_status` or cost.", body = super::openapi::ErrorBody),

@@ -33,7 +33,7 @@ pub(super) fn router() -> OpenApiRouter<AppState> {
 
 /// `outcome` as JSON (`before` written ahead of its fields), with the rate limit fields and
 /// `status`.
-fn answer(outcome: &Outcome, status: StatusCode, before: &str) -> Response {
+pub(super) fn answer(outcome: &Outcome, status: StatusCode, before: &str) -> Response {
     let json = answer_json(outcome.allowed(), &outcome.decisions);
     let mut body = Vec::with_capacity(json.len() + before.len());
     body.push(b'{');

@@ -14,7 +14,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
-use super::check::{answer_json, refused};
+use super::check::refused;
 use super::openapi::{CheckAnswer, ErrorBody};
 
 /// The permit routes, with their documentation.
@@ -63,16 +63,7 @@ async fn release(State(state): State<AppState>, body: axum::body::Bytes) -> Resp
         Err(refused) => return *refused,
     };
     match state.service.release(&permit).await {
-        Ok(outcome) => {
-            let json = answer_json(outcome.allowed(), &outcome.decisions);
-            let mut fields = axum::http::HeaderMap::with_capacity(8);
-            fields.insert(
-                axum::http::header::CONTENT_TYPE,
-                axum::http::HeaderValue::from_static("application/json"),
-            );
-            tollgate::layer::headers::add(&mut fields, &outcome.decisions);
-            (StatusCode::OK, fields, json).into_response()
-        }
+        Ok(outcome) => super::metered::answer(&outcome, StatusCode::OK, ""),
         Err(e) => refused(e),
     }
 }

@@ -68,8 +68,10 @@ impl Decide for Concurrency {
     #[inline]
     fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
         let (limit, now, cost) = (tier.limit(), attempt.now, attempt.cost);
-        let held = state.iter().filter(|&&end| end > now).count() as u64;
-        let last = state.iter().copied().max().unwrap_or(0).max(now);
+        // One pass: the slots held, and when the last lease ends (now when none is later).
+        let (held, last) = state.iter().fold((0u64, now), |(held, last), &end| {
+            (held + u64::from(end > now), last.max(end))
+        });
         if held + cost <= limit {
             let mut reset = last;
             if attempt.writes() {
