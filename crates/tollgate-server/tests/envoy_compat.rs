@@ -628,6 +628,37 @@ async fn a_limit_in_the_request_applies_on(store: Store) {
     }
 }
 
+/// Descriptor values of 100,000 and 1,000,000 bytes, which the Envoy service takes within
+/// grpc-go's 4 MiB message: each is counted under its own value, as any other.
+#[tokio::test]
+async fn values_of_a_hundred_thousand_and_a_million_bytes_count() {
+    for store in STORES {
+        long_values_count_on(store).await;
+    }
+}
+
+async fn long_values_count_on(store: Store) {
+    let shop = Shop::start(store, &[]);
+    let mut rls = Rls::connect(&shop.server).await;
+    for length in [100_000, 1_000_000] {
+        let mut value = fresh("checkout");
+        value.extend(std::iter::repeat_n('x', length - value.len()));
+        for remaining in [9, 8] {
+            let (overall, status) = rls.one(descriptor(&[("checkout", &value)]), 1).await;
+            assert_eq!(
+                (overall, seen(&status)),
+                (OK, (OK, 10, remaining)),
+                "{length}"
+            );
+        }
+        // A value differing in its last byte only has a count of its own.
+        value.pop();
+        value.push('y');
+        let (_, status) = rls.one(descriptor(&[("checkout", &value)]), 1).await;
+        assert_eq!(seen(&status), (OK, 10, 9), "{length}");
+    }
+}
+
 /// What the Envoy service answers with a status is never an error here: a cost of 2^32 - 1
 /// on a limit of 50 is over the limit.
 #[tokio::test]

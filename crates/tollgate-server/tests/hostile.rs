@@ -246,9 +246,13 @@ async fn a_message_that_cannot_be_decoded_is_an_invalid_argument() {
     );
 }
 
+/// A flood of empty descriptors fits in a message of 4 MiB but would take hundreds of MB
+/// decoded: it is refused at its 1,025th descriptor, before the rest of it is read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_huge_message_is_refused_before_it_is_decoded() {
+async fn a_flood_of_descriptors_is_refused_before_it_is_decoded() {
     let server = Server::start(&[("envoy.yaml", ENVOY)], &[]);
+    // Warm: the first calls' threads and buffers are not the flood's.
+    raw_grpc(server.grpc.clone(), vec![0x12, 0x00]).await;
     let before = resident(server.pid());
     // 1.9 million empty descriptors: 3.8 MB on the wire, hundreds of MB decoded.
     let mut message = Vec::with_capacity(3_800_000);
@@ -261,14 +265,34 @@ async fn a_huge_message_is_refused_before_it_is_decoded() {
     for call in calls {
         let (status, message) = call.await.unwrap();
         assert_eq!(status, "11", "OUT_OF_RANGE: {message}");
-        assert!(message.contains("too large"), "{message}");
+        assert!(message.contains("too many descriptors"), "{message}");
     }
     let grown = resident(server.pid()).saturating_sub(before);
     assert!(
-        grown < 64 << 20,
+        grown < 16 << 20,
         "resident memory grew by {} MB",
         grown >> 20
     );
+}
+
+/// A message over `server.grpc_max_message_bytes` (4 MiB) is refused from its length.
+#[tokio::test]
+async fn a_message_over_four_mib_is_refused_from_its_length() {
+    let server = Server::start(&[("envoy.yaml", ENVOY)], &[]);
+    let mut message = vec![0x0a];
+    let length = (4 << 20) - 4;
+    // Field 1 (the domain): a length-delimited value of `length` bytes; 4 MiB + 1 in all.
+    let mut n = length;
+    while n >= 0x80 {
+        message.push((n as u8) | 0x80);
+        n >>= 7;
+    }
+    message.push(n as u8);
+    message.resize(message.len() + length, b'a');
+    assert_eq!(message.len(), (4 << 20) + 1);
+    let (status, text) = raw_grpc(server.grpc.clone(), message).await;
+    assert_eq!(status, "11", "OUT_OF_RANGE: {text}");
+    assert!(text.contains("too large"), "{text}");
 }
 
 /// A `detailed_metric` wildcard makes one series per value; a flood of values is folded into
@@ -295,4 +319,31 @@ async fn per_value_series_are_bounded() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("{metrics}"));
     assert_eq!(folded, 500);
+}
+
+/// A `detailed_metric` value of 10,000 bytes names no series: names longer than 1,024 bytes
+/// are folded into `_other`, so that long values cannot grow the labels by megabytes each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_values_name_no_series() {
+    let envoy = "domain: edge\ndescriptors:\n  - key: user\n    detailed_metric: true\n    rate_limit: { unit: hour, requests_per_unit: 5 }\n";
+    let server = Server::start(&[("envoy.yaml", envoy)], &[]);
+    let client = reqwest::Client::new();
+    for user in 0..20 {
+        let value = format!("{user}{}", "v".repeat(10_000));
+        let body = json!({ "domain": "edge", "descriptors": [{ "entries": [{ "key": "user", "value": value }] }] });
+        assert_eq!(check(&client, &server.http, body).await.0, 200);
+    }
+    let metrics = support::metrics(&server.http).await;
+    assert!(
+        metrics.len() < 200_000,
+        "/metrics is {} bytes",
+        metrics.len()
+    );
+    assert!(metrics.contains("rule=\"_other\""), "no _other series");
+    let folded: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("tollgate_metric_series_folded_total "))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{metrics}"));
+    assert_eq!(folded, 20);
 }

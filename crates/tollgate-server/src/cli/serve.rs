@@ -174,7 +174,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
             let svc = envoy::rls::server(
                 answers.clone(),
                 grpc_response_headers,
-                server.max_body_bytes,
+                server.grpc_max_message_bytes,
             );
             let shutdown = stopped(stop_rx.clone());
             let (reporter, health) = tonic_health::server::health_reporter();

@@ -71,10 +71,15 @@ struct ServerSection {
     /// The gRPC listener's address (Envoy's rate limit service), or `off`.
     #[schemars(extend("default" = "127.0.0.1:8081"))]
     grpc: Option<String>,
-    /// The largest request body or gRPC message accepted, in bytes; at least 1024. A larger
-    /// one is refused (413, or gRPC `OUT_OF_RANGE`) before it is read whole.
+    /// The largest HTTP request body accepted, in bytes; at least 1024. A larger one is
+    /// refused (413) before it is read whole.
     #[schemars(extend("default" = 65536))]
     max_body_bytes: Option<usize>,
+    /// The largest gRPC message accepted, in bytes; at least 1024. The default is grpc-go's,
+    /// which Envoy's own rate limit service keeps. A larger message, or one of more than
+    /// 1,024 descriptors or 16,384 entries, is refused (`OUT_OF_RANGE`) before it is decoded.
+    #[schemars(extend("default" = 4194304))]
+    grpc_max_message_bytes: Option<usize>,
     /// How long shutdown waits for the requests in flight.
     #[serde(default, deserialize_with = "duration::deserialize_option")]
     #[schemars(schema_with = "duration::schema", extend("default" = "10s"))]
@@ -946,6 +951,9 @@ pub fn parse(file: &Path, text: &str) -> Result<Sections, ConfigError> {
                 http: s.http.unwrap_or(defaults.http),
                 grpc,
                 max_body_bytes: s.max_body_bytes.unwrap_or(defaults.max_body_bytes),
+                grpc_max_message_bytes: s
+                    .grpc_max_message_bytes
+                    .unwrap_or(defaults.grpc_max_message_bytes),
                 drain: s.drain.unwrap_or(defaults.drain),
                 grpc_response_headers: s
                     .grpc_response_headers

@@ -15,8 +15,10 @@ pub struct ServerConfig {
     pub http: SocketAddr,
     /// gRPC (Envoy's rate limit service); `None`: not served.
     pub grpc: Option<SocketAddr>,
-    /// The largest request body accepted (bytes).
+    /// The largest HTTP request body accepted (bytes).
     pub max_body_bytes: usize,
+    /// The largest gRPC message accepted (bytes; 4 MiB by default, as grpc-go's).
+    pub grpc_max_message_bytes: usize,
     /// How long shutdown waits for requests in flight.
     pub drain: Duration,
     /// Whether gRPC answers carry the rate limit fields of the HTTP answers in
@@ -83,6 +85,7 @@ impl Default for ServerConfig {
             http: SocketAddr::from(([127, 0, 0, 1], 8080)),
             grpc: Some(SocketAddr::from(([127, 0, 0, 1], 8081))),
             max_body_bytes: 64 * 1024,
+            grpc_max_message_bytes: 4 << 20,
             drain: Duration::from_secs(10),
             grpc_response_headers: false,
             connections: Limits::default(),

@@ -3,8 +3,9 @@
 //! counts its hits whatever the others' outcome (see [`Envoy::check_descriptors`]), a
 //! descriptor may carry its own limit, and the statuses report what that service reports.
 //! Each descriptor's cost is its `hits_addend`, else the request's, else 1; a descriptor
-//! sent with `is_negative_hits` gives that many back instead (see [`Envoy::give_back`]). How many
-//! descriptors a request carries is bounded by the message size (`max_body_bytes`). When
+//! sent with `is_negative_hits` gives that many back instead (see [`Envoy::give_back`]). A
+//! message is at most `server.grpc_max_message_bytes` long and carries at most 1,024
+//! descriptors and 16,384 entries, counted before it is decoded ([`super::wire`]). When
 //! asked, answers carry the rate limit fields of the HTTP answers in
 //! `response_headers_to_add`, which Envoy adds to its answer to the client.
 
@@ -27,23 +28,26 @@ use tollgate::{Decision, Source};
 use tonic::{Request, Response, Status};
 
 use super::answer::{DescriptorOutcome, Envoy};
+use super::wire::Bounded;
 use crate::service::CheckError;
 
 /// The gRPC service over `envoy`; with `response_headers`, answers carry the rate limit
-/// fields for Envoy to add to its answer. A request message longer than `max_message` bytes
-/// is refused before it is read whole (`OUT_OF_RANGE`), so that no request can make the
-/// service decode more than that.
+/// fields for Envoy to add to its answer. A request message longer than `max_message` bytes,
+/// or with too many descriptors or entries, is refused before it is decoded (`OUT_OF_RANGE`):
+/// see [`super::wire`].
 pub fn server(
     envoy: Arc<Envoy>,
     response_headers: bool,
     max_message: usize,
-) -> RateLimitServiceServer<Rls> {
-    RateLimitServiceServer::new(Rls {
-        envoy,
-        response_headers,
-        calls: crate::metrics::CallStats::default(),
-    })
-    .max_decoding_message_size(max_message)
+) -> Bounded<RateLimitServiceServer<Rls>> {
+    Bounded(
+        RateLimitServiceServer::new(Rls {
+            envoy,
+            response_headers,
+            calls: crate::metrics::CallStats::default(),
+        })
+        .max_decoding_message_size(max_message),
+    )
 }
 
 /// Answers `ShouldRateLimit` from the service's domains.

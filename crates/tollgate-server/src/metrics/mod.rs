@@ -58,7 +58,7 @@ pub const CATALOG: &[Metric] = &[
         "tollgate_decisions_total",
         Kind::Counter,
         &["rule", "outcome"],
-        "Decisions by rule and outcome: `allowed`, `denied`, or `shadow_denied` (a shadow rule that would have denied). Per-value names (Envoy's `detailed_metric`) take at most 1,000 `rule` values, then `_other`.",
+        "Decisions by rule and outcome: `allowed`, `denied`, or `shadow_denied` (a shadow rule that would have denied). Per-value names (Envoy's `detailed_metric`) take at most 1,000 `rule` values of at most 1,024 bytes, then `_other`.",
     ),
     metric(
         "tollgate_near_limit_total",
@@ -220,7 +220,7 @@ pub const CATALOG: &[Metric] = &[
         "ratelimit_service_rate_limit_total_hits",
         Kind::Counter,
         &["domain", "key1", "key2"],
-        "Envoy domains, as envoyproxy/ratelimit's Prometheus mapping names them: every hit of a descriptor (a request of `hits_addend` 5 counts 5). `key2` for descriptors of two entries or more; per-value names take at most 1,000 label sets, then `key1=\"_other\"`.",
+        "Envoy domains, as envoyproxy/ratelimit's Prometheus mapping names them: every hit of a descriptor (a request of `hits_addend` 5 counts 5). `key2` for descriptors of two entries or more; per-value names take at most 1,000 label sets of at most 1,024 bytes, then `key1=\"_other\"`.",
     ),
     metric(
         "ratelimit_service_rate_limit_over_limit",
@@ -528,6 +528,11 @@ fn is_octet(part: &str, first: bool) -> bool {
 /// no traffic can grow the series (and `/metrics`) without bound.
 pub const MAX_DETAILED_LABELS: usize = 1_000;
 
+/// The longest name, in bytes, that names not registered ahead may give a label: a longer one
+/// (a descriptor value of up to 4 MiB) is recorded under `_other`, so that the labels take at
+/// most about 1 MiB whatever the values sent.
+pub const MAX_DETAILED_LABEL_LEN: usize = 1_024;
+
 /// The label values given out so far for names not registered ahead.
 static DETAILED: LazyLock<RwLock<HashSet<String>>> = LazyLock::new(RwLock::default);
 
@@ -543,6 +548,9 @@ fn detailed_label(name: &str) -> String {
 
 /// The label for `name`, as [`detailed_label`], without counting a fold.
 fn label_within_bound(name: &str) -> String {
+    if name.len() > MAX_DETAILED_LABEL_LEN {
+        return "_other".to_string();
+    }
     let known = |set: &HashSet<String>| set.contains(name);
     if known(&DETAILED.read().unwrap_or_else(|e| e.into_inner())) {
         return name.to_string();

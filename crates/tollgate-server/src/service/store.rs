@@ -177,6 +177,8 @@ pub fn check(config: &Config) -> Result<(), ConfigError> {
         Some("server.idle_timeout: must be longer than zero")
     } else if server.max_body_bytes < 1_024 {
         Some("server.max_body_bytes: must be at least 1024")
+    } else if server.grpc_max_message_bytes < 1_024 {
+        Some("server.grpc_max_message_bytes: must be at least 1024")
     } else {
         None
     };

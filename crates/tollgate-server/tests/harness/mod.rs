@@ -14,6 +14,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 use tollgate::engine::PathPattern;
 use tollgate_server::envoy::Envoy;
 use tollgate_server::envoy::rls::Rls;
+use tollgate_server::envoy::wire::Bounded;
 use tollgate_server::grpc::{Guards, GuardsLayer};
 use tollgate_server::http::{AppState, Connection};
 use tollgate_server::provider;
@@ -62,7 +63,7 @@ descriptors:
 struct Harness {
     runtime: tokio::runtime::Runtime,
     http: Connection,
-    grpc: Guards<RateLimitServiceServer<Rls>>,
+    grpc: Guards<Bounded<RateLimitServiceServer<Rls>>>,
     _dir: tempfile::TempDir,
 }
 
@@ -98,7 +99,7 @@ fn harness() -> &'static Harness {
             http: Connection::new(state, peer),
             grpc: tower::Layer::layer(
                 &GuardsLayer,
-                tollgate_server::envoy::rls::server(envoy, true, 64 * 1024),
+                tollgate_server::envoy::rls::server(envoy, true, 4 << 20),
             ),
             runtime,
             _dir: dir,
