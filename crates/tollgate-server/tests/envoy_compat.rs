@@ -2,10 +2,13 @@
 //! configuration files load or fail and with which message (its `test/config/config_test.go`
 //! and the files beside it), and which request gets which status, limit, remaining and reset
 //! (its `test/integration/integration_test.go`, `test/redis/fixed_cache_impl_test.go` and
-//! `src/service/ratelimit.go`), each over gRPC on the memory store and on strict Redis (a
-//! server of the test's own). The fixtures are tollgate's own, of the same shapes.
+//! `src/service/ratelimit.go`), each over gRPC on the memory store, on strict Redis (a
+//! server of the test's own), and with the same limits pushed over xDS by a management server
+//! of the test's own (`CONFIG_TYPE=GRPC_XDS_SOTW`) instead of read from a file. The fixtures
+//! are tollgate's own, of the same shapes.
 
 mod support;
+mod xds_server;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
@@ -196,14 +199,18 @@ enum Store {
     Memory,
     /// Strict Redis, a server of the test's own.
     Redis,
+    /// The memory store, [`SHOP`] pushed over xDS rather than read from a file
+    /// (`RateLimitConfig` has no `share_threshold`: that descriptor is pushed without it).
+    Xds,
 }
 
-const STORES: [Store; 2] = [Store::Memory, Store::Redis];
+const STORES: [Store; 3] = [Store::Memory, Store::Redis, Store::Xds];
 
 /// `tollgate serve` of [`SHOP`] on `store`, with the settings `env` (`NAME=value`).
 struct Shop {
     server: Server,
     _redis: Option<Redis>,
+    _xds: Option<xds_server::Management>,
 }
 
 impl Shop {
@@ -217,7 +224,23 @@ impl Shop {
             Store::Memory => Self {
                 server: Server::start_under(&wrapper, &[("shop.yaml", SHOP)], &[]),
                 _redis: None,
+                _xds: None,
             },
+            Store::Xds => {
+                let shop = SHOP.replace("    share_threshold: true\n", "");
+                let resources = vec![xds_server::resource("shop", &shop)];
+                let management = xds_server::Management::start(Some(("1".into(), resources)), None);
+                let url = management.url_setting();
+                let wrapper: Vec<&str> = ["env", "CONFIG_TYPE=GRPC_XDS_SOTW", url.as_str()]
+                    .into_iter()
+                    .chain(env.iter().copied())
+                    .collect();
+                Self {
+                    server: Server::start_under(&wrapper, &[], &[]),
+                    _redis: None,
+                    _xds: Some(management),
+                }
+            }
             Store::Redis => {
                 let redis = Redis::start();
                 let file = format!(
@@ -228,6 +251,7 @@ impl Shop {
                 Self {
                     server: Server::start_under(&wrapper, &files, &[]),
                     _redis: Some(redis),
+                    _xds: None,
                 }
             }
         }
@@ -391,6 +415,9 @@ async fn the_switch_on(store: Store) {
         let cart_left = if i >= 10 { 10 } else { 20 - (i + 1) };
         assert_eq!(seen(&response.statuses[0]), (OK, 20, cart_left), "{i}");
         assert_eq!(response.overall_code, if i >= 10 { OVER } else { OK });
+    }
+    if let Store::Xds = store {
+        return;
     }
     // A setting that is not a boolean stops the service at start, naming it.
     let (code, _, err) = support::run_with_env(
@@ -581,8 +608,12 @@ async fn wildcards_anywhere_on(store: Store) {
         }
         left
     };
-    // One counter for all four values (a fresh server: nothing counted before).
-    assert_eq!(left, [(OK, 2), (OK, 1), (OK, 0), (OVER, 0)]);
+    // One counter for all four values (a fresh server: nothing counted before); pushed
+    // over xDS, which cannot say share_threshold, each value its own.
+    match store {
+        Store::Xds => assert_eq!(left, [(OK, 2), (OK, 2), (OK, 2), (OK, 1)]),
+        Store::Memory | Store::Redis => assert_eq!(left, [(OK, 2), (OK, 1), (OK, 0), (OVER, 0)]),
+    }
     // Without share_threshold, values count apart.
     let a = rls.one(descriptor(&[("path", "/static/a.css")]), 3).await.1;
     let b = rls.one(descriptor(&[("path", "/static/b.css")]), 1).await.1;
@@ -1071,40 +1102,6 @@ async fn its_statistics_for_its_dashboards() {
     assert_eq!(stat("total_hits", &ip), 1.0);
 }
 
-/// PEM files of a throwaway CA, a server certificate it signed (for `localhost` and
-/// 127.0.0.1) and a client certificate it signed, written to `dir`: (ca, cert, key,
-/// client cert, client key).
-fn certificates(dir: &std::path::Path) -> [std::path::PathBuf; 5] {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca_params, ca_key);
-    let leaf = |names: Vec<String>| {
-        let key = KeyPair::generate().unwrap();
-        let cert = CertificateParams::new(names)
-            .unwrap()
-            .signed_by(&key, &issuer)
-            .unwrap();
-        (cert.pem(), key.serialize_pem())
-    };
-    let (server_cert, server_key) = leaf(vec!["localhost".into(), "127.0.0.1".into()]);
-    let (client_cert, client_key) = leaf(vec!["envoy".into()]);
-    let files = [
-        ("ca.pem", ca.pem()),
-        ("server.pem", server_cert),
-        ("server.key", server_key),
-        ("client.pem", client_cert),
-        ("client.key", client_key),
-    ];
-    files.map(|(name, text)| {
-        let path = dir.join(name);
-        std::fs::write(&path, text).unwrap();
-        path
-    })
-}
-
 /// TLS and mutual TLS on the gRPC listener, from its settings (`GRPC_SERVER_USE_TLS`,
 /// `GRPC_SERVER_TLS_CERT`, `GRPC_SERVER_TLS_KEY`, `GRPC_CLIENT_TLS_CACERT`): a client that
 /// trusts the CA is answered; with mutual TLS, only one presenting a certificate the CA
@@ -1113,7 +1110,7 @@ fn certificates(dir: &std::path::Path) -> [std::path::PathBuf; 5] {
 async fn grpc_over_tls_and_mutual_tls() {
     use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
     let dir = tempfile::tempdir().unwrap();
-    let [ca, cert, key, client_cert, client_key] = certificates(dir.path());
+    let [ca, cert, key, client_cert, client_key] = support::certificates(dir.path());
     let setting = |name: &str, path: &std::path::Path| format!("{name}={}", path.display());
     let (cert_setting, key_setting) = (
         setting("GRPC_SERVER_TLS_CERT", &cert),

@@ -45,7 +45,8 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     } = options;
     // The Envoy service's settings are read (and refused) before anything starts.
     let settings = settings::from_env()?;
-    let files = if files.is_empty() {
+    let xds = settings.xds.clone();
+    let files = if files.is_empty() && xds.is_none() {
         let dir = provider::runtime_directory();
         if !dir.is_dir() && !settings.force_start {
             anyhow::bail!(
@@ -63,19 +64,43 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     // Installed first: the service registers its counters when it loads the rules.
     let handle = metrics::install()?;
     tokio::spawn(metrics::upkeep(handle.clone()));
-    let config = match provider::load(&files) {
-        Ok(config) => config,
-        Err(e) if settings.force_start => {
-            tracing::error!(
-                error = %e,
-                "no rules yet (FORCE_START_WITHOUT_INITIAL_CONFIG): serving none until the \
-                 files load"
-            );
-            provider::without_files()?
+    let (config, mut pushes, first) = match xds {
+        Some(xds) => first_push(&files, xds, settings.force_start).await?,
+        None => {
+            let config = match provider::load(&files) {
+                Ok(config) => config,
+                Err(e) if settings.force_start => {
+                    tracing::error!(
+                        error = %e,
+                        "no rules yet (FORCE_START_WITHOUT_INITIAL_CONFIG): serving none until \
+                         the files load"
+                    );
+                    provider::without_files()?
+                }
+                Err(e) => return Err(e.into()),
+            };
+            (config, None, None)
         }
-        Err(e) => return Err(e.into()),
     };
     let service = Arc::new(Service::start(files.clone(), config).await?);
+    if let Some(pushes) = &mut pushes {
+        let texts = match first {
+            Some(push) => {
+                let _ = push.answer.send(Ok(()));
+                push.texts
+            }
+            None => Vec::new(),
+        };
+        *service.pushed() = Some(texts);
+        let service = service.clone();
+        let mut pushes = std::mem::replace(pushes, tokio::sync::mpsc::channel(1).1);
+        tokio::spawn(async move {
+            while let Some(push) = pushes.recv().await {
+                let outcome = provider::apply_push(&service, push.texts).map_err(|e| e.to_string());
+                let _ = push.answer.send(outcome);
+            }
+        });
+    }
     let answers = Arc::new(Envoy::new(service.clone()));
     for (name, why) in settings::met_by_design() {
         tracing::info!("{name} is set: {why}; it is not needed");
@@ -311,4 +336,39 @@ fn hangups(service: Arc<Service>) -> anyhow::Result<impl std::future::Future<Out
             let _ = provider::reload(&service);
         }
     })
+}
+
+/// With `CONFIG_TYPE=GRPC_XDS_SOTW`: subscribes, and, unless `force_start`, waits for the
+/// server's first push before anything listens, as the Envoy ratelimit service does. Returns
+/// the configuration to start with (the files with the first push, or with no domain when it
+/// is invalid, NACKed, or not waited for), the pushes to come, and the first push, to be
+/// ACKed once the service started.
+async fn first_push(
+    files: &[PathBuf],
+    xds: crate::config::XdsSettings,
+    force_start: bool,
+) -> anyhow::Result<(
+    crate::config::Config,
+    Option<tokio::sync::mpsc::Receiver<provider::xds::Push>>,
+    Option<provider::xds::Push>,
+)> {
+    let server = xds.url.clone();
+    let mut pushes = provider::xds::spawn(xds);
+    let none = || provider::load_with(files, Some(&[]));
+    if force_start {
+        tracing::info!(%server, "serving no Envoy domain until the xDS server's first push (FORCE_START_WITHOUT_INITIAL_CONFIG)");
+        return Ok((none()?, Some(pushes), None));
+    }
+    tracing::info!(%server, "waiting for the xDS server's first push before serving");
+    let Some(push) = pushes.recv().await else {
+        anyhow::bail!("the xDS subscription ended before its first push");
+    };
+    match provider::load_with(files, Some(&push.texts)) {
+        Ok(config) => Ok((config, Some(pushes), Some(push))),
+        Err(e) => {
+            // As there: an invalid first push is refused, and the service starts without it.
+            let _ = push.answer.send(Err(e.to_string()));
+            Ok((none()?, Some(pushes), None))
+        }
+    }
 }

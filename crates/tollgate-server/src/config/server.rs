@@ -174,6 +174,64 @@ pub struct EnvoySettings {
     /// How `serve` waits for Redis to answer at start: `REDIS_STARTUP_INITIAL_INTERVAL`,
     /// `REDIS_STARTUP_MAX_INTERVAL` and `REDIS_STARTUP_MAX_ELAPSED_TIME`.
     pub redis_startup: Startup,
+    /// The Envoy domains come from an xDS management server instead of files:
+    /// `CONFIG_TYPE=GRPC_XDS_SOTW` and the `CONFIG_GRPC_XDS_*` and `XDS_CLIENT_*` settings.
+    pub xds: Option<XdsSettings>,
+}
+
+/// Where and how `serve` subscribes to Envoy domains over xDS (state of the world, over ADS),
+/// as the Envoy ratelimit service does with `CONFIG_TYPE=GRPC_XDS_SOTW`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct XdsSettings {
+    /// The management server: `CONFIG_GRPC_XDS_SERVER_URL` (`localhost:18000`), a `host:port`
+    /// or a URL.
+    pub url: String,
+    /// The node id the server keys its snapshots by: `CONFIG_GRPC_XDS_NODE_ID` (`default`).
+    pub node_id: String,
+    /// The node's metadata, as strings: `CONFIG_GRPC_XDS_NODE_METADATA` (`key1=v1,key2=v2`).
+    pub node_metadata: Vec<(String, String)>,
+    /// The wait between attempts to connect, with a jitter of half of it either way:
+    /// `CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL` (3 s).
+    pub connect_retry: Duration,
+    /// Metadata sent with the subscription: `CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS`
+    /// (`name1:value1,name2:value2`).
+    pub headers: Vec<(String, String)>,
+    /// TLS to the server: `CONFIG_GRPC_XDS_SERVER_USE_TLS` and its files.
+    pub tls: Option<XdsTls>,
+    /// The wait before subscribing again once a subscription broke.
+    pub backoff: XdsBackoff,
+    /// The largest message taken from the server: `XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES` (4 MiB,
+    /// grpc-go's and tonic's default, when unset).
+    pub max_message: Option<usize>,
+}
+
+/// TLS to the xDS server: the CA its certificate must chain to
+/// (`CONFIG_GRPC_XDS_SERVER_TLS_CACERT`; the web's roots without it), a client certificate
+/// and key (`CONFIG_GRPC_XDS_CLIENT_TLS_CERT`, `CONFIG_GRPC_XDS_CLIENT_TLS_KEY`), and the name
+/// its certificate must carry (`CONFIG_GRPC_XDS_SERVER_TLS_SAN`; the URL's host without it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct XdsTls {
+    /// The CA (PEM file).
+    pub ca: Option<PathBuf>,
+    /// The client's certificate chain and key (PEM files), for mutual TLS.
+    pub identity: Option<(PathBuf, PathBuf)>,
+    /// The name the server's certificate must carry.
+    pub san: Option<String>,
+}
+
+/// The wait before subscribing again, as the Envoy ratelimit service computes it (jpillora's
+/// backoff): `initial` × `factor`^attempt, drawn between `initial` and that when `jitter`, and
+/// kept within `initial` and `max`. Its default factor of 0.5 makes every wait `initial`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct XdsBackoff {
+    /// `XDS_CLIENT_BACKOFF_INITIAL_INTERVAL` (10 s).
+    pub initial: Duration,
+    /// `XDS_CLIENT_BACKOFF_MAX_INTERVAL` (60 s).
+    pub max: Duration,
+    /// `XDS_CLIENT_BACKOFF_RANDOM_FACTOR` (0.5).
+    pub factor: f64,
+    /// `XDS_CLIENT_BACKOFF_JITTER` (true).
+    pub jitter: bool,
 }
 
 /// A statsd sink, as the Envoy service pushes its statistics: counters' increases every
@@ -233,6 +291,7 @@ impl Default for EnvoySettings {
             force_start: false,
             health_follows_redis: false,
             redis_startup: Startup::default(),
+            xds: None,
         }
     }
 }

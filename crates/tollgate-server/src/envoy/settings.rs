@@ -10,7 +10,8 @@ use std::time::Duration;
 use super::catalog::{SETTINGS, Status};
 use crate::config::{
     ConfigError, DEFAULT_REDIS_TIMEOUT, DEFAULT_SYNC_INTERVAL, EnvoySettings, RedisMode,
-    RedisOptions, ServerConfig, Startup, Statsd, StoreConfig, TlsFiles,
+    RedisOptions, ServerConfig, Startup, Statsd, StoreConfig, TlsFiles, XdsBackoff, XdsSettings,
+    XdsTls,
 };
 
 /// TLS on the gRPC listener from the environment (see [`TlsFiles`]).
@@ -107,6 +108,7 @@ pub fn from_env() -> Result<EnvoySettings, ConfigError> {
             max: env_duration("REDIS_STARTUP_MAX_INTERVAL")?.unwrap_or(Duration::from_secs(30)),
             give_up: env_duration("REDIS_STARTUP_MAX_ELAPSED_TIME")?.filter(|d| !d.is_zero()),
         },
+        xds: xds_from_env()?,
         near_ratio: match env("NEAR_LIMIT_RATIO") {
             None => 0.8,
             Some(ratio) => ratio
@@ -118,6 +120,94 @@ pub fn from_env() -> Result<EnvoySettings, ConfigError> {
                 })?,
         },
     })
+}
+
+/// The xDS subscription `CONFIG_TYPE=GRPC_XDS_SOTW` asks for, with its settings; `None` for
+/// `FILE` (the default).
+///
+/// # Errors
+/// Another `CONFIG_TYPE`, or a setting that is not of its kind, naming it.
+pub fn xds_from_env() -> Result<Option<XdsSettings>, ConfigError> {
+    match env("CONFIG_TYPE").as_deref() {
+        None | Some("FILE") => return Ok(None),
+        Some("GRPC_XDS_SOTW") => {}
+        Some(other) => {
+            return Err(env_error(
+                "CONFIG_TYPE",
+                format!("`{other}`: expected FILE or GRPC_XDS_SOTW"),
+            ));
+        }
+    }
+    // `a=1,b=2` for the node's metadata, `a:1,b:2` for headers (Go's envconfig maps); a pair
+    // without its separator is left out, as there.
+    let pairs = |name: &str, separator: char| -> Vec<(String, String)> {
+        env(name)
+            .unwrap_or_default()
+            .split(',')
+            .filter_map(|pair| pair.split_once(separator))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let tls = if env_flag("CONFIG_GRPC_XDS_SERVER_USE_TLS")? {
+        let identity = match (
+            env("CONFIG_GRPC_XDS_CLIENT_TLS_CERT"),
+            env("CONFIG_GRPC_XDS_CLIENT_TLS_KEY"),
+        ) {
+            (Some(cert), Some(key)) => Some((PathBuf::from(cert), PathBuf::from(key))),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(env_error(
+                    "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+                    "CONFIG_GRPC_XDS_CLIENT_TLS_CERT needs it",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(env_error(
+                    "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+                    "CONFIG_GRPC_XDS_CLIENT_TLS_KEY needs it",
+                ));
+            }
+        };
+        Some(XdsTls {
+            ca: env("CONFIG_GRPC_XDS_SERVER_TLS_CACERT").map(PathBuf::from),
+            identity,
+            san: env("CONFIG_GRPC_XDS_SERVER_TLS_SAN"),
+        })
+    } else {
+        None
+    };
+    let factor = match env("XDS_CLIENT_BACKOFF_RANDOM_FACTOR") {
+        None => 0.5,
+        Some(f) => f
+            .parse::<f64>()
+            .ok()
+            .filter(|f| f.is_finite() && *f >= 0.0)
+            .ok_or_else(|| {
+                env_error(
+                    "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+                    format!("`{f}` is not a number of 0 or more"),
+                )
+            })?,
+    };
+    let max_message = env_number::<usize>("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES")?.filter(|&n| n > 0);
+    Ok(Some(XdsSettings {
+        url: env("CONFIG_GRPC_XDS_SERVER_URL").unwrap_or_else(|| "localhost:18000".into()),
+        node_id: env("CONFIG_GRPC_XDS_NODE_ID").unwrap_or_else(|| "default".into()),
+        node_metadata: pairs("CONFIG_GRPC_XDS_NODE_METADATA", '='),
+        connect_retry: env_duration("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL")?
+            .unwrap_or(Duration::from_secs(3)),
+        headers: pairs("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", ':'),
+        tls,
+        backoff: XdsBackoff {
+            initial: env_duration("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL")?
+                .unwrap_or(Duration::from_secs(10)),
+            max: env_duration("XDS_CLIENT_BACKOFF_MAX_INTERVAL")?
+                .unwrap_or(Duration::from_secs(60)),
+            factor,
+            jitter: env_flag_set("XDS_CLIENT_BACKOFF_JITTER")?.unwrap_or(true),
+        },
+        max_message,
+    }))
 }
 
 /// A setting of the environment that is true or false, as Go reads one (`1`, `t`, `true`,

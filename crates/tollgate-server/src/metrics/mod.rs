@@ -199,6 +199,18 @@ pub const CATALOG: &[Metric] = &[
         "Entries on each list (`allow`, `deny`) held by this instance, bans included.",
     ),
     metric(
+        "tollgate_xds_pushes_total",
+        Kind::Counter,
+        &["result"],
+        "Configurations an xDS management server pushed (`CONFIG_TYPE=GRPC_XDS_SOTW`): `applied` (and ACKed), or `rejected` (NACKed with the reason; the limits in use kept serving).",
+    ),
+    metric(
+        "tollgate_xds_connected",
+        Kind::Gauge,
+        &[],
+        "1 while subscribed to the xDS management server, 0 while it is away (the last configuration it gave keeps serving; alert when 0 for longer than a restart of it takes).",
+    ),
+    metric(
         "tollgate_bans_total",
         Kind::Counter,
         &["rule", "outcome"],
@@ -772,6 +784,16 @@ pub fn listed(list: &'static str, rule: &str) {
 /// Sets how many entries `list` holds.
 pub fn list_entries(list: &'static str, count: usize) {
     gauge!("tollgate_list_entries", "list" => list).set(count as f64);
+}
+
+/// Counts a push of the xDS management server: `applied` or `rejected`.
+pub fn xds_push(result: &'static str) {
+    counter!("tollgate_xds_pushes_total", "result" => result).increment(1);
+}
+
+/// Whether the xDS subscription is up.
+pub fn xds_connected(up: bool) {
+    gauge!("tollgate_xds_connected").set(if up { 1.0 } else { 0.0 });
 }
 
 /// Counts a ban's `outcome` under `rule`.

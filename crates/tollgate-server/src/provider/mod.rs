@@ -1,10 +1,12 @@
 //! Where the configuration comes from: rule files and directories of them (the Envoy
 //! service's runtime directory among them), in either format, merged with the settings of
 //! the environment into one [`Config`]; and the watcher that reloads them when they change
-//! ([`watch`]). A file is Envoy's when it has a top-level `domain` or `descriptors`; every
-//! other file is native.
+//! ([`watch`]); and, with `CONFIG_TYPE=GRPC_XDS_SOTW`, Envoy domains pushed by an xDS
+//! management server ([`xds`]), served beside the files. A file is Envoy's when it has a
+//! top-level `domain` or `descriptors`; every other file is native.
 
 pub mod watch;
+pub mod xds;
 
 use std::path::{Path, PathBuf};
 
@@ -83,6 +85,28 @@ pub fn files_of(paths: &[PathBuf]) -> Result<Vec<PathBuf>, ConfigError> {
 /// The first file that cannot be read or is invalid, with the place and the reason; also two
 /// files that both set `server` or `store`, two rules of one id, two domains of one name.
 pub fn load(paths: &[PathBuf]) -> Result<Config, ConfigError> {
+    load_texts(&read(paths)?)
+}
+
+/// Loads the files `paths` name with the domains an xDS server pushed (`Some`, with
+/// `CONFIG_TYPE=GRPC_XDS_SOTW`: no file is needed then), or the files alone (`None`).
+///
+/// # Errors
+/// As [`load`].
+pub fn load_with(
+    paths: &[PathBuf],
+    pushed: Option<&[(PathBuf, String)]>,
+) -> Result<Config, ConfigError> {
+    let Some(pushed) = pushed else {
+        return load(paths);
+    };
+    let mut texts = read(paths)?;
+    texts.extend_from_slice(pushed);
+    assemble(&texts)
+}
+
+/// The texts of the files `paths` name (see [`files_of`]).
+fn read(paths: &[PathBuf]) -> Result<Vec<(PathBuf, String)>, ConfigError> {
     let files = files_of(paths)?;
     let mut texts = Vec::with_capacity(files.len());
     for file in &files {
@@ -102,16 +126,29 @@ pub fn load(paths: &[PathBuf]) -> Result<Config, ConfigError> {
         })?;
         texts.push((file.clone(), text));
     }
-    load_texts(&texts)
+    Ok(texts)
 }
 
-/// Reads the files `service` serves again and swaps their rules in when they are valid
-/// (see [`Service::reload`]).
+/// Reads the files `service` serves again and swaps their rules in, with the domains an xDS
+/// server pushed last, when they are valid (see [`Service::reload`]).
 ///
 /// # Errors
 /// The files' first error; the rules in use keep serving.
 pub fn reload(service: &Service) -> Result<(), ConfigError> {
-    service.reload(load(service.sources()))
+    let pushed = service.pushed();
+    service.reload(load_with(service.sources(), pushed.as_deref()))
+}
+
+/// Swaps in the domains an xDS server pushed, with the files, when they are valid; they are
+/// then kept for the files' reloads.
+///
+/// # Errors
+/// Why they are not valid; the rules in use keep serving.
+pub fn apply_push(service: &Service, texts: xds::Texts) -> Result<(), ConfigError> {
+    let mut pushed = service.pushed();
+    service.reload(load_with(service.sources(), Some(&texts)))?;
+    *pushed = Some(texts);
+    Ok(())
 }
 
 /// Loads and merges files given as (name, text).

@@ -103,6 +103,10 @@ pub struct Service {
     status: Mutex<LoadStatus>,
     /// The allow and deny lists, bans included.
     lists: lists::Lists,
+    /// With `CONFIG_TYPE=GRPC_XDS_SOTW`, the Envoy domains the xDS server pushed last that
+    /// loaded, as (name, text), served beside the files; `None`: files only. Held while a
+    /// reload reads it, so that a push and a file reload never cross.
+    pushed: Mutex<Option<Vec<(PathBuf, String)>>>,
 }
 
 /// How the rule files loaded: how many times (the version of the rules), when, and the last
@@ -273,6 +277,7 @@ impl Service {
             terminating: AtomicBool::new(false),
             store,
             lists,
+            pushed: Mutex::new(None),
         })
     }
 
@@ -316,6 +321,12 @@ impl Service {
     /// The rule files or directories served, as given at start.
     pub fn sources(&self) -> &[PathBuf] {
         &self.files
+    }
+
+    /// The Envoy domains an xDS server pushed last (see [`crate::provider::xds`]), locked:
+    /// `None` until the service is told it takes pushes by setting it.
+    pub fn pushed(&self) -> std::sync::MutexGuard<'_, Option<Vec<(PathBuf, String)>>> {
+        self.pushed.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The store: its kind, and a shared store's health.

@@ -482,3 +482,37 @@ impl Cluster {
         let _ = self.nodes[i].wait();
     }
 }
+
+/// PEM files of a throwaway CA, a server certificate it signed (for `localhost` and
+/// 127.0.0.1) and a client certificate it signed, written to `dir`: (ca, cert, key,
+/// client cert, client key).
+pub fn certificates(dir: &std::path::Path) -> [std::path::PathBuf; 5] {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let leaf = |names: Vec<String>| {
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(names)
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        (cert.pem(), key.serialize_pem())
+    };
+    let (server_cert, server_key) = leaf(vec!["localhost".into(), "127.0.0.1".into()]);
+    let (client_cert, client_key) = leaf(vec!["envoy".into()]);
+    let files = [
+        ("ca.pem", ca.pem()),
+        ("server.pem", server_cert),
+        ("server.key", server_key),
+        ("client.pem", client_cert),
+        ("client.key", client_key),
+    ];
+    files.map(|(name, text)| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    })
+}
