@@ -10,7 +10,7 @@
 //!   envoyproxy/ratelimit does; [`net`]: what guards both listeners;
 //! - [`service`]: the rules loaded now, the store, the checks every protocol asks for;
 //!   [`console`]: what the console keeps; [`shared`]: what instances on one Redis share;
-//!   [`metrics`];
+//!   [`metrics`]; [`telemetry`]: logs and traces;
 //! - [`config`]: the configuration model both formats produce.
 
 pub mod cli;
@@ -24,3 +24,4 @@ pub mod net;
 pub mod provider;
 pub mod service;
 pub mod shared;
+pub mod telemetry;

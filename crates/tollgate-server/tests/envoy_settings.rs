@@ -79,8 +79,7 @@ fn validate(env: &[(&str, &str)]) -> (i32, String) {
 #[test]
 fn settings_asking_for_what_it_does_not_do_are_refused_naming_them() {
     let refused = [
-        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
-        ("TRACING_ENABLED", "true"),
+        ("CONFIG_TYPE", "KUBERNETES"),
         ("PROMETHEUS_MAPPER_YAML", "/etc/mapper.yaml"),
         ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "true"),
         ("USE_DOG_STATSD_MOGRIFIERS", "TAGS"),
@@ -105,7 +104,9 @@ fn settings_asking_for_what_it_does_not_do_are_refused_naming_them() {
     // What asks for nothing is accepted: these are its defaults, or what tollgate does.
     let harmless = [
         ("CONFIG_TYPE", "FILE"),
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
         ("TRACING_ENABLED", "false"),
+        ("TRACING_ENABLED", "true"),
         ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "false"),
         ("REDIS_PERSECOND", "false"),
         ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "false"),

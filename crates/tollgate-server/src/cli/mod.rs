@@ -215,6 +215,25 @@ struct BenchArgs {
     rate: Option<f64>,
 }
 
+/// The traces `serve` will export: its files' `server.tracing`, else the environment's
+/// `TRACING_ENABLED` settings. Read before anything logs, so that logging starts with them;
+/// files that do not load are `serve`'s to report.
+fn traces_of(command: &Command) -> Option<crate::config::TracingSettings> {
+    let Command::Serve { config, .. } = command else {
+        return None;
+    };
+    let files = if config.is_empty() {
+        vec![crate::provider::runtime_directory()]
+    } else {
+        config.clone()
+    };
+    crate::provider::load(&files)
+        .or_else(|_| crate::provider::without_files())
+        .ok()?
+        .server
+        .tracing
+}
+
 /// Runs the command `cli` asks for on a runtime of its own; the exit code to end with.
 pub fn run(cli: Cli) -> ExitCode {
     let runtime = match tokio::runtime::Runtime::new() {
@@ -225,7 +244,8 @@ pub fn run(cli: Cli) -> ExitCode {
         }
     };
     let result = runtime.block_on(async move {
-        match cli.command {
+        let traces = crate::telemetry::init(traces_of(&cli.command).as_ref());
+        let result = match cli.command {
             Command::Serve {
                 config,
                 http,
@@ -291,7 +311,11 @@ pub fn run(cli: Cli) -> ExitCode {
             }
             Command::Bench(args) => bench::command(args).await,
             Command::Schema => Ok(schema::run()),
+        };
+        if let Some(traces) = traces {
+            traces.shutdown();
         }
+        result
     });
     match result {
         Ok(code) => code,

@@ -24,7 +24,7 @@ pub use overrides::{
 };
 pub use server::{
     DEFAULT_RECORD_BYTES, EnvoySettings, Limits, ServerConfig, Startup, Statsd, TlsFiles,
-    XdsBackoff, XdsSettings, XdsTls,
+    TracingProtocol, TracingSettings, XdsBackoff, XdsSettings, XdsTls,
 };
 pub use store::{
     DEFAULT_MAX_BYTES, DEFAULT_MAX_KEYS, DEFAULT_REDIS_TIMEOUT, DEFAULT_SYNC_INTERVAL, RedisMode,

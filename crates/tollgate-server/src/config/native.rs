@@ -80,6 +80,9 @@ struct ServerSection {
     /// 1,024 descriptors or 16,384 entries, is refused (`OUT_OF_RANGE`) before it is decoded.
     #[schemars(extend("default" = 4194304))]
     grpc_max_message_bytes: Option<usize>,
+    /// OpenTelemetry traces over OTLP; off when absent (or the Envoy service's
+    /// `TRACING_ENABLED`).
+    tracing: Option<crate::config::TracingSettings>,
     /// How long shutdown waits for the requests in flight.
     #[serde(default, deserialize_with = "duration::deserialize_option")]
     #[schemars(schema_with = "duration::schema", extend("default" = "10s"))]
@@ -954,6 +957,7 @@ pub fn parse(file: &Path, text: &str) -> Result<Sections, ConfigError> {
                 grpc_max_message_bytes: s
                     .grpc_max_message_bytes
                     .unwrap_or(defaults.grpc_max_message_bytes),
+                tracing: s.tracing,
                 drain: s.drain.unwrap_or(defaults.drain),
                 grpc_response_headers: s
                     .grpc_response_headers

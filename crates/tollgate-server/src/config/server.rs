@@ -61,6 +61,60 @@ pub struct ServerConfig {
     /// service's `USE_PROMETHEUS`, `PROMETHEUS_ADDR` (`:9090`) and `PROMETHEUS_PATH`
     /// (`/metrics`). They are on the HTTP listener's `/metrics` anyway.
     pub prometheus: Option<(SocketAddr, String)>,
+    /// OpenTelemetry traces, when set (`server.tracing`, or the Envoy service's
+    /// `TRACING_ENABLED` and `TRACING_*` settings); off by default.
+    pub tracing: Option<TracingSettings>,
+}
+
+/// OpenTelemetry traces over OTLP: a span per check, with the rule, the store and what
+/// decided, a child of the caller's (W3C `traceparent` or B3), and a child span per Redis
+/// call. Where they go: `endpoint`, else OTel's `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or
+/// `OTEL_EXPORTER_OTLP_ENDPOINT`, else the collector on localhost (4318 for `http`, 4317 for
+/// `grpc`); OTel's other `OTEL_EXPORTER_OTLP_*` settings (headers, timeout) apply.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TracingSettings {
+    /// `service.name` (`TRACING_SERVICE_NAME`).
+    #[serde(default = "default_service_name")]
+    #[schemars(extend("default" = "tollgate"))]
+    pub service_name: String,
+    /// `service.namespace` (`TRACING_SERVICE_NAMESPACE`); none when empty.
+    #[serde(default)]
+    pub service_namespace: String,
+    /// `service.instance.id` (`TRACING_SERVICE_INSTANCE_ID`); a random UUID when empty.
+    #[serde(default)]
+    pub service_instance_id: String,
+    /// The share of traces started here that are kept, from 0 to 1 (`TRACING_SAMPLING_RATE`).
+    /// A caller's trace is kept when the caller kept it, whatever the rate.
+    #[serde(default = "one")]
+    #[schemars(extend("default" = 1.0))]
+    pub sampling_rate: f64,
+    /// `http` (OTLP over HTTP, protobuf) or `grpc` (`TRACING_EXPORTER_PROTOCOL`).
+    #[serde(default)]
+    pub protocol: TracingProtocol,
+    /// Where spans are sent: the full URL of the traces endpoint for `http`
+    /// (`http://collector:4318/v1/traces`), the collector's URL for `grpc`.
+    #[serde(default)]
+    pub endpoint: Option<String>,
+}
+
+fn default_service_name() -> String {
+    "tollgate".into()
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// How spans are sent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TracingProtocol {
+    /// OTLP over HTTP, protobuf.
+    #[default]
+    Http,
+    /// OTLP over gRPC.
+    Grpc,
 }
 
 /// TLS on a listener: the server's certificate chain and key (PEM files), and, for mutual
@@ -100,6 +154,7 @@ impl Default for ServerConfig {
             trusted_proxies: Vec::new(),
             grpc_uds: None,
             prometheus: None,
+            tracing: None,
         }
     }
 }

@@ -163,7 +163,11 @@ impl RateLimitService for Rls {
     ) -> Result<Response<RateLimitResponse>, Status> {
         use crate::metrics::CallEnd;
         let started = std::time::Instant::now();
-        let answered = answered(&self.envoy, request.into_inner(), self.response_headers).await;
+        let span = crate::telemetry::check_span("ShouldRateLimit", request.metadata().as_ref());
+        let request = request.into_inner();
+        crate::telemetry::record_domain(&span, &request.domain);
+        let answering = answered(&self.envoy, request, self.response_headers);
+        let answered = crate::telemetry::traced(answering, span).await;
         let end = match &answered {
             Err(_) => CallEnd::ServiceError,
             Ok((_, true)) => CallEnd::RedisError,

@@ -10,8 +10,8 @@ use std::time::Duration;
 use super::catalog::{SETTINGS, Status};
 use crate::config::{
     ConfigError, DEFAULT_REDIS_TIMEOUT, DEFAULT_SYNC_INTERVAL, EnvoySettings, RedisMode,
-    RedisOptions, ServerConfig, Startup, Statsd, StoreConfig, TlsFiles, XdsBackoff, XdsSettings,
-    XdsTls,
+    RedisOptions, ServerConfig, Startup, Statsd, StoreConfig, TlsFiles, TracingProtocol,
+    TracingSettings, XdsBackoff, XdsSettings, XdsTls,
 };
 
 /// TLS on the gRPC listener from the environment (see [`TlsFiles`]).
@@ -207,6 +207,49 @@ pub fn xds_from_env() -> Result<Option<XdsSettings>, ConfigError> {
             jitter: env_flag_set("XDS_CLIENT_BACKOFF_JITTER")?.unwrap_or(true),
         },
         max_message,
+    }))
+}
+
+/// Traces as `TRACING_ENABLED` asks for them, with `TRACING_SERVICE_NAME` (`RateLimit`),
+/// `TRACING_SERVICE_NAMESPACE`, `TRACING_SERVICE_INSTANCE_ID`, `TRACING_SAMPLING_RATE` (1)
+/// and `TRACING_EXPORTER_PROTOCOL` (`http`); `None` when not enabled.
+///
+/// # Errors
+/// A setting that is not of its kind, naming it.
+pub fn tracing_from_env() -> Result<Option<TracingSettings>, ConfigError> {
+    if !env_flag("TRACING_ENABLED")? {
+        return Ok(None);
+    }
+    let sampling_rate = match env("TRACING_SAMPLING_RATE") {
+        None => 1.0,
+        Some(rate) => rate
+            .parse::<f64>()
+            .ok()
+            .filter(|r| (0.0..=1.0).contains(r))
+            .ok_or_else(|| {
+                env_error(
+                    "TRACING_SAMPLING_RATE",
+                    format!("`{rate}`: expected 0 to 1"),
+                )
+            })?,
+    };
+    let protocol = match env("TRACING_EXPORTER_PROTOCOL").as_deref() {
+        None | Some("http") => TracingProtocol::Http,
+        Some("grpc") => TracingProtocol::Grpc,
+        Some(other) => {
+            return Err(env_error(
+                "TRACING_EXPORTER_PROTOCOL",
+                format!("`{other}`: expected http or grpc"),
+            ));
+        }
+    };
+    Ok(Some(TracingSettings {
+        service_name: env("TRACING_SERVICE_NAME").unwrap_or_else(|| "RateLimit".into()),
+        service_namespace: env("TRACING_SERVICE_NAMESPACE").unwrap_or_default(),
+        service_instance_id: env("TRACING_SERVICE_INSTANCE_ID").unwrap_or_default(),
+        sampling_rate,
+        protocol,
+        endpoint: None,
     }))
 }
 

@@ -249,15 +249,18 @@ impl tower::Service<axum::extract::Request> for Connection {
                 return Box::pin(std::future::ready(Ok(not_allowed("POST"))));
             }
             let state = self.state.clone();
+            let span = crate::telemetry::check_span("POST /v1/check", request.headers());
             Box::pin(async move {
-                let answer = check::check(state, request).await;
+                let answer = crate::telemetry::traced(check::check(state, request), span).await;
                 drop(in_flight);
                 Ok(answer)
             })
         } else if path == AUTH {
             let (state, peer) = (self.state.clone(), self.peer);
+            let span = crate::telemetry::check_span("GET /v1/auth", request.headers());
             Box::pin(async move {
-                let answer = check::auth(state, peer, request).await;
+                let answer =
+                    crate::telemetry::traced(check::auth(state, peer, request), span).await;
                 drop(in_flight);
                 Ok(answer)
             })

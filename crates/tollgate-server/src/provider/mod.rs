@@ -269,6 +269,9 @@ fn assemble(texts: &[(PathBuf, String)]) -> Result<Config, ConfigError> {
     }
     server.grpc_uds = settings::env("GRPC_UDS").map(PathBuf::from);
     server.prometheus = settings::prometheus_from_env()?;
+    if server.tracing.is_none() {
+        server.tracing = settings::tracing_from_env()?;
+    }
     let store = match store {
         Some(store) => store,
         None => settings::store_from_env()?.unwrap_or_default(),

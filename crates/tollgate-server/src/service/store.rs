@@ -179,6 +179,12 @@ pub fn check(config: &Config) -> Result<(), ConfigError> {
         Some("server.max_body_bytes: must be at least 1024")
     } else if server.grpc_max_message_bytes < 1_024 {
         Some("server.grpc_max_message_bytes: must be at least 1024")
+    } else if server
+        .tracing
+        .as_ref()
+        .is_some_and(|t| !(0.0..=1.0).contains(&t.sampling_rate))
+    {
+        Some("server.tracing.sampling_rate: must be from 0 to 1")
     } else {
         None
     };

@@ -1075,8 +1075,37 @@ impl RedisStore {
 
     /// Calls `entry`'s function with `keys` and `args`, in one round trip. A server that lacks
     /// the library gets it loaded and the call repeated, and one without functions (before
-    /// Redis 7) gets the same code as a script, from then on.
+    /// Redis 7) gets the same code as a script, from then on. The call is a `trace` span of
+    /// target `tollgate::redis` (a client span of the caller's when traces are exported);
+    /// with no subscriber interested in it, it costs one check of a cached flag.
     pub(crate) async fn invoke(
+        &self,
+        entry: &Entry,
+        keys: &[Vec<u8>],
+        args: &[&[u8]],
+    ) -> Result<Vec<u8>, RedisError> {
+        let span = tracing::trace_span!(
+            target: "tollgate::redis",
+            "redis",
+            otel.name = "FCALL",
+            otel.kind = "client",
+            db.system = "redis",
+            db.operation = %entry.function,
+            db.redis.keys = keys.len(),
+        );
+        if span.is_disabled() {
+            return self.call(entry, keys, args).await;
+        }
+        // Boxed: only traced checks pay for the larger future.
+        Box::pin(tracing::Instrument::instrument(
+            self.call(entry, keys, args),
+            span,
+        ))
+        .await
+    }
+
+    /// [`invoke`](Self::invoke), without its span.
+    async fn call(
         &self,
         entry: &Entry,
         keys: &[Vec<u8>],
