@@ -8,14 +8,20 @@ counters are zeroed, wrk runs for a few seconds more, the counters are dumped an
 the requests wrk completed. gRPC the same way, with rls_load (16 connections, one call in
 flight on each) in place of wrk. Kernel time (the larger part of a request on loopback) is not
 counted. Usage (see `instructions`): instructions.py --throttlecrab PATH [--seconds 3]
+[--grpc-only] [--tollgate PATH (another build of tollgate, to compare)]
+
+One gRPC row exports traces (`TRACING_ENABLED`, 1% sampled) over OTLP/HTTP to a sink of this
+script's own that takes every batch and answers 200.
 """
 import argparse
 import contextlib
 import glob
+import http.server
 import os
 import re
 import subprocess
 import tempfile
+import threading
 import time
 
 import bench
@@ -83,10 +89,33 @@ def count_grpc(argv, port, grpc, name, seconds, workdir, env=None):
         return [(name, per_request(server, out, load))]
 
 
+class Sink(http.server.BaseHTTPRequestHandler):
+    """An OTLP/HTTP receiver that reads each batch and answers 200 with an empty answer."""
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(200)
+        self.send_header("content-type", "application/x-protobuf")
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def otlp_sink():
+    """A running sink; its port."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server.server_address[1]
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=int, default=3)
     parser.add_argument("--throttlecrab", required=True)
+    parser.add_argument("--grpc-only", action="store_true")
+    parser.add_argument("--tollgate", default=bench.TOLLGATE)
     args = parser.parse_args()
     workdir = tempfile.mkdtemp()
     redis_port = bench.free_port()
@@ -96,38 +125,19 @@ def main():
     rows = []
     try:
         bench.wait_port(redis_port)
-        port, wrapped = bench.free_port(), bench.free_port()
-        rows += count([bench.TRIVIAL, f"127.0.0.1:{port}"], port, [
-            ("ceiling: axum answering a constant", "/v1/check", bench.CEILING_BODY),
-            ("the ceiling behind a do-nothing tower layer", "/v1/identity", "LAYERED"),
-            ("the ceiling behind a layer adding constant rate limit fields", "/v1/fields", "LAYERED"),
-            ("the ceiling behind tollgate's tower layer", "/v1/layered", "LAYERED"),
-        ], args.seconds, workdir)
-        rows += count([bench.TRIVIAL, f"127.0.0.1:{port}", f"127.0.0.1:{bench.free_port()}", f"127.0.0.1:{wrapped}"],
-                      wrapped, [("the ceiling's app wrapped in tollgate's layer", "/v1/check", "LAYERED")],
-                      args.seconds, workdir)
-        bare = bench.free_port()
-        rows += count([bench.TRIVIAL, f"127.0.0.1:{port}", f"127.0.0.1:{bench.free_port()}",
-                       f"127.0.0.1:{bench.free_port()}", f"127.0.0.1:{bare}"],
-                      bare, [("the ceiling's handler without axum's router", "/v1/check", bench.CEILING_BODY)],
-                      args.seconds, workdir)
-        env = dict(os.environ, RUST_LOG="warn")
-        for name, store, extra in bench.tollgate_systems(redis_port):
-            port, grpc = bench.free_port(), bench.free_port()
-            config = os.path.join(workdir, f"{port}.yaml")
-            with open(config, "w") as f:
-                f.write(bench.RULES.format(port=port, grpc=grpc, store=store))
-            rows += count([bench.TOLLGATE, "serve", "--config", config] + extra, port, [
-                (name + ", /v1/check (JSON)", "/v1/check", bench.TOLLGATE_BODY),
-                (name + ", /v1/auth (nginx)", "/v1/auth", ""),
-            ], args.seconds, workdir, env)
-        port = bench.free_port()
-        rows += count([args.throttlecrab, "--http", "--http-port", str(port), "--http-host", "127.0.0.1"], port,
-                      [("peer: throttlecrab-server (HTTP)", "/throttle", bench.PEER_BODY)], args.seconds, workdir)
+        if not args.grpc_only:
+            rows += http_rows(args, redis_port, workdir)
         port, grpc = bench.free_port(), bench.free_port()
         grpc_rows = count_grpc([bench.TRIVIAL, f"127.0.0.1:{port}", f"127.0.0.1:{grpc}"], port, grpc,
                                "ceiling: tonic answering OK", args.seconds, workdir)
-        for name, store, extra in bench.tollgate_systems(redis_port):
+        env = dict(os.environ, RUST_LOG="warn")
+        sink = otlp_sink()
+        traced = dict(env, TRACING_ENABLED="true", TRACING_SAMPLING_RATE="0.01", TRACING_EXPORTER_PROTOCOL="http",
+                      OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=f"http://127.0.0.1:{sink}/v1/traces")
+        systems = [(name, store, extra, env) for name, store, extra in bench.tollgate_systems(redis_port)]
+        systems.insert(1, ("tollgate, memory store, traces on (1% sampled, OTLP/HTTP)", "{ kind: memory }", [],
+                           traced))
+        for name, store, extra, environment in systems:
             port, grpc = bench.free_port(), bench.free_port()
             config = os.path.join(workdir, f"{port}.yaml")
             with open(config, "w") as f:
@@ -135,22 +145,57 @@ def main():
             envoy = os.path.join(workdir, f"{port}-envoy.yaml")
             with open(envoy, "w") as f:
                 f.write(bench.ENVOY)
-            grpc_rows += count_grpc([bench.TOLLGATE, "serve", "--config", config, envoy] + extra, port, grpc, name,
-                                    args.seconds, workdir, env)
+            grpc_rows += count_grpc([args.tollgate, "serve", "--config", config, envoy] + extra, port, grpc, name,
+                                    args.seconds, workdir, environment)
     finally:
         redis.terminate()
-    ceiling, peer = rows[0][1], rows[-1][1]
-    print(f"User-space instructions per request (callgrind, wrk at 16 connections, {args.seconds} s)\n")
-    print("| system | instructions | vs ceiling | vs peer |")
-    print("| --- | ---: | ---: | ---: |")
-    for name, n in rows:
-        print(f"| {name} | {n:,.0f} | {n / ceiling:.2f}x | {n / peer:.2f}x |")
+    if rows:
+        ceiling, peer = rows[0][1], rows[-1][1]
+        print(f"User-space instructions per request (callgrind, wrk at 16 connections, {args.seconds} s)\n")
+        print("| system | instructions | vs ceiling | vs peer |")
+        print("| --- | ---: | ---: | ---: |")
+        for name, n in rows:
+            print(f"| {name} | {n:,.0f} | {n / ceiling:.2f}x | {n / peer:.2f}x |")
     print(f"\nUser-space instructions per ShouldRateLimit call (callgrind, rls_load at 16 connections, "
           f"{args.seconds} s)\n")
     print("| system | instructions | vs ceiling |")
     print("| --- | ---: | ---: |")
     for name, n in grpc_rows:
         print(f"| {name} | {n:,.0f} | {n / grpc_rows[0][1]:.2f}x |")
+
+
+def http_rows(args, redis_port, workdir):
+    """The HTTP rows: the ceilings, tollgate's systems, the peer."""
+    rows = []
+    port, wrapped = bench.free_port(), bench.free_port()
+    rows += count([bench.TRIVIAL, f"127.0.0.1:{port}"], port, [
+        ("ceiling: axum answering a constant", "/v1/check", bench.CEILING_BODY),
+        ("the ceiling behind a do-nothing tower layer", "/v1/identity", "LAYERED"),
+        ("the ceiling behind a layer adding constant rate limit fields", "/v1/fields", "LAYERED"),
+        ("the ceiling behind tollgate's tower layer", "/v1/layered", "LAYERED"),
+    ], args.seconds, workdir)
+    rows += count([bench.TRIVIAL, f"127.0.0.1:{port}", f"127.0.0.1:{bench.free_port()}", f"127.0.0.1:{wrapped}"],
+                  wrapped, [("the ceiling's app wrapped in tollgate's layer", "/v1/check", "LAYERED")],
+                  args.seconds, workdir)
+    bare = bench.free_port()
+    rows += count([bench.TRIVIAL, f"127.0.0.1:{port}", f"127.0.0.1:{bench.free_port()}",
+                   f"127.0.0.1:{bench.free_port()}", f"127.0.0.1:{bare}"],
+                  bare, [("the ceiling's handler without axum's router", "/v1/check", bench.CEILING_BODY)],
+                  args.seconds, workdir)
+    env = dict(os.environ, RUST_LOG="warn")
+    for name, store, extra in bench.tollgate_systems(redis_port):
+        port, grpc = bench.free_port(), bench.free_port()
+        config = os.path.join(workdir, f"{port}.yaml")
+        with open(config, "w") as f:
+            f.write(bench.RULES.format(port=port, grpc=grpc, store=store))
+        rows += count([args.tollgate, "serve", "--config", config] + extra, port, [
+            (name + ", /v1/check (JSON)", "/v1/check", bench.TOLLGATE_BODY),
+            (name + ", /v1/auth (nginx)", "/v1/auth", ""),
+        ], args.seconds, workdir, env)
+    port = bench.free_port()
+    rows += count([args.throttlecrab, "--http", "--http-port", str(port), "--http-host", "127.0.0.1"], port,
+                  [("peer: throttlecrab-server (HTTP)", "/throttle", bench.PEER_BODY)], args.seconds, workdir)
+    return rows
 
 
 if __name__ == "__main__":
