@@ -274,6 +274,27 @@ async fn hybrid_instances_stay_within_the_stated_bound() {
     assert!((1_000..=1_000 + 3 * 10).contains(&admitted), "{admitted}");
 }
 
+/// Hybrid with `max_unclaimed: 0` (never over the limit), one instance, 3 a day: the first
+/// check of a key waits for its claim instead of being denied with the budget untouched; the
+/// fourth is denied with nothing remaining.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hybrid_without_unclaimed_permits_denies_only_a_spent_budget() {
+    let redis = Redis::start();
+    let rules = format!(
+        "store: {{ kind: redis, url: '{}', mode: hybrid, max_unclaimed: 0, timeout: 1s }}\nrules:\n  - id: daily\n    key: [header:x-tenant]\n    algorithm: fixed_window\n    tiers: [{{ limit: 3, period: 1d }}]\n",
+        redis.url()
+    );
+    let server = Server::start(&[("rules.yaml", &rules)], &[]);
+    let client = reqwest::Client::new();
+    let body =
+        json!({ "request": { "method": "GET", "path": "/", "headers": { "x-tenant": "t" } } });
+    for (expected, remaining) in [(200, 2), (200, 1), (200, 0), (429, 0)] {
+        let (status, _, answer) = check(&client, &server.http, body.clone()).await;
+        assert_eq!(status, expected, "{answer}");
+        assert_eq!(answer["decisions"][0]["remaining"], remaining, "{answer}");
+    }
+}
+
 /// A Redis Cluster with a master down: `/readyz` stays ready and says which master fails and
 /// how many slots the failure policies decide; `/metrics` says the same, node by node; both
 /// clear once the master's replica has taken over.

@@ -303,6 +303,43 @@ async fn new_and_returning_keys_are_admitted_without_waiting() {
     assert!(waits.check_now("other", 1).unwrap().allowed());
 }
 
+/// With `max_unclaimed: Some(0)` (never over the limit), a key's first check in a window waits
+/// for the claim its sync brings, rather than being denied while the budget is untouched; a
+/// denial then means the budget is spent. Two instances, 3 a day: the first check of each
+/// is admitted, and together they admit exactly 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_without_a_claim_waits_for_it_and_a_denial_means_the_budget_is_spent() {
+    let server = RedisServer::start();
+    let rule = Rule::new("first", Algorithm::FixedWindow, [Tier::per_day(3)]).unwrap();
+    let clock = ManualClock::new();
+    let config = HybridConfig {
+        sync_interval: Duration::from_secs(1),
+        max_unclaimed: Some(0),
+        ..HybridConfig::default()
+    };
+    let stores = [
+        HybridStore::new(&redis(&server, StoreTime::Local).await, config).unwrap(),
+        HybridStore::new(&redis(&server, StoreTime::Local).await, config).unwrap(),
+    ];
+    let limiters: Vec<HybridLimiter> = stores.iter().map(|s| limiter(s, &rule, &clock)).collect();
+    for (i, limiter) in limiters.iter().enumerate() {
+        let first = limiter.check(format!("tenant-{i}"), 1).await.unwrap();
+        assert!(first.allowed(), "the first check of a fresh key: {first:?}");
+        assert_eq!(first.remaining(), 2);
+    }
+    let mut admitted = 0;
+    for round in 0..10 {
+        let d = limiters[round % 2].check("shared", 1).await.unwrap();
+        if d.allowed() {
+            admitted += 1;
+        } else {
+            // Denied after the wait: the budget is spent, nothing is left to claim.
+            assert_eq!(d.remaining(), 0, "round {round}: {d:?}");
+        }
+    }
+    assert_eq!(admitted, 3);
+}
+
 /// Claims an idle instance holds lapse: after three sync intervals the others may admit the
 /// whole limit.
 #[tokio::test]

@@ -15,15 +15,17 @@
 //! is admitted at once. Claims keep the count plus every claim within the limit, so only the
 //! unclaimed permits can exceed it: in any window the instances together admit at most
 //! `limit + Σ unclaimed` (by default `limit + max(2 x instances, about 1% of the limit)`). When
-//! an instance runs out of claim and unclaimed permits it asks for an early sync and denies
-//! meanwhile (a few milliseconds). Claims an instance no longer uses lapse after three sync
-//! intervals: until then the others may admit less than the limit.
+//! an instance runs out of claim and unclaimed permits it syncs at once, and the check waits
+//! for that sync, within the Redis store's timeout, before it is decided again: a denial means
+//! the budget is spent, or the claim did not come in time (`check_now`, which never waits,
+//! denies meanwhile, with a retry of a few milliseconds). Claims an instance no longer uses
+//! lapse after three sync intervals: until then the others may admit less than the limit.
 //!
 //! When syncs fail for longer than two intervals, each rule's failure policy decides (what was
 //! admitted meanwhile is pushed when Redis answers again: nothing is lost).
 
 use std::fmt;
-use std::future::{Future, ready};
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLockReadGuard, Weak};
 use std::time::Duration;
@@ -52,8 +54,8 @@ pub struct HybridConfig {
     /// The most permits of a key one instance admits per window beyond its claim, before a
     /// sync counts them: what the instances together may admit over a limit. `None` (the
     /// default): 2, or a hundredth of the limit shared by the instances claiming the key,
-    /// whichever is more. `Some(0)`: never over the limit, but a key's first checks on an
-    /// instance wait for a claim (denied for a few milliseconds).
+    /// whichever is more. `Some(0)`: never over the limit, but a key's first check in a
+    /// window on an instance waits for a claim (a sync: a Redis round trip).
     pub max_unclaimed: Option<u64>,
     /// Instances expected to share the keys (default 1): until a sync says how many claim a
     /// key, the default `max_unclaimed` divides its hundredth of the limit by this.
@@ -106,8 +108,8 @@ impl HybridConfig {
 pub struct HybridStats {
     /// Items decided in this process.
     pub decisions: u64,
-    /// Items denied because this instance had used its claim and unclaimed permits before a
-    /// sync brought more.
+    /// Items found beyond this instance's claim and unclaimed permits, before a sync brought
+    /// more (checks then wait for that sync; `check_now` denies them).
     pub allowance_denials: u64,
     /// Syncs that answered.
     pub syncs: u64,
@@ -135,6 +137,14 @@ struct Inner {
     /// Keys used since the last sync, each once (marked `QUEUED` in its words).
     queue: Mutex<Vec<Queued>>,
     wake: Arc<Notify>,
+    /// Set when a check ran out of claim: the sync it wakes runs at once, not after the
+    /// least gap, since checks wait for it (see [`Store::check`]).
+    urgent: Arc<AtomicBool>,
+    /// Counts the syncs done, answered or not: checks waiting for a claim watch it (the
+    /// count is read first, a load, so that a check that needs no claim pays nothing more).
+    synced: tokio::sync::watch::Sender<u64>,
+    /// The same count, to read without a lock.
+    syncs_done: AtomicU64,
     /// Reads this process's time for the offset to Redis's clock and for staleness.
     clock: SystemClock,
     /// Redis's clock minus this process's (µs), as of the last sync; 0 on the caller's time.
@@ -272,6 +282,9 @@ impl HybridStore {
             slots: Slots::default(),
             queue: Mutex::new(Vec::new()),
             wake: Arc::new(Notify::new()),
+            urgent: Arc::new(AtomicBool::new(false)),
+            synced: tokio::sync::watch::Sender::new(0),
+            syncs_done: AtomicU64::new(0),
             last_ok: AtomicU64::new(clock.now_micros()),
             instances: AtomicU64::new(0),
             clock,
@@ -286,8 +299,29 @@ impl HybridStore {
             failed_syncs: AtomicU64::new(0),
             timed_out_syncs: AtomicU64::new(0),
         });
-        runtime.spawn(run(Arc::downgrade(&inner), inner.wake.clone()));
+        runtime.spawn(run(
+            Arc::downgrade(&inner),
+            inner.wake.clone(),
+            inner.urgent.clone(),
+        ));
         Ok(Self { inner })
+    }
+
+    /// Decides in memory, or by the rules' failure policies while syncs fail; with whether a
+    /// key ran out of claim (see [`Inner::decide`]).
+    fn decide_now(
+        &self,
+        items: &[Planned<'_, HybridPlan>],
+        now: u64,
+        max_delay: Option<u64>,
+    ) -> (Decisions, bool) {
+        let inner = &*self.inner;
+        if inner.stale() {
+            let retry = inner.min_gap().as_micros() as u64;
+            let decisions = inner.redis.guard().by_policy(items, now, max_delay, retry);
+            return (decisions, false);
+        }
+        inner.decide(items, now, max_delay)
     }
 
     /// What the store did so far.
@@ -308,7 +342,10 @@ impl HybridStore {
     /// # Errors
     /// [`Error::Store`] when Redis did not answer; nothing is lost, the next sync retries.
     pub async fn sync(&self) -> Result<(), Error> {
-        self.inner.sync(false).await
+        let synced = self.inner.sync(false).await;
+        self.inner.syncs_done.fetch_add(1, Ordering::Release);
+        self.inner.synced.send_modify(|n| *n += 1);
+        synced
     }
 
     /// Keys held in this process now.
@@ -353,7 +390,7 @@ fn instance_id(clock: &SystemClock) -> Vec<u8> {
 
 /// The sync task: every interval, or soon after a check asks, until the store is dropped or
 /// shut down.
-async fn run(inner: Weak<Inner>, wake: Arc<Notify>) {
+async fn run(inner: Weak<Inner>, wake: Arc<Notify>, urgent: Arc<AtomicBool>) {
     let Some((interval, gap)) = inner
         .upgrade()
         .map(|i| (i.config.sync_interval, i.min_gap()))
@@ -366,7 +403,11 @@ async fn run(inner: Weak<Inner>, wake: Arc<Notify>) {
         if !std::mem::take(&mut first) {
             tokio::select! {
                 () = tokio::time::sleep(interval) => {}
-                () = wake.notified() => tokio::time::sleep(gap).await,
+                () = wake.notified() => {
+                    if !urgent.swap(false, Ordering::Relaxed) {
+                        tokio::time::sleep(gap).await;
+                    }
+                }
             }
         }
         let Some(inner) = inner.upgrade() else {
@@ -383,6 +424,8 @@ async fn run(inner: Weak<Inner>, wake: Arc<Notify>) {
             }
             _ => {}
         }
+        inner.syncs_done.fetch_add(1, Ordering::Release);
+        inner.synced.send_modify(|n| *n += 1);
     }
 }
 
@@ -434,13 +477,14 @@ impl Inner {
     }
 
     /// Decides `items` all-or-nothing in memory, queueing the keys it admits for the next
-    /// sync, and waking the sync task when a key ran out of claim.
+    /// sync, and waking the sync task at once when a key ran out of claim; with whether one
+    /// did (the denial then says only that this instance holds no claim yet).
     fn decide(
         &self,
         items: &[Planned<'_, HybridPlan>],
         now: u64,
         max_delay: Option<u64>,
-    ) -> Decisions {
+    ) -> (Decisions, bool) {
         let now = self.store_time(now);
         self.last_now.fetch_max(now, Ordering::Relaxed);
         let accesses = accesses(items);
@@ -488,9 +532,10 @@ impl Inner {
         }
         if starved > 0 {
             self.allowance_denials.fetch_add(starved, Ordering::Relaxed);
+            self.urgent.store(true, Ordering::Relaxed);
             self.wake.notify_one();
         }
-        Decisions::many(decisions)
+        (Decisions::many(decisions), starved > 0)
     }
 
     /// One item's decision from its key's words at `now`, as the counts and claims it holds
@@ -931,13 +976,40 @@ impl Store for HybridStore {
         })
     }
 
+    /// Decides in memory; a check denied only because this instance holds no claim for a key
+    /// yet (its first check in a window with `max_unclaimed: Some(0)`, or a burst past its
+    /// claim) waits for the sync it woke, within the Redis store's timeout, and is decided
+    /// again: a denial then means the budget is spent, or the claim did not come in time.
     fn check(
         &self,
         items: &[Planned<'_, HybridPlan>],
         now: u64,
         max_delay: Option<u64>,
     ) -> impl Future<Output = Result<Decisions, Error>> + Send {
-        ready(Ok(self.check_now(items, now, max_delay)))
+        let inner = &*self.inner;
+        // Read before the decision wakes the sync, so that its end is seen.
+        let seen = inner.syncs_done.load(Ordering::Acquire);
+        let (decisions, starved) = self.decide_now(items, now, max_delay);
+        async move {
+            if !starved {
+                return Ok(decisions);
+            }
+            let mut decisions = decisions;
+            let mut synced = inner.synced.subscribe();
+            if inner.syncs_done.load(Ordering::Acquire) != seen {
+                // A sync ended between the decision and now: it may have brought the claim.
+                synced.mark_changed();
+            }
+            let deadline = tokio::time::Instant::now() + inner.redis.guard().config().timeout;
+            while let Ok(Ok(())) = tokio::time::timeout_at(deadline, synced.changed()).await {
+                let (again, starved) = self.decide_now(items, now, max_delay);
+                decisions = again;
+                if !starved {
+                    break;
+                }
+            }
+            Ok(decisions)
+        }
     }
 
     async fn shutdown(&self) {
@@ -1035,15 +1107,7 @@ impl LocalStore for HybridStore {
         now: u64,
         max_delay: Option<u64>,
     ) -> Decisions {
-        if self.inner.stale() {
-            let retry = self.inner.min_gap().as_micros() as u64;
-            return self
-                .inner
-                .redis
-                .guard()
-                .by_policy(items, now, max_delay, retry);
-        }
-        self.inner.decide(items, now, max_delay)
+        self.decide_now(items, now, max_delay).0
     }
 }
 
