@@ -383,3 +383,57 @@ async fn instances_at_the_same_pace_get_equal_shares() {
         assert!(share.abs_diff(LIMIT / 4) <= LIMIT / 8, "{shares:?}");
     }
 }
+
+/// A lease whose answer comes after the check's timeout (Redis paused for 400 ms, the store
+/// waiting 50 ms): the check is decided by the failure policy, but the permits Redis granted
+/// are taken in when the answer comes and spent after, so the instance admits the whole limit,
+/// not the limit less a lost grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_whose_answer_came_too_late_is_not_lost() {
+    const LIMIT: u64 = 100;
+    let server = Arc::new(RedisServer::start());
+    let rule = Rule::new("late", Algorithm::FixedWindow, [Tier::per_day(LIMIT)])
+        .and_then(|rule| rule.on_failure(FailurePolicy::Closed))
+        .unwrap();
+    let store = LeaseStore::new(
+        &RedisStore::builder(&server.url())
+            .store_time(StoreTime::Server)
+            .timeout(Duration::from_millis(50))
+            .build()
+            .await
+            .unwrap(),
+        LeaseConfig::default(),
+    )
+    .unwrap();
+    let limiter = Limiter::builder(rule).store(store.clone()).build().unwrap();
+    // Warm: the store's first call is waited for past the timeout (connecting, loading).
+    assert!(limiter.check("warm", 1).await.unwrap().allowed());
+    let warm = store.stats().leased;
+    // Redis stalls: the tenant's first lease is asked while it is paused, and answered after.
+    assert_eq!(server.cli(&["client", "pause", "400", "all"]), "OK");
+    let first = limiter.check("tenant", 1).await.unwrap();
+    assert_eq!(
+        (first.allowed(), first.source()),
+        (false, Source::FailClosed)
+    );
+    // The late answer is taken in: its grant is held here.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while store.stats().leased == warm {
+        assert!(
+            Instant::now() < deadline,
+            "the late grant was never taken in"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut admitted = 0;
+    loop {
+        let decision = limiter.check("tenant", 1).await.unwrap();
+        if !decision.allowed() {
+            assert_eq!(decision.source(), Source::Lease, "{decision:?}");
+            break;
+        }
+        admitted += 1;
+    }
+    assert_eq!(admitted, LIMIT);
+    assert_eq!(counter(&server, "late"), LIMIT);
+}

@@ -421,11 +421,17 @@ impl Inner {
             .min(tier.limit())
     }
 
-    /// Asks Redis for the leases `needs` of `items` at `now`, and adds what it grants.
+    /// Asks Redis for the leases `needs` of `items` at `now`, and adds what it grants, in a
+    /// task of its own: if the check that asked stops waiting (its timeout passed, and its
+    /// failure policy decided), the answer is still taken in when it comes, so that permits
+    /// Redis granted are never lost to this instance (they would be missing from the
+    /// window's budget until it ends: an answer lost this way once left tenants at 935 of
+    /// 1,000). Only an answer that never comes (a connection lost after Redis ran the call)
+    /// loses its grant, to the end of its window.
     async fn take(
-        &self,
+        self: &Arc<Self>,
         items: &[Planned<'_, LeasePlan>],
-        needs: &[Need],
+        needs: Vec<Need>,
         now: u64,
     ) -> Result<(), Error> {
         let leases: Vec<CounterItem> = needs
@@ -456,22 +462,52 @@ impl Inner {
                 }
             })
             .collect();
-        let local = self.clock.now_micros();
-        let answer = self.redis.lease(&self.id, now, &leases).await;
-        self.calls
-            .fetch_add(answer.as_ref().map_or(1, |a| a.calls), Ordering::Relaxed);
-        let answer = answer?;
-        if self.redis.time() == StoreTime::Server {
-            let offset = answer.time as i64 - local as i64;
-            self.offset.store(offset, Ordering::Relaxed);
-        }
-        let accesses = Self::accesses(items);
+        let asked: Vec<Held> = items
+            .iter()
+            .map(|item| Held {
+                rule: item.rule.clone(),
+                shape: item.plan.shape.clone(),
+                key: item.key.into(),
+            })
+            .collect();
+        let inner = Arc::clone(self);
+        let answer = tokio::spawn(async move {
+            let local = inner.clock.now_micros();
+            let answer = inner.redis.lease(&inner.id, now, &leases).await;
+            inner
+                .calls
+                .fetch_add(answer.as_ref().map_or(1, |a| a.calls), Ordering::Relaxed);
+            let answer = answer?;
+            if inner.redis.time() == StoreTime::Server {
+                let offset = answer.time as i64 - local as i64;
+                inner.offset.store(offset, Ordering::Relaxed);
+            }
+            inner.granted(&asked, &needs, &answer.values, now);
+            Ok::<(), Error>(())
+        });
+        answer.await.map_err(|e| Error::Store {
+            message: format!("a lease's task failed: {e}"),
+            transient: true,
+        })?
+    }
+
+    /// Adds the leases Redis granted (`values`: grant and global count per need) to the keys
+    /// of `asked`.
+    fn granted(&self, asked: &[Held], needs: &[Need], values: &[f64], now: u64) {
+        let accesses: Vec<Access<'_>> = asked
+            .iter()
+            .map(|h| Access {
+                slot: h.shape.slot,
+                key: &h.key,
+                words: h.shape.words,
+            })
+            .collect();
         let mut held = Vec::new();
         self.table.access(&accesses, now, &self.scorer(), |words| {
-            for (n, granted) in needs.iter().zip(answer.values.chunks_exact(2)) {
+            for (n, granted) in needs.iter().zip(values.chunks_exact(2)) {
                 let (grant, global) = (granted[0] as u64, granted[1] as u64);
                 self.leased.fetch_add(grant, Ordering::Relaxed);
-                let item = &items[n.item];
+                let item = &asked[n.item];
                 let w = &mut words[n.item];
                 let tw = tier_mut(w, n.tier);
                 if tw[START] != n.window {
@@ -490,8 +526,8 @@ impl Inner {
                     w[FLAGS] |= HELD;
                     held.push(Held {
                         rule: item.rule.clone(),
-                        shape: item.plan.shape.clone(),
-                        key: item.key.into(),
+                        shape: item.shape.clone(),
+                        key: item.key.clone(),
                     });
                 }
             }
@@ -500,7 +536,6 @@ impl Inner {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .extend(held);
-        Ok(())
     }
 
     /// Gives back the permits leased and not spent in the current windows.
@@ -640,7 +675,7 @@ impl Store for LeaseStore {
                 Ok(decisions) => return Ok(decisions),
                 Err(needs) => needs,
             };
-            inner.take(items, &needs, at).await?;
+            self.inner.take(items, needs, at).await?;
             let at = now
                 .saturating_add_signed(inner.offset.load(Ordering::Relaxed))
                 .max(1);
