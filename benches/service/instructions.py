@@ -116,6 +116,7 @@ def main():
     parser.add_argument("--throttlecrab", required=True)
     parser.add_argument("--grpc-only", action="store_true")
     parser.add_argument("--tollgate", default=bench.TOLLGATE)
+    parser.add_argument("--without-traces", action="store_true", help="no row exporting traces (a build without them)")
     args = parser.parse_args()
     workdir = tempfile.mkdtemp()
     redis_port = bench.free_port()
@@ -135,8 +136,9 @@ def main():
         traced = dict(env, TRACING_ENABLED="true", TRACING_SAMPLING_RATE="0.01", TRACING_EXPORTER_PROTOCOL="http",
                       OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=f"http://127.0.0.1:{sink}/v1/traces")
         systems = [(name, store, extra, env) for name, store, extra in bench.tollgate_systems(redis_port)]
-        systems.insert(1, ("tollgate, memory store, traces on (1% sampled, OTLP/HTTP)", "{ kind: memory }", [],
-                           traced))
+        if not args.without_traces:
+            systems.insert(1, ("tollgate, memory store, traces on (1% sampled, OTLP/HTTP)", "{ kind: memory }", [],
+                               traced))
         for name, store, extra, environment in systems:
             port, grpc = bench.free_port(), bench.free_port()
             config = os.path.join(workdir, f"{port}.yaml")

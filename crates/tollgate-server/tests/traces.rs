@@ -168,8 +168,6 @@ async fn a_check_is_a_span_of_the_callers_trace_with_its_redis_call() {
         .await
         .unwrap();
     assert_eq!(answer.status(), 200);
-    // (The service's own calls, such as its sweep of expired reservations, are traces of
-    // their own.)
     let all = wait_for(&spans, |s| s.name == "FCALL" && s.trace == TRACE).await;
     let check = all
         .iter()

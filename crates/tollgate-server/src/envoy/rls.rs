@@ -163,11 +163,19 @@ impl RateLimitService for Rls {
     ) -> Result<Response<RateLimitResponse>, Status> {
         use crate::metrics::CallEnd;
         let started = std::time::Instant::now();
-        let span = crate::telemetry::check_span("ShouldRateLimit", request.metadata().as_ref());
+        let store = self.envoy.service().store().kind();
+        let span =
+            crate::telemetry::check_span("ShouldRateLimit", request.metadata().as_ref(), store);
         let request = request.into_inner();
-        crate::telemetry::record_domain(&span, &request.domain);
-        let answering = answered(&self.envoy, request, self.response_headers);
-        let answered = crate::telemetry::traced(answering, span).await;
+        // Inline, not through a function taking the future: each layer of future moved costs
+        // a copy of it on every call.
+        let answered = if span.is_none() {
+            answered(&self.envoy, request, self.response_headers).await
+        } else {
+            crate::telemetry::record_domain(&span, &request.domain);
+            let answering = answered(&self.envoy, request, self.response_headers);
+            tracing::Instrument::instrument(answering, span).await
+        };
         let end = match &answered {
             Err(_) => CallEnd::ServiceError,
             Ok((_, true)) => CallEnd::RedisError,
@@ -275,6 +283,7 @@ async fn answered(
             .await
             .map_err(refused)?
     };
+    crate::telemetry::record(&DescriptorOutcome::decisions(&answer.outcomes));
     let statuses: Vec<DescriptorStatus> = answer.outcomes.iter().map(status).collect();
     let overall = if answer.over {
         Code::OverLimit

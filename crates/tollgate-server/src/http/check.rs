@@ -462,6 +462,9 @@ fn answer_outcome(
     denied: StatusCode,
     json: bool,
 ) -> Response {
+    if let Ok(outcome) = &outcome {
+        crate::telemetry::record(&outcome.decisions);
+    }
     match outcome {
         Ok(Outcome {
             decisions,

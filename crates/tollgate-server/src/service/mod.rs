@@ -578,27 +578,9 @@ impl Service {
     }
 
     /// Checks `items` all-or-nothing, recording each decision under its rule, or under its
-    /// name in `named` where it has one (Envoy's detailed metrics), and, when traces are
-    /// exported, in the check's span (see [`crate::telemetry`]). Overrides and stated limits
-    /// are the caller's to apply.
+    /// name in `named` where it has one (Envoy's detailed metrics). Overrides and stated
+    /// limits are the caller's to apply.
     pub async fn check_items(
-        &self,
-        loaded: &Loaded,
-        items: &[Item<'_>],
-        named: Option<&[Option<String>]>,
-    ) -> Result<Outcome, CheckError> {
-        let outcome = self.decide(loaded, items, named).await;
-        if crate::telemetry::on()
-            && let Ok(outcome) = &outcome
-        {
-            let span = tracing::Span::current();
-            crate::telemetry::record(&span, self.store.kind(), &outcome.decisions);
-        }
-        outcome
-    }
-
-    /// [`check_items`](Self::check_items), but for the span.
-    async fn decide(
         &self,
         loaded: &Loaded,
         items: &[Item<'_>],

@@ -1075,15 +1075,25 @@ impl RedisStore {
 
     /// Calls `entry`'s function with `keys` and `args`, in one round trip. A server that lacks
     /// the library gets it loaded and the call repeated, and one without functions (before
-    /// Redis 7) gets the same code as a script, from then on. The call is a `trace` span of
-    /// target `tollgate::redis` (a client span of the caller's when traces are exported);
-    /// with no subscriber interested in it, it costs one check of a cached flag.
+    /// Redis 7) gets the same code as a script, from then on. Within a span, the call is a
+    /// `trace` span of target `tollgate::redis`, its child (a client span of the check's when
+    /// traces are exported); with no subscriber interested in it, it costs one check of a
+    /// cached flag.
     pub(crate) async fn invoke(
         &self,
         entry: &Entry,
         keys: &[Vec<u8>],
         args: &[&[u8]],
     ) -> Result<Vec<u8>, RedisError> {
+        // Only within a traced check (a span of target `tollgate::traces`, the service's): the
+        // store's own calls, and those of checks not sampled, make no trace of their own.
+        let traced = tracing::enabled!(target: "tollgate::redis", tracing::Level::TRACE)
+            && tracing::Span::current()
+                .metadata()
+                .is_some_and(|m| m.target() == "tollgate::traces");
+        if !traced {
+            return self.call(entry, keys, args).await;
+        }
         let span = tracing::trace_span!(
             target: "tollgate::redis",
             "redis",
@@ -1093,9 +1103,6 @@ impl RedisStore {
             db.operation = %entry.function,
             db.redis.keys = keys.len(),
         );
-        if span.is_disabled() {
-            return self.call(entry, keys, args).await;
-        }
         // Boxed: only traced checks pay for the larger future.
         Box::pin(tracing::Instrument::instrument(
             self.call(entry, keys, args),
