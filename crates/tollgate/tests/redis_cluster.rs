@@ -138,10 +138,16 @@ async fn a_cold_cluster_is_waited_for_not_failed_over() {
         .unwrap();
     let rule = Rule::new("cold", Algorithm::Gcra, [Tier::per_second(1_000)]).unwrap();
     let limiter = Arc::new(Limiter::builder(rule).store(store.clone()).build().unwrap());
+    // Every check starts before any answers: one started after the first answer is no
+    // longer a cold start's (its node answered), and on a loaded machine its 20 ms may pass.
+    let ready = Arc::new(tokio::sync::Barrier::new(300));
     let checks: Vec<_> = (0..300)
         .map(|i| {
-            let limiter = limiter.clone();
-            tokio::spawn(async move { limiter.check(&format!("k{i}"), 1).await.unwrap() })
+            let (limiter, ready) = (limiter.clone(), ready.clone());
+            tokio::spawn(async move {
+                ready.wait().await;
+                limiter.check(&format!("k{i}"), 1).await.unwrap()
+            })
         })
         .collect();
     let mut by_policy = 0;
