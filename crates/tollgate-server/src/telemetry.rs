@@ -310,8 +310,15 @@ pub fn check_span(
     if !on() {
         return tracing::Span::none();
     }
-    let parent: Context =
-        opentelemetry::global::get_text_map_propagator(|p| p.extract(&Headers(headers)));
+    // Only a request carrying a trace is read by the propagators (a lock and three readers).
+    let carries = ["traceparent", "b3", "x-b3-traceid"]
+        .iter()
+        .any(|name| headers.contains_key(*name));
+    let parent: Context = if carries {
+        opentelemetry::global::get_text_map_propagator(|p| p.extract(&Headers(headers)))
+    } else {
+        Context::new()
+    };
     // Sampled here, before a span is made: the caller's decision when it sent one, else
     // the rate (parent-based, as envoyproxy/ratelimit samples).
     let caller = parent.span().span_context().clone();
