@@ -67,6 +67,9 @@ impl RedisServer {
         Self::spawned(&args, true)
     }
 
+    /// A server on a free port; on another when the port was taken between the probe and the
+    /// bind (by another test's server, or as a connection's ephemeral port: Linux hands those
+    /// out from 32768 up), which makes redis-server exit at once.
     fn spawned(args: &[&str], tls: bool) -> Self {
         let mut server = Self {
             port: free_port(),
@@ -75,11 +78,28 @@ impl RedisServer {
             dir: tempfile::tempdir().expect("temp dir"),
             child: None,
         };
-        server.spawn();
+        for _ in 0..4 {
+            server.start_process();
+            std::thread::sleep(Duration::from_millis(50));
+            let exited = server
+                .child
+                .as_mut()
+                .is_some_and(|c| c.try_wait().ok().flatten().is_some());
+            if !exited {
+                break;
+            }
+            server.port = free_port();
+        }
+        server.wait_for_start();
         server
     }
 
     fn spawn(&mut self) {
+        self.start_process();
+        self.wait_for_start();
+    }
+
+    fn start_process(&mut self) {
         let port = self.port.to_string();
         let mut command = Command::new("redis-server");
         command.args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]);
@@ -95,6 +115,9 @@ impl RedisServer {
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         self.child = Some(command.spawn().expect("redis-server is installed"));
+    }
+
+    fn wait_for_start(&self) {
         if !self.tls {
             self.wait_until_ready();
         } else {
