@@ -313,11 +313,7 @@ async fn per_value_series_are_bounded() {
         .count();
     assert!(series <= 1_001 * 3, "{series} series");
     assert!(metrics.contains("rule=\"_other\""), "no _other series");
-    let folded: u64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("tollgate_metric_series_folded_total "))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("{metrics}"));
+    let folded = folded(&metrics);
     assert_eq!(folded, 500);
 }
 
@@ -340,10 +336,15 @@ async fn long_values_name_no_series() {
         metrics.len()
     );
     assert!(metrics.contains("rule=\"_other\""), "no _other series");
-    let folded: u64 = metrics
+    let folded = folded(&metrics);
+    assert_eq!(folded, 20);
+}
+
+/// `tollgate_metric_series_folded_total` of a `/metrics` page.
+fn folded(metrics: &str) -> u64 {
+    metrics
         .lines()
         .find_map(|l| l.strip_prefix("tollgate_metric_series_folded_total "))
         .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("{metrics}"));
-    assert_eq!(folded, 20);
+        .unwrap_or_else(|| panic!("{metrics}"))
 }

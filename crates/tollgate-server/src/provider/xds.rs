@@ -236,7 +236,7 @@ async fn connect(settings: &XdsSettings) -> Channel {
                 }
                 Err(e) => tracing::warn!(
                     server = %settings.url,
-                    error = %error_chain(&e),
+                    error = %format!("{:#}", anyhow::Error::new(e)),
                     "cannot connect to the xDS management server"
                 ),
             },
@@ -247,17 +247,6 @@ async fn connect(settings: &XdsSettings) -> Channel {
         let jitter = 0.5 + fastrand::f64();
         tokio::time::sleep(settings.connect_retry.mul_f64(jitter)).await;
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 /// The endpoint of the settings' URL (`http://` added to a bare `host:port`, `https://` with

@@ -141,6 +141,19 @@ struct Held {
     key: Box<[u8]>,
 }
 
+impl Held {
+    /// The table accesses of `held`'s keys.
+    fn accesses(held: &[Held]) -> Vec<Access<'_>> {
+        held.iter()
+            .map(|h| Access {
+                slot: h.shape.slot,
+                key: &h.key,
+                words: h.shape.words,
+            })
+            .collect()
+    }
+}
+
 /// What a rule is in a lease store.
 #[derive(Debug, Clone)]
 pub struct LeasePlan {
@@ -494,14 +507,7 @@ impl Inner {
     /// Adds the leases Redis granted (`values`: grant and global count per need) to the keys
     /// of `asked`.
     fn granted(&self, asked: &[Held], needs: &[Need], values: &[f64], now: u64) {
-        let accesses: Vec<Access<'_>> = asked
-            .iter()
-            .map(|h| Access {
-                slot: h.shape.slot,
-                key: &h.key,
-                words: h.shape.words,
-            })
-            .collect();
+        let accesses = Held::accesses(asked);
         let mut held = Vec::new();
         self.table.access(&accesses, now, &self.scorer(), |words| {
             for (n, granted) in needs.iter().zip(values.chunks_exact(2)) {
@@ -542,14 +548,7 @@ impl Inner {
     async fn give_back(&self, now: u64) -> Result<(), Error> {
         let held: Vec<Held> =
             std::mem::take(&mut *self.held.lock().unwrap_or_else(|e| e.into_inner()));
-        let accesses: Vec<Access<'_>> = held
-            .iter()
-            .map(|h| Access {
-                slot: h.shape.slot,
-                key: &h.key,
-                words: h.shape.words,
-            })
-            .collect();
+        let accesses = Held::accesses(&held);
         let mut returns = Vec::new();
         self.table.access(&accesses, now, &self.scorer(), |words| {
             for (h, w) in held.iter().zip(words.iter_mut()) {
