@@ -447,7 +447,9 @@ impl Rule {
         settle: Settle,
     ) -> Decision {
         let (now, cost) = (attempt.now, attempt.cost);
-        for (i, tier) in self.tiers().iter().enumerate() {
+        // Nothing settled at no cost: the state stays as it is, a key never seen too.
+        let tiers = if cost > 0 { self.tiers() } else { &[] };
+        for (i, tier) in tiers.iter().enumerate() {
             let words = &mut state[self.tier_words(i)];
             match settle {
                 Settle::Report => algorithm.debit(tier, words, now, cost),

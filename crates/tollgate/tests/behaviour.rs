@@ -68,14 +68,7 @@ impl Strict {
 
     async fn cluster() -> Self {
         let cluster = RedisCluster::start();
-        let urls = cluster.urls();
-        let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
-        let store = RedisStore::cluster_builder(&nodes)
-            .store_time(StoreTime::Local)
-            .timeout(Duration::from_secs(5))
-            .build()
-            .await
-            .unwrap();
+        let store = cluster.local_store().await;
         Self {
             store,
             _server: None,

@@ -1,8 +1,9 @@
 //! A Redis Cluster as users outgrow one Redis, under the faults it meets: a dead master keeps
 //! away only the checks of its own slots (each node has its own circuit breaker) and the
 //! store says which nodes are failing; a cold cluster (no function library yet) is waited for,
-//! never answered by the failure policy; slots migrating under load are followed; and a check
-//! across slots is never denied after it took permits.
+//! never answered by the failure policy; slots migrating under load are followed; and checks
+//! across slots never exceed a limit, whatever their concurrency, nor keep what they took when
+//! denied.
 
 mod support;
 
@@ -230,7 +231,7 @@ async fn checks_follow_slots_as_they_migrate() {
 }
 
 /// A check across slots whose second master does not answer is decided by its policy, and
-/// takes nothing on the master that did answer: it was only asked.
+/// what the master that did answer took is given back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_check_across_slots_takes_nothing_unless_admitted() {
     let cluster = RedisCluster::start();
@@ -359,4 +360,83 @@ async fn a_cluster_with_no_slots_known_is_down_once_its_breaker_opens() {
     assert!(store.nodes().is_empty(), "no master known");
     assert!(store.degraded());
     assert!(store.down(), "every check is kept away from Redis");
+}
+
+/// Two rules whose keys are on different masters, the common tenant-and-address pair, under
+/// 5,000 checks from 64 callers of two instances: each check takes from both slots and gives
+/// back when one denies, so no limit is exceeded, and no permit is lost to a denied check:
+/// each binding limit is admitted exactly, and each key's count in Redis is what was admitted
+/// with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_across_slots_admit_each_limit_exactly() {
+    const SMALL: u64 = 600;
+    const ADDRESS: u64 = 1_500;
+    let cluster = RedisCluster::start();
+    let rules = || {
+        // Exact for as long as the test runs: a sliding log keeps every permit of its hour,
+        // and the tenants' buckets refill one permit a minute or slower.
+        let day = Duration::from_secs(86_400);
+        [
+            Rule::new("small", Algorithm::Gcra, [Tier::new(SMALL, day)]).unwrap(),
+            Rule::new("large", Algorithm::Gcra, [Tier::new(10 * SMALL, day)]).unwrap(),
+            Rule::new("ip", Algorithm::SlidingLog, [Tier::per_hour(ADDRESS)]).unwrap(),
+        ]
+    };
+    let mut limiters = Vec::new();
+    for _ in 0..2 {
+        let [small, large, ip] = rules();
+        let store = store(&cluster, Duration::from_secs(5)).await;
+        let limiter = Limiter::builder(small)
+            .rule(large)
+            .rule(ip)
+            .store(store)
+            .build()
+            .unwrap();
+        limiters.push(Arc::new(limiter));
+    }
+    let keys = keys_by_master(&cluster, &limiters[0]);
+    let (small, large, ip) = (keys[1][0].clone(), keys[1][1].clone(), keys[2][0].clone());
+    let mut callers = Vec::new();
+    for caller in 0..64 {
+        let limiter = limiters[caller % 2].clone();
+        let (small, large, ip) = (small.clone(), large.clone(), ip.clone());
+        callers.push(tokio::spawn(async move {
+            let (mut to_small, mut to_large) = (0, 0);
+            // 5,000 checks in all, every other one to each tenant.
+            for n in 0..(5_000 - caller).div_ceil(64) {
+                let (rule, tenant) = match (caller + 64 * n) % 2 {
+                    0 => ("small", &small),
+                    _ => ("large", &large),
+                };
+                let batch = [Item::new(rule, tenant, 1), Item::new("ip", &ip, 1)];
+                let decisions = limiter.check_batch(&batch).await.unwrap();
+                assert!(decisions.iter().all(|d| d.source() == Source::Redis));
+                if decisions.allowed() {
+                    match rule {
+                        "small" => to_small += 1,
+                        _ => to_large += 1,
+                    }
+                }
+            }
+            (to_small, to_large)
+        }));
+    }
+    let (mut to_small, mut to_large) = (0, 0);
+    for caller in callers {
+        let (s, l) = caller.await.unwrap();
+        to_small += s;
+        to_large += l;
+    }
+    assert_eq!(to_small, SMALL, "the small tenant's limit, exactly");
+    assert_eq!(to_small + to_large, ADDRESS, "the address's limit, exactly");
+    // What Redis counts for each key is what was admitted with it.
+    let look = [
+        Item::new("small", &small, 0),
+        Item::new("large", &large, 0),
+        Item::new("ip", &ip, 0),
+    ];
+    let look = limiters[0].check_batch(&look).await.unwrap();
+    assert_eq!(look[0].remaining(), 0);
+    assert_eq!(look[1].remaining(), 10 * SMALL - to_large);
+    assert_eq!(look[2].remaining(), 0);
 }

@@ -52,9 +52,13 @@ impl Decide for IntervalBucket {
 
     fn credit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64, at: u64) {
         let start = state[1];
-        // Only within the period `at` was taken in: a new period starts full.
+        // Only within the period `at` was taken in: a new period starts full. A period with
+        // nothing left taken in it is as if it never started: the next check starts one.
         if start != 0 && at >= start && now < start + tier.period_micros() {
             state[0] = state[0].saturating_sub(cost);
+            if state[0] == 0 {
+                state[1] = 0;
+            }
         }
     }
 

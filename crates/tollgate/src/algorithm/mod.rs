@@ -123,6 +123,14 @@ impl Algorithm {
     pub fn holds_slots(&self) -> bool {
         self.imp().holds_slots()
     }
+
+    /// Whether a [credit](Decide::credit) at once undoes a take exactly, as a check across
+    /// Redis Cluster slots gives back what one slot took when another denied: all but
+    /// warm-up, whose schedule's cost depends on how cold the key was.
+    #[cfg(feature = "redis")]
+    pub(crate) fn gives_back(&self) -> bool {
+        !matches!(self, Self::WarmUp(_))
+    }
 }
 
 impl Decide for Algorithm {

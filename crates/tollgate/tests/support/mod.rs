@@ -293,6 +293,18 @@ impl RedisCluster {
         self.nodes.iter().map(RedisServer::url).collect()
     }
 
+    /// A store on this cluster on the limiter's clock (for manual clocks), waiting up to 5 s.
+    pub async fn local_store(&self) -> tollgate::RedisStore {
+        let urls = self.urls();
+        let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
+        tollgate::RedisStore::cluster_builder(&nodes)
+            .store_time(tollgate::StoreTime::Local)
+            .timeout(Duration::from_secs(5))
+            .build()
+            .await
+            .unwrap()
+    }
+
     /// The node serving `key`'s slot now, by its place in `nodes`.
     pub fn owner(&self, key: &[u8]) -> usize {
         let key = String::from_utf8_lossy(key).into_owned();

@@ -11,16 +11,16 @@
 //! setting one; the sliding log's sets expire exactly).
 //!
 //! On a Redis Cluster, keys of different slots cannot meet in one call: a batch whose keys
-//! span slots asks every slot at once without writing, and only if every slot admits is it
-//! written, every slot at once (see [`RedisStore`]'s `check_many` for what holds across
-//! slots). Each master has its own circuit breaker ([`topology`]), so a dead master keeps
-//! away only the checks of its slots.
+//! span slots takes from every slot at once, and gives back where it took when any slot
+//! denies ([`across`]), so no limit is exceeded. Each master has its own circuit breaker
+//! ([`topology`]), so a dead master keeps away only the checks of its slots.
 //!
 //! Key names: `tg:<rule>:<fingerprint>:<key length>:{k<key>}` (and `:<tier>` for the sliding
 //! log's one sorted set per tier). The braces make the key's bytes the hash tag, so all keys of
 //! one check live in one cluster slot. The fingerprint changes with the rule's definition, so a
 //! changed rule starts from fresh state rather than misreading the old one.
 
+mod across;
 mod queue;
 mod script;
 mod topology;
@@ -789,14 +789,9 @@ impl RedisStore {
     }
 
     /// Decides several items, all-or-nothing. On one server, or when every key is in one
-    /// slot, one call of the batch function. Across slots, every slot is first asked at once
-    /// without writing; if every one admits, the check is admitted, and each slot is written
-    /// at once, each write a task of its own, and answered once written: a write that fails or
-    /// is slow never turns the admission into a denial (its failure counts against its node,
-    /// and a timeout answers the admission while the write goes on), and a denied check wrote
-    /// nothing. A check racing for a key's last permits between the look and the write may
-    /// find none left at the write, which then takes nothing: across slots, a limit can be
-    /// exceeded by the checks caught in such a race.
+    /// slot, one call of the batch function. Across slots, every slot takes at once, and
+    /// gives back if another denies ([`across`]): no limit is exceeded, and the check is
+    /// answered once what it took is given back, so that the caller's next check sees it.
     async fn check_many(
         &self,
         items: &[Planned<'_, RedisPlan>],
@@ -812,59 +807,68 @@ impl RedisStore {
         let place = |group: &[usize]| places.get(group[0]).copied().unwrap_or(0);
         let mut decisions: Vec<Option<Decision>> = vec![None; items.len()];
         if let [group] = &groups[..] {
-            let call = self.batch_call(items, group, now, max_delay, false);
-            let reply = self.run(call).await.map_err(|error| Failure {
+            let call = self.batch_call(items, group, now, max_delay, Mode::Decide);
+            let (reply, _) = self.run(&call).await.map_err(|error| Failure {
                 error,
                 backend: Some(place(group)),
             })?;
             route.answered(place(group));
             read_batch(items, group, &reply, &mut decisions)?;
         } else {
-            let asks = groups.iter().map(|group| {
-                let call = self.batch_call(items, group, now, max_delay, true);
-                async move {
-                    let reply = self.run(call).await.map_err(|error| Failure {
-                        error,
-                        backend: Some(place(group)),
-                    })?;
-                    route.answered(place(group));
-                    Ok::<_, Failure>(reply)
-                }
-            });
-            let replies = futures_join(asks).await;
-            for (group, reply) in groups.iter().zip(replies) {
-                read_batch(items, group, &reply?, &mut decisions)?;
-            }
-            if decisions.iter().flatten().all(Decision::allowed) {
-                let decided = decisions.iter().map(|d| d.expect("every item decided"));
-                route.settle(Decisions::many(decided.collect()));
-                // Each write is a task of its own: it goes on if this check is dropped or
-                // its timeout passes, and its outcome counts for its node.
-                let writes: Vec<_> = groups
-                    .iter()
-                    .map(|group| {
-                        let call = self.batch_call(items, group, now, max_delay, false);
-                        let node = self
+            let parts = groups
+                .iter()
+                .map(|group| {
+                    let take = self.batch_call(items, group, now, max_delay, Mode::Take);
+                    across::Part {
+                        node: self
                             .topology
                             .as_ref()
-                            .and_then(|t| t.node(slot(&call.keys[0])));
-                        let store = self.clone();
-                        tokio::spawn(async move {
-                            let outcome = store.run(call).await;
-                            if let Err(e) = &outcome {
-                                tracing::debug!(error = %e, "a write across slots failed");
-                            }
-                            if let Some(node) = node {
-                                let outcome = outcome.as_ref().map(drop);
-                                node.record(now, outcome, &store.guard.config());
-                            }
-                        })
-                    })
-                    .collect();
-                // Answered once written, so that the caller's next check sees these writes.
-                for write in writes {
-                    let _ = write.await;
+                            .and_then(|t| t.node(slot(&take.keys[0]))),
+                        take,
+                        items: group
+                            .iter()
+                            .map(|&i| (items[i].plan.tiers, items[i].rule.is_shadow()))
+                            .collect(),
+                        gives_back: group.iter().all(|&i| items[i].plan.gives_back),
+                    }
+                })
+                .collect();
+            let (answer, answered) = tokio::sync::oneshot::channel();
+            // A task of its own, in the check's span: what it takes is given back if this
+            // check is dropped.
+            let task = tokio::spawn(tracing::Instrument::instrument(
+                across::take(self.clone(), now, parts, answer),
+                tracing::Span::current(),
+            ));
+            let outcomes = answered.await.map_err(|_| {
+                Failure::from(Error::Store {
+                    message: "a check across slots ended without an answer".into(),
+                    transient: true,
+                })
+            })?;
+            let mut failure = None;
+            for (group, outcome) in groups.iter().zip(outcomes) {
+                match outcome {
+                    Ok(reply) => {
+                        route.answered(place(group));
+                        read_batch(items, group, &reply, &mut decisions)?;
+                    }
+                    Err(error) => {
+                        failure.get_or_insert(Failure {
+                            error,
+                            backend: Some(place(group)),
+                        });
+                    }
                 }
+            }
+            if let Some(failure) = failure {
+                let _ = task.await;
+                return Err(failure);
+            }
+            if !decisions.iter().flatten().all(Decision::allowed) {
+                let decided = decisions.iter().map(|d| d.expect("every item decided"));
+                route.settle(Decisions::many(decided.collect()));
+                let _ = task.await;
             }
         }
         let decisions = decisions
@@ -927,7 +931,7 @@ impl RedisStore {
         };
         let place = |group: &[usize]| places.get(group[0]).copied().unwrap_or(0);
         let calls = groups.iter().map(|group| {
-            let mut call = self.batch_call(items, group, now, None, false);
+            let mut call = self.batch_call(items, group, now, None, Mode::Decide);
             call.args[0] = self.header_of(now, 0, None, Some(settle));
             async move {
                 let args: Vec<&[u8]> = call.args.iter().map(Vec::as_slice).collect();
@@ -969,7 +973,7 @@ impl RedisStore {
             backend: Some(0),
         };
         let group: Vec<usize> = (0..items.len()).collect();
-        let call = self.batch_call(items, &group, now, None, false);
+        let call = self.batch_call(items, &group, now, None, Mode::Decide);
         let mut keys = vec![self.book_key(None), self.book_key(Some(&record.id))];
         keys.extend(call.keys);
         // The record outlives its expiry by an hour, for whoever settles expired ones.
@@ -1027,18 +1031,17 @@ impl RedisStore {
         Ok(verdicts.decision(item.rule))
     }
 
-    /// The call of the batch function that decides `items[group]`, all-or-nothing; a `dry`
-    /// one writes nothing.
+    /// The call of the batch function that decides `items[group]`, all-or-nothing, in `mode`.
     fn batch_call(
         &self,
         items: &[Planned<'_, RedisPlan>],
         group: &[usize],
         now: u64,
         max_delay: Option<u64>,
-        dry: bool,
+        mode: Mode,
     ) -> Call {
         let header = self.header(now, 0, max_delay);
-        let mut described = packed([f64::from(u8::from(dry))]);
+        let mut described = packed([f64::from(mode as u8)]);
         let mut keys = Vec::new();
         for &i in group {
             let Planned {
@@ -1065,12 +1068,23 @@ impl RedisStore {
         Call { keys, args }
     }
 
-    /// Runs a call of the batch function; its reply.
-    async fn run(&self, call: Call) -> Result<Vec<u8>, Error> {
+    /// Runs a call of the batch function: its verdicts, and the time it decided at (µs, on
+    /// the clock the function read).
+    async fn run(&self, call: &Call) -> Result<(Vec<u8>, u64), Error> {
         let args: Vec<&[u8]> = call.args.iter().map(Vec::as_slice).collect();
-        self.invoke(&script::BATCH_ENTRY, &call.keys, &args)
+        let mut reply = self
+            .invoke(&script::BATCH_ENTRY, &call.keys, &args)
             .await
-            .map_err(store_error)
+            .map_err(store_error)?;
+        let Some(end) = reply.len().checked_sub(8) else {
+            return Err(Error::Store {
+                message: "a batch's reply without its time".into(),
+                transient: false,
+            });
+        };
+        let at = f64::from_le_bytes(reply[end..].try_into().expect("eight bytes"));
+        reply.truncate(end);
+        Ok((reply, at as u64))
     }
 
     /// Calls `entry`'s function with `keys` and `args`, in one round trip. A server that lacks
@@ -1294,7 +1308,7 @@ impl super::Store for RedisStore {
             return super::commit_apart(self, id, items, at, actual, now).await;
         }
         let group: Vec<usize> = (0..items.len()).collect();
-        let call = self.batch_call(items, &group, now, None, false);
+        let call = self.batch_call(items, &group, now, None, Mode::Decide);
         let mut keys = vec![self.book_key(None), self.book_key(Some(id))];
         keys.extend(call.keys);
         let header = self.header_of(now, 0, None, Some(Settle::Credit { at }));
@@ -1423,11 +1437,34 @@ impl<'a> Verdicts<'a> {
     }
 }
 
-/// A call of the batch function, its keys and arguments owned, so that a write can go on
-/// after its check was answered.
+/// A call of the batch function, its keys and arguments owned, so that it can go on after
+/// its check was answered.
 struct Call {
     keys: Vec<Vec<u8>>,
     args: Vec<Vec<u8>>,
+}
+
+/// What a call of the batch function does (see `lua/batch.lua`).
+#[derive(Debug, Clone, Copy)]
+enum Mode {
+    /// Decides: writes the costs if every item admits.
+    Decide = 0,
+    /// Asks every item, writing nothing.
+    Look = 1,
+    /// Decides, and replies with the ask's verdicts too: a slot of a check across slots.
+    Take = 2,
+}
+
+impl Call {
+    /// The same call in another mode.
+    fn in_mode(&self, mode: Mode) -> Self {
+        let mut args = self.args.clone();
+        args[1][..8].copy_from_slice(&packed([f64::from(mode as u8)]));
+        Self {
+            keys: self.keys.clone(),
+            args,
+        }
+    }
 }
 
 /// Reads the verdicts of `items[group]` from a batch `reply` into `decisions`.
@@ -1598,6 +1635,8 @@ pub struct RedisPlan {
     entry: &'static Entry,
     /// The algorithm's index, as the batch function names it.
     algorithm: usize,
+    /// Whether the algorithm gives back a take exactly (see [`across`]).
+    gives_back: bool,
     /// `tg:<rule>:<fingerprint>:`
     prefix: Vec<u8>,
     tiers: usize,
@@ -1622,6 +1661,7 @@ impl RedisPlan {
         Self {
             entry,
             algorithm: script::index(algorithm),
+            gives_back: algorithm.gives_back(),
             prefix: [key_prefix, name.as_bytes()].concat(),
             tiers: rule.tiers().len(),
             tier_args: tier_args(rule),

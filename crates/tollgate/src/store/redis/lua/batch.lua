@@ -4,20 +4,24 @@
 --
 -- keys     the items' keys, in order: one per item, or one per tier for the sliding log
 -- args[1]  the check, as for one item (its cost is unused)
--- args[2]  little-endian doubles: dry run (1 asks and writes nothing), then four per item:
---          algorithm (its index in `algorithms`), cost, shadow (1/0), number of keys
+-- args[2]  little-endian doubles: the mode (0 decides; 1 asks and writes nothing; 2 decides
+--          and replies with the verdicts of the ask too, as a slot of a check across slots
+--          does: a denied check answers with those), then four per item: algorithm (its index
+--          in `algorithms`), cost, shadow (1/0), number of keys
 -- args[3...] each item's tiers, as args[2] of one item
--- Returns the verdicts of every tier of every item, in order, as one item's reply does.
--- (run_batch also returns whether the batch was admitted; `dry` makes it a dry run whatever
--- args[2] says.)
+-- Returns the verdicts of every tier of every item, in order, as one item's reply does (in
+-- mode 2, then those of the ask), then the time of the check (µs, a little-endian double): a
+-- check across cluster slots gives back what it took at that time when another slot denies.
+-- (run_batch returns the verdicts, whether the batch was admitted and the time; `dry_run`
+-- makes it mode 1 whatever args[2] says.)
 
 local function run_batch(keys, args, dry_run)
   -- A copy: the cached attempt of args[1] must keep its own cost for later calls.
   local check = attempt_of(args[1])
   local a = {now = check.now, max_delay = check.max_delay, ttl_padding = check.ttl_padding}
   local n = #args - 2
-  local dry, position = unpack_packed('<d', args[2])
-  if dry_run then dry = 1 end
+  local mode, position = unpack_packed('<d', args[2])
+  if dry_run then mode = 1 end
   local items = {}
   local first = 1
   for i = 1, n do
@@ -53,8 +57,15 @@ local function run_batch(keys, args, dry_run)
     admitted = admitted and (allowed or item.shadow)
   end
 
+  local asked = {}
+  if mode == 2 then
+    for i = 1, n do
+      for _, v in ipairs(items[i].verdicts) do asked[#asked + 1] = v end
+    end
+  end
+
   -- Write: the costs of an admitted batch, or what denials record.
-  if dry ~= 1 then
+  if mode ~= 1 then
     for i = 1, n do
       local item, f = items[i], items[i].algorithm
       a.cost = item.cost
@@ -80,18 +91,20 @@ local function run_batch(keys, args, dry_run)
   for i = 1, n do
     for _, v in ipairs(items[i].verdicts) do reply[#reply + 1] = v end
   end
-  return pack('<' .. rep('d', #reply), unpack(reply)), admitted
+  for _, v in ipairs(asked) do reply[#reply + 1] = v end
+  return pack('<' .. rep('d', #reply), unpack(reply)), admitted, a.now
 end
 
 local function batch(keys, args)
-  return (run_batch(keys, args, false))
+  local verdicts, _, now = run_batch(keys, args, false)
+  return verdicts .. pack('<d', now)
 end
 
 -- A settlement: every item takes its cost whatever its key's state (a report), or gives it
 -- back (a credit, of a cost taken at args[1]'s time), or renews the lease of as many slots
 -- held (a renewal: nothing for algorithms that hold none), each on its own: nothing is
 -- refused.
--- Arguments as a batch's (dry unused). Returns every tier's verdict of a look (cost 0) after
+-- Arguments as a batch's (mode unused). Returns every tier's verdict of a look (cost 0) after
 -- the settlement, as a batch does: denied while the key is in debt.
 -- (settle_items does it for keys[first_key...] and args[first_arg...], and with `actual`, a
 -- reservation's real cost, each item reports what it exceeds the item's cost by, or gives back
@@ -119,6 +132,8 @@ local function settle_items(keys, first_key, args, first_arg, actual)
     elseif renew then
       change = f.renew
     end
+    -- Nothing settled at no cost: the state stays as it is, a key never seen too.
+    if cost <= 0 then change = nil end
     local verdicts = {}
     if f.log then
       a.cost = cost

@@ -26,12 +26,14 @@ local function debit(t, w, a)
   w[o + 1], w[o + 2] = min(used + a.cost, MAX_EXACT), start
 end
 
--- Only within the period the credit was taken in.
+-- Only within the period the credit was taken in; a period with nothing left taken in it is
+-- as if it never started.
 local function credit(t, w, a)
   local o = t.offset
   local start = w[o + 2]
   if start ~= 0 and a.credit_at >= start and a.now < start + t.period then
     w[o + 1] = max(w[o + 1] - a.cost, 0)
+    if w[o + 1] == 0 then w[o + 2] = 0 end
   end
 end
 
