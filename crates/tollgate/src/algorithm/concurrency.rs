@@ -73,11 +73,14 @@ impl Decide for Concurrency {
             (held + u64::from(end > now), last.max(end))
         });
         if held + cost <= limit {
+            // The verdict as if taken, written or not (as remaining is).
             let mut reset = last;
-            if attempt.writes() {
+            if cost > 0 {
                 let until = now + tier.period_micros();
-                let free = state.iter_mut().filter(|end| **end <= now);
-                free.take(cost as usize).for_each(|end| *end = until);
+                if attempt.writes() {
+                    let free = state.iter_mut().filter(|end| **end <= now);
+                    free.take(cost as usize).for_each(|end| *end = until);
+                }
                 reset = until.max(last);
             }
             return Verdict::allow(limit, limit - held - cost, reset - now);

@@ -273,6 +273,8 @@ pub(crate) trait Decide {
 
     /// Decides `attempt` against one tier's `state` (`words(tier)` words), writing the new
     /// state only when admitted and [`Attempt::writes`]. Never admits a cost above `capacity`.
+    /// The verdict is the same whether it writes or not (the Redis functions decide a batch in
+    /// one pass that writes).
     fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict;
 
     /// Whether an expired state differs from a key never seen (a bucket that starts partly

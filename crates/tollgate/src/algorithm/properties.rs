@@ -122,6 +122,27 @@ proptest! {
         }
     }
 
+    /// A tier's verdict is the same whether the attempt writes or only asks, so that a store
+    /// may decide a batch's items, and a rule's tiers, in one pass that writes.
+    #[test]
+    fn a_verdict_does_not_depend_on_writing((rule, _, _) in rules(), arrivals in arrivals()) {
+        let mut state = vec![0; rule.words()];
+        let mut now = START;
+        for (gap, cost) in arrivals {
+            now += gap;
+            let cost = cost.min(rule.capacity());
+            for (i, tier) in rule.tiers().iter().enumerate() {
+                let words = rule.tier_words(i);
+                let mut asked = state[words.clone()].to_vec();
+                let probe = rule.algorithm().decide(tier, &mut asked, &attempt(now, cost, false));
+                let mut written = state[words].to_vec();
+                let verdict = rule.algorithm().decide(tier, &mut written, &attempt(now, cost, true));
+                prop_assert_eq!(probe, verdict);
+            }
+            rule.evaluate(rule.algorithm(), &mut state, attempt(now, cost, true));
+        }
+    }
+
     /// Waiting exactly `retry_after` after a denial is enough when nothing else arrives (for
     /// a cost that can ever be admitted: a hit counter checks costs above its limit, and
     /// denies them whenever they come).

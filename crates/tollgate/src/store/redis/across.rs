@@ -38,12 +38,9 @@ pub(super) struct Part {
     pub(super) node: Option<Arc<Backend>>,
 }
 
-/// A part's verdicts, as the batch function replies without its time.
+/// A part's verdicts (of its take, or of a look when another part denied first), as the
+/// batch function replies without its time.
 pub(super) type Outcome = Result<Vec<u8>, Error>;
-
-/// A part's verdicts of its take and of its ask (all there is of a look, when another part
-/// denied first).
-type Replied = Result<(Vec<u8>, Vec<u8>), Error>;
 
 /// What a part took: when (µs, the function's clock), and which items wrote their cost.
 struct Taken {
@@ -63,7 +60,7 @@ pub(super) async fn take(
     answer: oneshot::Sender<Vec<Outcome>>,
 ) {
     let mut answer = answer;
-    let mut outcomes: Vec<Option<Replied>> = parts.iter().map(|_| None).collect();
+    let mut outcomes: Vec<Option<Outcome>> = parts.iter().map(|_| None).collect();
     let mut taken: Vec<Option<Taken>> = parts.iter().map(|_| None).collect();
     let (mut denied, mut abandoned) = (false, false);
 
@@ -108,8 +105,7 @@ pub(super) async fn take(
     for p in (0..parts.len()).filter(|&p| !parts[p].gives_back) {
         if denied {
             let look = parts[p].take.in_mode(Mode::Look);
-            let looked = store.run(&look).await;
-            outcomes[p] = Some(looked.map(|(verdicts, _)| (Vec::new(), verdicts)));
+            outcomes[p] = Some(store.run(&look).await.map(|(verdicts, _)| verdicts));
             continue;
         }
         let (outcome, took) = read(&parts[p], store.run(&parts[p].take).await);
@@ -117,12 +113,7 @@ pub(super) async fn take(
         outcomes[p] = Some(outcome);
     }
 
-    // An admitted check answers with the verdicts of its takes, a denied one with those of
-    // the asks, as one call of the batch function would.
-    let outcomes = outcomes.into_iter().map(|o| {
-        let (taken, asked) = o.expect("every part decided")?;
-        Ok(if denied { asked } else { taken })
-    });
+    let outcomes = outcomes.into_iter().map(|o| o.expect("every part decided"));
     let abandoned = answer.send(outcomes.collect()).is_err();
     if denied || abandoned {
         let gives = parts
@@ -133,25 +124,23 @@ pub(super) async fn take(
     }
 }
 
-/// A part's verdicts from the reply of its take (those of the take, then those of the ask),
-/// and what it took: `None` unless every item of the part admitted (those of rules in shadow
-/// mode aside).
-fn read(part: &Part, reply: Result<(Vec<u8>, u64), Error>) -> (Replied, Option<Taken>) {
-    let (mut taken, at) = match reply {
+/// A part's outcome from the reply of its take, and what it took: `None` unless every item
+/// of the part admitted (those of rules in shadow mode aside).
+fn read(part: &Part, reply: Result<(Vec<u8>, u64), Error>) -> (Outcome, Option<Taken>) {
+    let (verdicts, at) = match reply {
         Ok(reply) => reply,
         Err(e) => return (Err(e), None),
     };
     let tiers: usize = part.items.iter().map(|(tiers, _)| tiers).sum();
-    if taken.len() != 2 * 48 * tiers {
-        let message = format!("reply of {} bytes for {tiers} tiers", taken.len());
+    if verdicts.len() != 48 * tiers {
+        let message = format!("reply of {} bytes for {tiers} tiers", verdicts.len());
         let error = Error::Store {
             message,
             transient: false,
         };
         return (Err(error), None);
     }
-    let asked = taken.split_off(48 * tiers);
-    let allowed = |tier: usize| asked[48 * tier..48 * tier + 8] == 1f64.to_le_bytes();
+    let allowed = |tier: usize| verdicts[48 * tier..48 * tier + 8] == 1f64.to_le_bytes();
     let mut first = 0;
     let mut admitted = true;
     let mut written = Vec::with_capacity(part.items.len());
@@ -162,7 +151,7 @@ fn read(part: &Part, reply: Result<(Vec<u8>, u64), Error>) -> (Replied, Option<T
         first += tiers;
     }
     let took = admitted.then_some(Taken { at, written });
-    (Ok((taken, asked)), took)
+    (Ok(verdicts), took)
 }
 
 /// Item `i`'s cost in a batch call (see `lua/batch.lua`: after the dry flag, four doubles

@@ -818,7 +818,7 @@ impl RedisStore {
             let parts = groups
                 .iter()
                 .map(|group| {
-                    let take = self.batch_call(items, group, now, max_delay, Mode::Take);
+                    let take = self.batch_call(items, group, now, max_delay, Mode::Decide);
                     across::Part {
                         node: self
                             .topology
@@ -1451,8 +1451,6 @@ enum Mode {
     Decide = 0,
     /// Asks every item, writing nothing.
     Look = 1,
-    /// Decides, and replies with the ask's verdicts too: a slot of a check across slots.
-    Take = 2,
 }
 
 impl Call {

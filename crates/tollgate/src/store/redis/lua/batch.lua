@@ -1,103 +1,81 @@
 -- A batch: items of any rules and algorithms, decided all-or-nothing in one call. Every item
--- is asked first without writing; only if all admit (items of rules in shadow mode aside) does
--- each write its cost. A denied batch writes only what a denial records (denied).
+-- decides, its cost written into the state read (a verdict does not depend on writing); only
+-- if all admit (items of rules in shadow mode aside) is each admitted item's state stored. A
+-- denied batch stores only what a denial records (denied), on the state as it was read.
 --
 -- keys     the items' keys, in order: one per item, or one per tier for the sliding log
 -- args[1]  the check, as for one item (its cost is unused)
--- args[2]  little-endian doubles: the mode (0 decides; 1 asks and writes nothing; 2 decides
---          and replies with the verdicts of the ask too, as a slot of a check across slots
---          does: a denied check answers with those), then four per item: algorithm (its index
---          in `algorithms`), cost, shadow (1/0), number of keys
+-- args[2]  little-endian doubles: 1 to ask and write nothing (else 0), then four per item:
+--          algorithm (its index in `algorithms`), cost, shadow (1/0), number of keys
 -- args[3...] each item's tiers, as args[2] of one item
--- Returns the verdicts of every tier of every item, in order, as one item's reply does (in
--- mode 2, then those of the ask), then the time of the check (µs, a little-endian double): a
--- check across cluster slots gives back what it took at that time when another slot denies.
--- (run_batch returns the verdicts, whether the batch was admitted and the time; `dry_run`
--- makes it mode 1 whatever args[2] says.)
+-- Returns the verdicts of every tier of every item, in order, as one item's reply does, then
+-- the time of the check (µs, a little-endian double): a check across cluster slots gives back
+-- what it took at that time when another slot denies.
+-- (run_batch returns the verdicts, and the time if `timed`, then whether the batch was
+-- admitted; `dry_run` makes it ask whatever args[2] says.)
 
-local function run_batch(keys, args, dry_run)
-  -- A copy: the cached attempt of args[1] must keep its own cost for later calls.
-  local check = attempt_of(args[1])
-  local a = {now = check.now, max_delay = check.max_delay, ttl_padding = check.ttl_padding}
-  local n = #args - 2
-  local mode, position = unpack_packed('<d', args[2])
-  if dry_run then mode = 1 end
-  local items = {}
-  local first = 1
+local function run_batch(keys, args, dry_run, timed)
+  -- The cached attempt of args[1]: its cost becomes each item's in turn (attempt_of gives it
+  -- its own back at each call).
+  local a = attempt_of(args[1])
+  local n, described = #args - 2, args[2]
+  local dry, position = unpack_packed('<d', described)
+  local writes = dry ~= 1 and not dry_run
+
+  -- Decide every item, its verdicts in `reply` from its `at`th value.
+  local reply, items, admitted = {}, {}, true
+  local first, at = 1, 0
   for i = 1, n do
     local algorithm, cost, shadow, count
-    algorithm, cost, shadow, count, position = unpack_packed('<dddd', args[2], position)
-    local item = {
-      algorithm = algorithms[algorithm], cost = cost, shadow = shadow == 1,
-      tiers = tiers_of(args[2 + i]), first = first, verdicts = {}, newest = {},
-    }
-    first = first + count
-    items[i] = item
-  end
-
-  -- Ask every item without writing.
-  local admitted = true
-  for i = 1, n do
-    local item, f = items[i], items[i].algorithm
-    a.cost = item.cost
+    algorithm, cost, shadow, count, position = unpack_packed('<dddd', described, position)
+    local f, tiers = algorithms[algorithm], tiers_of(args[2 + i])
+    local item = {f = f, cost = cost, tiers = tiers, first = first}
+    a.cost = cost
     a.writes = false
     local allowed
     if f.log then
-      allowed = log_ask(item.tiers, keys, item.first, a, f.decide, item.verdicts, item.newest)
+      item.newest = {}
+      allowed = log_ask(tiers, keys, first, a, f.decide, reply, item.newest, at)
     else
-      local key = keys[item.first]
-      item.stored = call('GET', key)
-      item.w = {unpack_packed(item.tiers.state_format, item.stored or item.tiers.zero_state)}
-      if item.stored and forgotten(item.tiers, item.w, a, f.expires_at, f.forgets) then
-        item.w = {unpack_packed(item.tiers.state_format, item.tiers.zero_state)}
-      end
-      allowed = ask(item.tiers, item.w, a, f.decide, item.verdicts, false)
+      local stored = call('GET', keys[first])
+      local w, original = read_state(tiers, stored, a, f.expires_at, f.forgets)
+      item.stored, item.original, item.w = stored, original, w
+      item.kept = stored and latest(tiers, w, f.expires_at)
+      allowed = ask(tiers, w, a, f.decide, reply, writes, at)
     end
     item.allowed = allowed
-    admitted = admitted and (allowed or item.shadow)
+    admitted = admitted and (allowed or shadow == 1)
+    items[i] = item
+    first, at = first + count, at + 6 * #tiers
   end
 
-  local asked = {}
-  if mode == 2 then
+  -- Store: the costs of an admitted batch, or what denials record.
+  if writes then
     for i = 1, n do
-      for _, v in ipairs(items[i].verdicts) do asked[#asked + 1] = v end
-    end
-  end
-
-  -- Write: the costs of an admitted batch, or what denials record.
-  if mode ~= 1 then
-    for i = 1, n do
-      local item, f = items[i], items[i].algorithm
-      a.cost = item.cost
-      if item.cost > 0 and (item.allowed or not admitted) then
-        local tiers = item.tiers
+      local item = items[i]
+      local f, tiers, cost = item.f, item.tiers, item.cost
+      a.cost = cost
+      if cost > 0 and (item.allowed or not admitted) then
         if f.log then
           if admitted then log_commit(tiers, keys, item.first, a, item.newest) end
         else
           local w = item.w
-          local kept = item.stored and latest(tiers, w, f.expires_at)
-          if admitted then
-            ask(tiers, w, a, f.decide, item.verdicts, true)
-          else
+          if not admitted then
+            w = {unpack_packed(tiers.state_format, item.original)}
             for t = 1, #tiers do f.denied(tiers[t], w, a) end
           end
-          write(keys[item.first], item.stored, tiers, w, a, latest(tiers, w, f.expires_at), kept)
+          write(keys[item.first], item.stored, tiers, w, a, latest(tiers, w, f.expires_at),
+            item.kept)
         end
       end
     end
   end
-
-  local reply = {}
-  for i = 1, n do
-    for _, v in ipairs(items[i].verdicts) do reply[#reply + 1] = v end
-  end
-  for _, v in ipairs(asked) do reply[#reply + 1] = v end
-  return pack('<' .. rep('d', #reply), unpack(reply)), admitted, a.now
+  if timed then reply[#reply + 1] = a.now end
+  return pack(doubles(#reply), unpack(reply)), admitted
 end
 
 local function batch(keys, args)
-  local verdicts, _, now = run_batch(keys, args, false)
-  return verdicts .. pack('<d', now)
+  return (run_batch(keys, args, false, true))
 end
 
 -- A settlement: every item takes its cost whatever its key's state (a report), or gives it
@@ -141,30 +119,27 @@ local function settle_items(keys, first_key, args, first_arg, actual)
         for t = 1, #tiers do change(tiers[t], keys[first + t - 1], a) end
       end
       a.cost = 0
-      log_ask(tiers, keys, first, a, f.decide, verdicts, {})
+      log_ask(tiers, keys, first, a, f.decide, verdicts, {}, 0)
     else
       local key = keys[first]
       local stored = call('GET', key)
-      local w = {unpack_packed(tiers.state_format, stored or tiers.zero_state)}
-      if stored and forgotten(tiers, w, a, f.expires_at, f.forgets) then
-        w = {unpack_packed(tiers.state_format, tiers.zero_state)}
-      end
+      local w = read_state(tiers, stored, a, f.expires_at, f.forgets)
       a.cost = 0
       if change then
         local kept = stored and latest(tiers, w, f.expires_at)
         a.cost = cost
         for t = 1, #tiers do change(tiers[t], w, a) end
         a.cost = 0
-        ask(tiers, w, a, f.decide, verdicts, false)
+        ask(tiers, w, a, f.decide, verdicts, false, 0)
         write(key, stored, tiers, w, a, latest(tiers, w, f.expires_at), kept)
       else
-        ask(tiers, w, a, f.decide, verdicts, false)
+        ask(tiers, w, a, f.decide, verdicts, false, 0)
       end
     end
     for _, v in ipairs(verdicts) do reply[#reply + 1] = v end
     first = first + count
   end
-  return pack('<' .. rep('d', #reply), unpack(reply))
+  return pack(doubles(#reply), unpack(reply))
 end
 
 local function settle(keys, args)

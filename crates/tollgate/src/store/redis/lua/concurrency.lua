@@ -40,9 +40,10 @@ local function decide(t, w, a)
   local limit, now, cost = t.limit, a.now, a.cost
   local held, last = held_at(t, w, now)
   if held + cost <= limit then
-    if a.writes then
+    -- The verdict as if taken, written or not (as remaining is).
+    if cost > 0 then
       local until_ = now + t.period
-      take(t, w, now, cost, until_)
+      if a.writes then take(t, w, now, cost, until_) end
       last = max(last, until_)
     end
     return allow(limit, limit - held - cost, last - now)

@@ -28,7 +28,7 @@ local function add(keys, args)
     end
     reply[i + 1] = count
   end
-  return pack('<' .. rep('d', #reply), unpack(reply))
+  return pack(doubles(#reply), unpack(reply))
 end
 
 -- The caller's time (µs) in a packed double, or the server's TIME where it is -1.
@@ -103,7 +103,7 @@ local function lease(keys, args)
     reply[2 * i], reply[2 * i + 1] = grant, used
     i = i + 1
   end
-  return pack('<' .. rep('d', #reply), unpack(reply))
+  return pack(doubles(#reply), unpack(reply))
 end
 
 -- The hybrid store's sync: each item pushes what one instance admitted to a window's counter
@@ -190,5 +190,5 @@ local function claim(keys, args)
     reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4], reply[at + 5] =
       count, others, mine, claimers, previous
   end
-  return pack('<' .. rep('d', #reply), unpack(reply))
+  return pack(doubles(#reply), unpack(reply))
 end

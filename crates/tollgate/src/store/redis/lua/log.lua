@@ -4,11 +4,12 @@
 -- members than the window are dropped and the set expires when its newest permit leaves.
 
 -- Asks every tier (keys[first + i - 1] is tier i's set) without writing; puts the verdicts in
--- `verdicts` and each tier's newest logged time in `newest`. True if every tier admits.
-local function log_ask(tiers, keys, first, a, decide, verdicts, newest)
+-- `verdicts`, from after its `base`th value, and each tier's newest logged time in `newest`.
+-- True if every tier admits.
+local function log_ask(tiers, keys, first, a, decide, verdicts, newest, base)
   local allowed = true
   for i = 1, #tiers do
-    local v = 6 * (i - 1)
+    local v = base + 6 * (i - 1)
     newest[i], verdicts[v + 1], verdicts[v + 2], verdicts[v + 3], verdicts[v + 4],
       verdicts[v + 5], verdicts[v + 6] = decide(tiers[i], keys[first + i - 1], a)
     allowed = allowed and verdicts[v + 1] == 1
@@ -16,10 +17,12 @@ local function log_ask(tiers, keys, first, a, decide, verdicts, newest)
   return allowed
 end
 
--- Adds `count` members at time `at` to the set `key`.
-local function log_add(key, at, count)
+-- Adds `count` members at time `at` to the set `key`, whose newest member is at `newest` (0
+-- for none): only members of that time can share a name with the new ones.
+local function log_add(key, at, count, newest)
   local at_stamp = decimal(at)
-  local seen = call('ZCOUNT', key, at_stamp, at_stamp)
+  local seen = 0
+  if at <= newest then seen = call('ZCOUNT', key, at_stamp, at_stamp) end
   local batch = {}
   for j = 1, count do
     batch[#batch + 1] = at
@@ -43,7 +46,7 @@ local function log_commit(tiers, keys, first, a, newest)
   for i = 1, #tiers do
     local key = keys[first + i - 1]
     local at = max(a.now, newest[i])
-    log_add(key, at, a.cost)
+    log_add(key, at, a.cost, newest[i])
     log_expire(tiers[i], key, a, at)
   end
 end
@@ -51,7 +54,7 @@ end
 local function log(keys, args, decide)
   local a, tiers = attempt_of(args[1]), tiers_of(args[2])
   local verdicts, newest = {}, {}
-  if log_ask(tiers, keys, 1, a, decide, verdicts, newest) and a.cost > 0 then
+  if log_ask(tiers, keys, 1, a, decide, verdicts, newest, 0) and a.cost > 0 then
     log_commit(tiers, keys, 1, a, newest)
   end
   return pack(tiers.reply_format, unpack(verdicts))

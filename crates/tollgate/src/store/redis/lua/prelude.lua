@@ -91,6 +91,17 @@ local function window_of(t, now)
   return t.p3, t.p4
 end
 
+-- The format of `n` little-endian doubles, made once per count.
+local formats = {}
+local function doubles(n)
+  local format = formats[n]
+  if not format then
+    format = '<' .. rep('d', n)
+    formats[n] = format
+  end
+  return format
+end
+
 -- The largest integer a double holds exactly (2^53 - 1): settled quantities stop there.
 local MAX_EXACT = 9007199254740991
 
@@ -132,7 +143,8 @@ end
 -- The check of args[1]: now, cost, max_delay (nil for none), ttl_padding, and writes (whether
 -- an admitted cost is written: the drivers ask several tiers first without writing). Kept by
 -- its packed argument, which on the server's time is the same for every check of a cost: only
--- now and writes change, and the library runs one call at a time.
+-- now, cost (a batch's items set their own) and writes change, set again at each call, and the
+-- library runs one call at a time.
 local attempts, attempts_count = {}, 0
 local function attempt_of(packed)
   local a = attempts[packed]
@@ -141,7 +153,7 @@ local function attempt_of(packed)
     local now, cost, max_delay, ttl_padding, settle, credit_at =
       unpack_packed('<dddddd', packed)
     if max_delay < 0 then max_delay = nil end
-    a = {server_time = now < 0, at = max(now, 1), cost = cost, max_delay = max_delay,
+    a = {server_time = now < 0, at = max(now, 1), given = cost, max_delay = max_delay,
       ttl_padding = ttl_padding, settle = settle, credit_at = credit_at}
     if attempts_count >= 1000 then attempts, attempts_count = {}, 0 end
     attempts[packed], attempts_count = a, attempts_count + 1
@@ -152,6 +164,7 @@ local function attempt_of(packed)
   else
     a.now = a.at
   end
+  a.cost = a.given
   a.writes = a.cost > 0
   return a
 end

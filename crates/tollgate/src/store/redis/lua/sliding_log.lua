@@ -13,7 +13,7 @@ end
 -- full log), and the newest `limit` members are kept.
 local function debit(t, key, a)
   local newest = recent(t, key, 1) or 0
-  log_add(key, max(a.now, newest), min(a.cost, t.limit))
+  log_add(key, max(a.now, newest), min(a.cost, t.limit), newest)
   call('ZREMRANGEBYRANK', key, 0, -(t.limit + 1))
   log_expire(t, key, a, max(a.now, newest))
 end
@@ -33,7 +33,8 @@ local function decide(t, key, a)
   local used = call('ZCOUNT', key, '(' .. decimal(now - period), '+inf')
   local reset_after = 0
   if used > 0 then reset_after = newest + period - now end
-  local blocking = recent(t, key, limit + 1 - cost)
+  -- Only when the window holds too many for the cost can a permit in it block.
+  local blocking = used + cost > limit and recent(t, key, limit + 1 - cost)
   if blocking and blocking + period > now then
     return newest, deny(limit, limit - used, reset_after, blocking + period - now)
   end

@@ -1,21 +1,29 @@
 -- Driver for algorithms whose state is a few words per tier, kept in one string key (keys[1])
 -- as little-endian doubles, exact for every value kept; a missing key is all zeros, a key never
--- seen. Mirrors Rule::evaluate: one tier decides and writes at once; several are all asked
--- without writing first, and write only if all admit. The key is written only when its state
+-- seen. Decides as Rule::evaluate does: the tiers admit together or not at all. Each tier
+-- decides and writes at once (a verdict does not depend on writing); when one denies, the
+-- state is read again and what a denial records is written instead. The key is written only when its state
 -- changed, with one SET that also sets when it expires: when its state becomes equivalent to
 -- a key never seen, rounded up to the next whole second. Within that second a key's later
 -- writes keep the TTL the first set (KEEPTTL), which costs Redis less than setting one; a key
 -- outlives its state by under a second, and an expired state reads as new anyway.
 
--- Asks every tier, writing admitted costs if `commit`; puts the verdicts in `verdicts`.
-local function ask(tiers, w, a, decide, verdicts, commit)
+-- Asks every tier, writing admitted costs if `commit`; puts the verdicts in `verdicts`, from
+-- after its `base`th value.
+local function ask(tiers, w, a, decide, verdicts, commit, base)
   a.writes = commit and a.cost > 0
   local all = true
   for i = 1, #tiers do
-    local v = 6 * (i - 1)
-    verdicts[v + 1], verdicts[v + 2], verdicts[v + 3], verdicts[v + 4], verdicts[v + 5],
-      verdicts[v + 6] = decide(tiers[i], w, a)
-    all = all and verdicts[v + 1] == 1
+    local v = base + 6 * (i - 1)
+    local allowed, limit, remaining, reset_after, retry_after, delay = decide(tiers[i], w, a)
+    -- In order: a table grows at its end for less than it costs to fill it from the back.
+    verdicts[v + 1] = allowed
+    verdicts[v + 2] = limit
+    verdicts[v + 3] = remaining
+    verdicts[v + 4] = reset_after
+    verdicts[v + 5] = retry_after
+    verdicts[v + 6] = delay
+    all = all and allowed == 1
   end
   return all
 end
@@ -57,13 +65,28 @@ local function forgotten(tiers, w, a, expires_at, forgets)
   return forgets and forgets(tiers) and latest(tiers, w, expires_at) <= a.now
 end
 
+-- The state of a key as the words of every tier, and the string they were read from: the
+-- stored one, or a key never seen's (for a state `forgotten` too).
+local function read_state(tiers, stored, a, expires_at, forgets)
+  local original = stored or tiers.zero_state
+  local w = {unpack_packed(tiers.state_format, original)}
+  if stored and forgotten(tiers, w, a, expires_at, forgets) then
+    original = tiers.zero_state
+    w = {unpack_packed(tiers.state_format, original)}
+  end
+  return w, original
+end
+
 local function words(keys, args, decide, denied, expires_at, forgets)
   local a, tiers = attempt_of(args[1]), tiers_of(args[2])
   local key = keys[1]
   local stored = call('GET', key)
-  local w = {unpack_packed(tiers.state_format, stored or tiers.zero_state)}
+  -- read_state written out: this is every check's path.
+  local original = stored or tiers.zero_state
+  local w = {unpack_packed(tiers.state_format, original)}
   if stored and forgotten(tiers, w, a, expires_at, forgets) then
-    w = {unpack_packed(tiers.state_format, tiers.zero_state)}
+    original = tiers.zero_state
+    w = {unpack_packed(tiers.state_format, original)}
   end
 
   local wants_write = a.cost > 0
@@ -77,9 +100,9 @@ local function words(keys, args, decide, denied, expires_at, forgets)
   end
   local kept = stored and latest(tiers, w, expires_at)
   local verdicts = {}
-  local allowed = ask(tiers, w, a, decide, verdicts, not wants_write)
-  if allowed and wants_write then allowed = ask(tiers, w, a, decide, verdicts, true) end
+  local allowed = ask(tiers, w, a, decide, verdicts, true, 0)
   if not allowed and wants_write then
+    w = {unpack_packed(tiers.state_format, original)}
     for i = 1, #tiers do denied(tiers[i], w, a) end
   end
   write(key, stored, tiers, w, a, latest(tiers, w, expires_at), kept)

@@ -1,0 +1,157 @@
+//! The load of `benches/redis/cost.py`, which measures what Redis spends per check, by
+//! algorithm: `CHECKS` checks from `CALLERS` concurrent callers of one limiter on one
+//! connection, keys cycling over 10,000, every check admitted (limits of a billion an hour;
+//! the concurrency rule's 1,000 slots a key, leased for a minute, are more than a run takes).
+//!
+//! `SYSTEM` is an algorithm's name, `two_rules` (a fixed window and a GCRA of the same key,
+//! one call of the batch function), or a floor sent the same way with redis-rs: `floor` (a
+//! script that reads `TIME`, `GET`s the key and `SET`s it back with `PX`, deciding nothing:
+//! what any exact check on the server's clock does at least), `floor_two` (the same for two
+//! keys of one slot) or `one` (`return 1`).
+//!
+//! Run: `cargo run --release -p tollgate --features redis --example redis_cost -- URL SYSTEM
+//! CHECKS [CALLERS]`
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate::{
+    Algorithm, Item, LeakyBucket, Limiter, RedisStore, Rule, SubWindows, Tier, TokenBucket, WarmUp,
+};
+
+const KEYS: usize = 10_000;
+
+fn rule(name: &str, algorithm: Algorithm) -> Rule {
+    let tier = match algorithm {
+        Algorithm::Concurrency => Tier::new(10, Duration::from_secs(60)),
+        Algorithm::SlidingLog => Tier::per_hour(100_000),
+        _ => Tier::per_hour(1_000_000_000),
+    };
+    Rule::new(name, algorithm, [tier]).expect("a valid rule")
+}
+
+fn algorithm(name: &str) -> Option<Algorithm> {
+    Some(match name {
+        "fixed_window" => Algorithm::FixedWindow,
+        "sliding_window" => Algorithm::SlidingWindow,
+        "sub_windows" => Algorithm::SubWindows(SubWindows { count: 10 }),
+        "sliding_log" => Algorithm::SlidingLog,
+        "token_bucket" => Algorithm::TokenBucket(TokenBucket::default()),
+        "interval_bucket" => Algorithm::IntervalBucket,
+        "leaky_bucket" => Algorithm::LeakyBucket(LeakyBucket::Meter),
+        "gcra" => Algorithm::Gcra,
+        "warm_up" => Algorithm::WarmUp(WarmUp::new(Duration::from_secs(60))),
+        "hit_counter" => Algorithm::HitCounter,
+        "concurrency" => Algorithm::Concurrency,
+        _ => return None,
+    })
+}
+
+/// What one caller sends: its `n`th check.
+enum Load {
+    Limiter(Arc<Limiter<RedisStore>>, bool),
+    /// A script of `usize` keys.
+    Script(redis::aio::MultiplexedConnection, Arc<redis::Script>, usize),
+}
+
+impl Load {
+    async fn send(&mut self, n: usize) {
+        let key = format!("key-{}", n % KEYS);
+        match self {
+            Self::Limiter(limiter, false) => {
+                let decision = limiter.check(&key, 1).await.expect("a decision");
+                assert!(decision.allowed(), "every check is admitted");
+            }
+            Self::Limiter(limiter, true) => {
+                let items = [Item::new("fixed", &key, 1), Item::new("gcra", &key, 1)];
+                let decisions = limiter.check_batch(&items).await.expect("decisions");
+                assert!(decisions.allowed(), "every check is admitted");
+            }
+            Self::Script(connection, script, keys) => {
+                let mut invocation = script.prepare_invoke();
+                for k in 0..*keys {
+                    invocation.key(format!("{{{key}}}{k}"));
+                }
+                let _: i64 = invocation
+                    .arg(n)
+                    .invoke_async(connection)
+                    .await
+                    .expect("the script's answer");
+            }
+        }
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let [_, url, system, checks, rest @ ..] = &args[..] else {
+        eprintln!("usage: redis_cost URL SYSTEM CHECKS [CALLERS]");
+        std::process::exit(2);
+    };
+    let checks: usize = checks.parse().expect("CHECKS: a number");
+    let callers: usize = rest
+        .first()
+        .map_or(16, |c| c.parse().expect("CALLERS: a number"));
+    let load = match system.as_str() {
+        "floor" | "floor_two" | "one" => {
+            let code = match system.as_str() {
+                "floor" => {
+                    "local t = redis.call('TIME') local v = redis.call('GET', KEYS[1]) \
+                     redis.call('SET', KEYS[1], ARGV[1], 'PX', 60000) return 1"
+                }
+                "floor_two" => {
+                    "local t = redis.call('TIME') local v = redis.call('GET', KEYS[1]) \
+                     local u = redis.call('GET', KEYS[2]) \
+                     redis.call('SET', KEYS[1], ARGV[1], 'PX', 60000) \
+                     redis.call('SET', KEYS[2], ARGV[1], 'PX', 60000) return 1"
+                }
+                _ => "return 1",
+            };
+            let client = redis::Client::open(url.as_str()).expect("a Redis URL");
+            let connection = client
+                .get_multiplexed_async_connection()
+                .await
+                .expect("a connection");
+            let keys = if system == "floor_two" { 2 } else { 1 };
+            Load::Script(connection, Arc::new(redis::Script::new(code)), keys)
+        }
+        name => {
+            let store = RedisStore::builder(url)
+                .timeout(Duration::from_secs(10))
+                .build()
+                .await
+                .expect("a store");
+            let builder = match (name, algorithm(name)) {
+                ("two_rules", _) => Limiter::builder(rule("fixed", Algorithm::FixedWindow))
+                    .rule(rule("gcra", Algorithm::Gcra)),
+                (_, Some(algorithm)) => Limiter::builder(rule(name, algorithm)),
+                (_, None) => {
+                    eprintln!("unknown system {name}");
+                    std::process::exit(2);
+                }
+            };
+            let limiter = builder.store(store).build().expect("a limiter");
+            Load::Limiter(Arc::new(limiter), name == "two_rules")
+        }
+    };
+    let tasks: Vec<_> = (0..callers)
+        .map(|caller| {
+            let mut load = match &load {
+                Load::Limiter(limiter, two) => Load::Limiter(limiter.clone(), *two),
+                Load::Script(connection, script, keys) => {
+                    Load::Script(connection.clone(), script.clone(), *keys)
+                }
+            };
+            tokio::spawn(async move {
+                for n in (caller..checks).step_by(callers) {
+                    load.send(n).await;
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("a caller");
+    }
+    println!("{checks}");
+}
