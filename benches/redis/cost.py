@@ -19,32 +19,17 @@ import argparse
 import glob
 import os
 import re
-import socket
 import subprocess
+import sys
 import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "benches", "service"))
+from bench import free_port, wait_port  # noqa: E402
 SYSTEMS = ["fixed_window", "sliding_window", "sub_windows", "sliding_log", "token_bucket",
            "interval_bucket", "leaky_bucket", "gcra", "warm_up", "hit_counter", "concurrency",
            "two_rules", "floor", "floor_two", "one"]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port, timeout=60):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on {port}")
 
 
 def redis_argv(port, workdir):
@@ -70,7 +55,7 @@ def instructions(example, system, checks, workdir):
                               + redis_argv(port, workdir),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_port(port, 120)
+        wait_port(port, timeout=120)
         load(example, port, system, checks // 4)
         subprocess.run(["callgrind_control", "-z", str(server.pid)], capture_output=True,
                        check=True)

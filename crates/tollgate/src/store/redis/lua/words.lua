@@ -81,13 +81,7 @@ local function words(keys, args, decide, denied, expires_at, forgets)
   local a, tiers = attempt_of(args[1]), tiers_of(args[2])
   local key = keys[1]
   local stored = call('GET', key)
-  -- read_state written out: this is every check's path.
-  local original = stored or tiers.zero_state
-  local w = {unpack_packed(tiers.state_format, original)}
-  if stored and forgotten(tiers, w, a, expires_at, forgets) then
-    original = tiers.zero_state
-    w = {unpack_packed(tiers.state_format, original)}
-  end
+  local w, original = read_state(tiers, stored, a, expires_at, forgets)
 
   local wants_write = a.cost > 0
   if #tiers == 1 then
