@@ -80,7 +80,12 @@ impl Decide for SlidingLog {
         let used = log.in_window(now, period);
         let reset_after = if used > 0 { newest + period - now } else { 0 };
         // Admitted unless the (limit - cost + 1)-th most recent permit is still in the window.
-        if let Some(blocking) = log.recent(limit + 1 - cost).filter(|&t| t + period > now) {
+        // Only when the window holds too many for the cost can a permit in it block.
+        let blocking = (used + cost > limit)
+            .then(|| log.recent(limit + 1 - cost))
+            .flatten()
+            .filter(|&t| t + period > now);
+        if let Some(blocking) = blocking {
             return Verdict::deny(limit, limit - used, reset_after, blocking + period - now);
         }
         if attempt.writes() {

@@ -23,13 +23,21 @@ struct Windows {
 }
 
 impl Windows {
+    #[inline]
     fn at(state: &[u64], now: u64, period: u64) -> Self {
-        let aligned = now - now % period;
-        let (start, previous, current) = match state[0] {
-            // The current window (or a later one, written by a clock ahead of ours).
-            s if s >= aligned => (s, state[1], state[2]),
-            s if s + period == aligned => (aligned, state[2], 0),
-            _ => (aligned, 0, 0),
+        let s = state[0];
+        // The window counted is now's (a state's start is always a multiple of its period: a
+        // new period is a new layout): found without a division.
+        let (start, previous, current) = if s <= now && now - s < period {
+            (s, state[1], state[2])
+        } else {
+            let aligned = now - now % period;
+            match s {
+                // The current window (or a later one, written by a clock ahead of ours).
+                s if s >= aligned => (s, state[1], state[2]),
+                s if s + period == aligned => (aligned, state[2], 0),
+                _ => (aligned, 0, 0),
+            }
         };
         Self {
             start,
@@ -85,7 +93,8 @@ impl Windows {
 }
 
 fn remaining(limit: u64, estimate: f64) -> u64 {
-    (limit as f64 - estimate).floor().max(0.0) as u64
+    // Truncation is the floor of what is not negative, and the cast saturates at 0 below.
+    (limit as f64 - estimate) as u64
 }
 
 impl Decide for SlidingWindow {
@@ -101,7 +110,8 @@ impl Decide for SlidingWindow {
     fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
         let (limit, now, cost) = (tier.limit(), attempt.now, attempt.cost);
         let mut windows = Windows::at(state, now, tier.period_micros());
-        if windows.admits(now, cost, limit) {
+        let estimate = windows.estimate(now);
+        if estimate + cost as f64 <= limit as f64 {
             windows.current += cost;
             if attempt.writes() {
                 state.copy_from_slice(&[windows.start, windows.previous, windows.current]);
@@ -111,7 +121,7 @@ impl Decide for SlidingWindow {
         } else {
             Verdict::deny(
                 limit,
-                remaining(limit, windows.estimate(now)),
+                remaining(limit, estimate),
                 windows.reset_at().saturating_sub(now),
                 windows.earliest(cost, limit) - now,
             )

@@ -26,27 +26,57 @@ struct Ring<'a> {
 }
 
 impl Ring<'_> {
-    fn slot(&self, index: u64) -> usize {
-        1 + (index % self.count) as usize
+    /// The counters of sub-windows `oldest..=newest` (at most `count`; none if `oldest` is
+    /// later), in order, as at most two runs of the ring: one division, not one per
+    /// sub-window.
+    fn runs(&self, oldest: u64) -> (&[u64], &[u64]) {
+        if oldest > self.newest {
+            return (&[], &[]);
+        }
+        let ring = &self.state[1..=self.count as usize];
+        let first = (oldest % self.count) as usize;
+        let end = first + (self.newest - oldest + 1) as usize;
+        match end.checked_sub(ring.len()) {
+            None | Some(0) => (&ring[first..end], &[]),
+            Some(wrapped) => (&ring[first..], &ring[..wrapped]),
+        }
     }
 
     /// Permits in the window whose newest sub-window is `at` (at or after the newest written,
     /// so no slot read belongs to an overwritten sub-window).
     fn sum(&self, at: u64) -> u64 {
-        let oldest = (at + 1).saturating_sub(self.count);
-        (oldest..=self.newest)
-            .map(|i| self.state[self.slot(i)])
-            .sum()
+        let (first, second) = self.runs((at + 1).saturating_sub(self.count));
+        first.iter().sum::<u64>() + second.iter().sum::<u64>()
     }
 
     /// When every permit counted at `at` has left the window, if nothing arrives.
     fn reset_at(&self, at: u64, length: u64) -> u64 {
         let oldest = (at + 1).saturating_sub(self.count);
-        (oldest..=self.newest)
-            .rev()
-            .find(|&i| self.state[self.slot(i)] > 0)
-            .map_or(0, |i| (i + self.count) * length)
+        let (first, second) = self.runs(oldest);
+        let newest_counted = match second.iter().rposition(|&c| c > 0) {
+            Some(p) => Some(first.len() + p),
+            None => first.iter().rposition(|&c| c > 0),
+        };
+        newest_counted.map_or(0, |p| (oldest + p as u64 + self.count) * length)
     }
+}
+
+/// Moves a state's newest sub-window on to `current` (not earlier than the newest), emptying
+/// the sub-windows it passes; the position of `current`'s counter.
+fn advance(state: &mut [u64], count: u64, current: u64) -> usize {
+    let stale = (state[0] + 1).max(current.saturating_sub(count - 1));
+    let slot = (current % count) as usize;
+    if stale <= current {
+        // Back from `current`'s counter to `stale`'s, wrapping around the ring.
+        let ring = &mut state[1..=count as usize];
+        let mut at = slot;
+        for _ in stale..=current {
+            ring[at] = 0;
+            at = at.checked_sub(1).unwrap_or(ring.len() - 1);
+        }
+    }
+    state[0] = current;
+    1 + slot
 }
 
 impl Decide for SubWindows {
@@ -91,7 +121,6 @@ impl Decide for SubWindows {
             newest: state[0],
         };
         let used = ring.sum(current);
-        let reset_after = ring.reset_at(current, length).saturating_sub(now);
         if used + cost > limit {
             let next = (current + 1..=current + count)
                 .find(|&at| ring.sum(at) + cost <= limit)
@@ -99,36 +128,26 @@ impl Decide for SubWindows {
             return Verdict::deny(
                 limit,
                 limit.saturating_sub(used),
-                reset_after,
+                ring.reset_at(current, length).saturating_sub(now),
                 next * length - now,
             );
         }
-        if attempt.writes() {
-            let stale = (state[0] + 1).max(current.saturating_sub(count - 1));
-            for i in stale..=current {
-                state[1 + (i % count) as usize] = 0;
-            }
-            state[1 + (current % count) as usize] += cost;
-            state[0] = current;
+        if cost == 0 {
+            let reset_after = ring.reset_at(current, length).saturating_sub(now);
+            return Verdict::allow(limit, limit - used, reset_after);
         }
-        let reset_after = if cost > 0 {
-            (current + count) * length - now
-        } else {
-            reset_after
-        };
-        Verdict::allow(limit, limit - used - cost, reset_after)
+        if attempt.writes() {
+            let slot = advance(state, count, current);
+            state[slot] += cost;
+        }
+        Verdict::allow(limit, limit - used - cost, (current + count) * length - now)
     }
 
     fn debit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64) {
         let count = u64::from(self.count);
         let current = (now / (tier.period_micros() / count)).max(state[0]);
-        let stale = (state[0] + 1).max(current.saturating_sub(count - 1));
-        for i in stale..=current {
-            state[1 + (i % count) as usize] = 0;
-        }
-        let slot = &mut state[1 + (current % count) as usize];
-        *slot = slot.saturating_add(cost).min(MAX_EXACT - 1);
-        state[0] = current;
+        let slot = advance(state, count, current);
+        state[slot] = state[slot].saturating_add(cost).min(MAX_EXACT - 1);
     }
 
     fn credit(&self, tier: &Tier, state: &mut [u64], _now: u64, cost: u64, at: u64) {
