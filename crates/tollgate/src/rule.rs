@@ -397,8 +397,7 @@ impl Rule {
     }
 
     /// Decides `attempt` for one key whose state words are `state`, consuming from every tier
-    /// or from none: when there are several tiers, all are asked first without writing. A
-    /// denial writes nothing but what [`Decide::denied`] records.
+    /// or from none. A denial writes nothing but what [`Decide::denied`] records.
     #[inline]
     pub(crate) fn evaluate<A: Decide>(
         &self,
@@ -420,20 +419,38 @@ impl Rule {
             }
             return Decision::of(self.label(), 0, verdict);
         }
-        let mut decide = |attempt: &Attempt| {
-            self.merge(|i| algorithm.decide(&tiers[i], &mut state[self.tier_words(i)], attempt))
-        };
-        let probe = decide(&Attempt {
-            commit: false,
-            ..attempt
-        });
-        if probe.allowed() && attempt.writes() {
-            return decide(&attempt);
+        if !attempt.writes() {
+            return self.merge(|i| {
+                algorithm.decide(&tiers[i], &mut state[self.tier_words(i)], &attempt)
+            });
         }
-        if attempt.writes() {
+        // One pass that writes (a verdict is the same whether it writes or not), the state
+        // kept first so that a denial can put it back; a large state is asked first instead.
+        const KEPT: usize = 16;
+        let mut kept = [0; KEPT];
+        let small = state.len() <= KEPT;
+        if small {
+            kept[..state.len()].copy_from_slice(state);
+        } else {
+            let probe = self.merge(|i| {
+                let ask = Attempt {
+                    commit: false,
+                    ..attempt
+                };
+                algorithm.decide(&tiers[i], &mut state[self.tier_words(i)], &ask)
+            });
+            if !probe.allowed() {
+                self.denied(algorithm, state, &attempt);
+                return probe;
+            }
+        }
+        let decision =
+            self.merge(|i| algorithm.decide(&tiers[i], &mut state[self.tier_words(i)], &attempt));
+        if !decision.allowed() && small {
+            state.copy_from_slice(&kept[..state.len()]);
             self.denied(algorithm, state, &attempt);
         }
-        probe
+        decision
     }
 
     /// Settles `attempt`'s cost in every tier (takes it, or gives it back), then looks: the
