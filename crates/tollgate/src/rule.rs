@@ -420,9 +420,8 @@ impl Rule {
             return Decision::of(self.label(), 0, verdict);
         }
         if !attempt.writes() {
-            return self.merge(|i| {
-                algorithm.decide(&tiers[i], &mut state[self.tier_words(i)], &attempt)
-            });
+            return self
+                .merge(|i| algorithm.decide(&tiers[i], &mut state[self.tier_words(i)], &attempt));
         }
         // One pass that writes (a verdict is the same whether it writes or not), the state
         // kept first so that a denial can put it back; a large state is asked first instead.

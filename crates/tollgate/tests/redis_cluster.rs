@@ -440,3 +440,82 @@ async fn checks_across_slots_admit_each_limit_exactly() {
     assert_eq!(look[1].remaining(), 10 * SMALL - to_large);
     assert_eq!(look[2].remaining(), 0);
 }
+
+/// Checks across slots while one of the masters stops answering for a while (frozen, its
+/// connections open): checks caught in it are decided by their policy (closed), and what the
+/// other master took for them is given back at once, not when the frozen one thaws; the
+/// takes the frozen master answers once it thaws are given back too. Each key's count in
+/// Redis is what Redis admitted with it, during the freeze and after: nothing over, nothing
+/// lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_frozen_mid_check_leaves_no_permit_taken_or_lost() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    const LIMIT: u64 = 100_000;
+    let cluster = RedisCluster::start();
+    let store = store(&cluster, Duration::from_millis(50)).await;
+    let rule = |name: &str| {
+        Rule::new(name, Algorithm::FixedWindow, [Tier::per_hour(LIMIT)])
+            .unwrap()
+            .on_failure(FailurePolicy::Closed)
+            .unwrap()
+    };
+    let limiter = Arc::new(tenant_and_ip(store, rule));
+    let keys = keys_by_master(&cluster, &limiter);
+    let (tenant, ip) = (keys[1][0].clone(), keys[2][0].clone());
+    let admitted = Arc::new(AtomicU64::new(0));
+    let by_policy = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_millis(1_500);
+    let callers: Vec<_> = (0..16)
+        .map(|_| {
+            let (limiter, tenant, ip) = (limiter.clone(), tenant.clone(), ip.clone());
+            let (admitted, by_policy) = (admitted.clone(), by_policy.clone());
+            tokio::spawn(async move {
+                while Instant::now() < deadline {
+                    let batch = [Item::new("tenant", &tenant, 1), Item::new("ip", &ip, 1)];
+                    let decisions = limiter.check_batch(&batch).await.unwrap();
+                    if decisions.iter().all(|d| d.source() == Source::Redis) {
+                        assert!(decisions.allowed(), "nothing binds: {decisions:?}");
+                        admitted.fetch_add(1, Ordering::SeqCst);
+                    } else {
+                        assert!(!decisions.allowed(), "closed: {decisions:?}");
+                        by_policy.fetch_add(1, Ordering::SeqCst);
+                        // A caller that backs off, as a client told 429 would.
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                }
+            })
+        })
+        .collect();
+    let tenant_left = || async {
+        let look = [Item::new("tenant", &tenant, 0)];
+        let look = limiter.check_batch(&look).await.unwrap();
+        assert_eq!(look[0].source(), Source::Redis);
+        look[0].remaining()
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster.nodes[2].pause();
+    // Well past the checks' timeout: every check caught in the freeze has been answered.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let during = tenant_left().await;
+    let admitted_during = admitted.load(Ordering::SeqCst);
+    cluster.nodes[2].resume();
+    for caller in callers {
+        caller.await.unwrap();
+    }
+    assert!(
+        by_policy.load(Ordering::SeqCst) > 0,
+        "the freeze caught checks"
+    );
+    assert_eq!(
+        during,
+        LIMIT - admitted_during,
+        "during the freeze, the tenant's master holds only what was admitted"
+    );
+    // The give-backs of the takes the thawed master answered land within its calls.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let admitted = admitted.load(Ordering::SeqCst);
+    let look = [Item::new("tenant", &tenant, 0), Item::new("ip", &ip, 0)];
+    let look = limiter.check_batch(&look).await.unwrap();
+    assert_eq!(look[0].remaining(), LIMIT - admitted, "the tenant's count");
+    assert_eq!(look[1].remaining(), LIMIT - admitted, "the address's count");
+}
