@@ -154,11 +154,16 @@ fn read(part: &Part, reply: Result<(Vec<u8>, u64), Error>) -> (Outcome, Option<T
     (Ok(verdicts), took)
 }
 
-/// Item `i`'s cost in a batch call (see `lua/batch.lua`: after the dry flag, four doubles
-/// per item: algorithm, cost, shadow, number of keys).
-fn cost(call: &Call, i: usize) -> f64 {
+/// Where item `i`'s cost is in a batch call's second argument (see `lua/batch.lua`: after the
+/// mode, four doubles per item: algorithm, cost, shadow, number of keys).
+fn cost_at(i: usize) -> std::ops::Range<usize> {
     let at = 8 + 32 * i + 8;
-    f64::from_le_bytes(call.args[1][at..at + 8].try_into().expect("eight bytes"))
+    at..at + 8
+}
+
+/// Item `i`'s cost in a batch call.
+fn cost(call: &Call, i: usize) -> f64 {
+    f64::from_le_bytes(call.args[1][cost_at(i)].try_into().expect("eight bytes"))
 }
 
 /// Gives back what `part` took: each item that wrote its cost, credited at the time it was
@@ -171,8 +176,7 @@ async fn give_back(store: &RedisStore, now: u64, part: &Part, took: Taken) {
     args[0] = store.header_of(now, 0, None, Some(Settle::Credit { at: took.at }));
     for (i, written) in took.written.iter().enumerate() {
         if !written {
-            let at = 8 + 32 * i + 8;
-            args[1][at..at + 8].copy_from_slice(&packed([0.0]));
+            args[1][cost_at(i)].copy_from_slice(&packed([0.0]));
         }
     }
     let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
@@ -184,8 +188,8 @@ async fn give_back(store: &RedisStore, now: u64, part: &Part, took: Taken) {
     if let Err(e) = &outcome {
         tracing::warn!(
             error = %e,
-            "a check denied across slots could not give back what one slot took: it stays \
-             taken until it expires or refills"
+            "a check across slots, denied or left to its failure policy, could not give back \
+             what one slot took: it stays taken until it expires or refills"
         );
     }
     if let Some(node) = &part.node {
