@@ -2,7 +2,8 @@
 """What Redis spends per check, by algorithm, side by side with the floors, in one run.
 
 For each system (every algorithm, two rules in one call, and the floors: a script of TIME,
-GET and SET PX deciding nothing, for one key and for two, and `return 1`), the load of the `redis_cost` example
+GET and SET PX deciding nothing, for one key and for two, and `return 1`; and the peer that
+decides inside Redis, redis-cell's CL.THROTTLE (GCRA), its module built from crates.io), the load of the `redis_cost` example
 (16 callers on one pipelined connection, keys cycling over 10,000, every check admitted)
 against a redis-server of this script's own, twice:
 
@@ -19,6 +20,7 @@ import argparse
 import glob
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,12 +31,34 @@ sys.path.insert(0, os.path.join(ROOT, "benches", "service"))
 from bench import free_port, wait_port  # noqa: E402
 SYSTEMS = ["fixed_window", "sliding_window", "sub_windows", "sliding_log", "token_bucket",
            "interval_bucket", "leaky_bucket", "gcra", "warm_up", "hit_counter", "concurrency",
-           "two_rules", "floor", "floor_two", "one"]
+           "two_rules", "floor", "floor_two", "one", "redis_cell"]
+CELL = "0.2.2"
 
 
-def redis_argv(port, workdir):
-    return ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+def redis_argv(port, workdir, module=None):
+    argv = ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
             "--appendonly", "no", "--dir", workdir]
+    return argv + (["--loadmodule", module] if module else [])
+
+
+def redis_cell(workdir):
+    """redis-cell's module, built from its crates.io source (seconds): a project that depends
+    on it fetches the source, which is then built on its own."""
+    project = os.path.join(workdir, "cell-fetch")
+    os.makedirs(os.path.join(project, "src"))
+    with open(os.path.join(project, "Cargo.toml"), "w") as f:
+        f.write('[package]\nname = "cell-fetch"\nversion = "0.0.0"\nedition = "2021"\n'
+                f'[dependencies]\nredis-cell = "={CELL}"\n')
+    open(os.path.join(project, "src", "lib.rs"), "w").close()
+    subprocess.run(["cargo", "fetch", "-q"], cwd=project, check=True)
+    home = os.environ.get("CARGO_HOME", os.path.expanduser("~/.cargo"))
+    source = glob.glob(os.path.join(home, "registry", "src", "*", f"redis-cell-{CELL}"))[0]
+    copy = os.path.join(workdir, "redis-cell")
+    shutil.copytree(source, copy)
+    target = os.path.join(workdir, "cell-target")
+    subprocess.run(["cargo", "build", "--release", "-q", "--target-dir", target], cwd=copy,
+                   check=True, stderr=subprocess.DEVNULL)
+    return os.path.join(target, "release", "libredis_cell.so")
 
 
 def cli(port, *args):
@@ -47,12 +71,12 @@ def load(example, port, system, checks):
                    check=True, stdout=subprocess.DEVNULL)
 
 
-def instructions(example, system, checks, workdir):
+def instructions(example, system, checks, workdir, module=None):
     """redis-server's instructions per check under callgrind."""
     port = free_port()
     out = os.path.join(workdir, f"callgrind.{system}")
     server = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p"]
-                              + redis_argv(port, workdir),
+                              + redis_argv(port, workdir, module),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_port(port, timeout=120)
@@ -71,10 +95,10 @@ def instructions(example, system, checks, workdir):
         server.wait(60)
 
 
-def native(example, system, checks, workdir):
+def native(example, system, checks, workdir, module=None):
     """Redis's CPU per check (µs) and the call's usec_per_call, run natively."""
     port = free_port()
-    server = subprocess.Popen(redis_argv(port, workdir), stdout=subprocess.DEVNULL,
+    server = subprocess.Popen(redis_argv(port, workdir, module), stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     try:
         wait_port(port)
@@ -84,8 +108,8 @@ def native(example, system, checks, workdir):
         load(example, port, system, checks)
         used = cpu(port) - before
         stats = cli(port, "info", "commandstats")
-        call = re.search(r"^cmdstat_(?:fcall|evalsha):calls=(\d+),usec=(\d+),usec_per_call=([\d.]+)",
-                         stats, re.M)
+        call = re.search(r"^cmdstat_(?:fcall|evalsha|cl\.throttle):calls=(\d+),usec=(\d+),"
+                         r"usec_per_call=([\d.]+)", stats, re.M)
         return used * 1e6 / checks, float(call.group(3))
     finally:
         server.terminate()
@@ -120,9 +144,10 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory() as workdir:
         for system in args.systems.split(","):
-            per_check = instructions(example, system, args.callgrind_checks, workdir)
+            module = redis_cell(workdir) if system == "redis_cell" else None
+            per_check = instructions(example, system, args.callgrind_checks, workdir, module)
             cpu_us, usec = (0.0, 0.0) if args.instructions_only else native(
-                example, system, args.checks, workdir)
+                example, system, args.checks, workdir, module)
             rows.append((system, per_check, cpu_us, usec))
     floor = next((r[1] for r in rows if r[0] == "floor"), None)
     print("| system | instructions/check | vs floor | Redis CPU/check | usec_per_call |")

@@ -7,7 +7,8 @@
 //! one call of the batch function), or a floor sent the same way with redis-rs: `floor` (a
 //! script that reads `TIME`, `GET`s the key and `SET`s it back with `PX`, deciding nothing:
 //! what any exact check on the server's clock does at least), `floor_two` (the same for two
-//! keys of one slot) or `one` (`return 1`).
+//! keys of one slot) or `one` (`return 1`); or `redis_cell`, the peer that decides inside
+//! Redis: redis-cell's `CL.THROTTLE` (GCRA), on a server that loaded its module.
 //!
 //! Run: `cargo run --release -p tollgate --features redis --example redis_cost -- URL SYSTEM
 //! CHECKS [CALLERS]`
@@ -52,6 +53,8 @@ enum Load {
     Limiter(Arc<Limiter<RedisStore>>, bool),
     /// A script of `usize` keys.
     Script(redis::aio::MultiplexedConnection, Arc<redis::Script>, usize),
+    /// redis-cell's `CL.THROTTLE`.
+    Cell(redis::aio::MultiplexedConnection),
 }
 
 impl Load {
@@ -66,6 +69,19 @@ impl Load {
                 let items = [Item::new("fixed", &key, 1), Item::new("gcra", &key, 1)];
                 let decisions = limiter.check_batch(&items).await.expect("decisions");
                 assert!(decisions.allowed(), "every check is admitted");
+            }
+            Self::Cell(connection) => {
+                // A key, its burst, a billion an hour, one at a time.
+                let throttled: Vec<i64> = redis::cmd("CL.THROTTLE")
+                    .arg(&key)
+                    .arg(1_000_000_000)
+                    .arg(1_000_000_000)
+                    .arg(3_600)
+                    .arg(1)
+                    .query_async(connection)
+                    .await
+                    .expect("redis-cell's answer");
+                assert_eq!(throttled[0], 0, "every check is admitted");
             }
             Self::Script(connection, script, keys) => {
                 let mut invocation = script.prepare_invoke();
@@ -94,6 +110,14 @@ async fn main() {
         .first()
         .map_or(16, |c| c.parse().expect("CALLERS: a number"));
     let load = match system.as_str() {
+        "redis_cell" => {
+            let client = redis::Client::open(url.as_str()).expect("a Redis URL");
+            let connection = client
+                .get_multiplexed_async_connection()
+                .await
+                .expect("a connection");
+            Load::Cell(connection)
+        }
         "floor" | "floor_two" | "one" => {
             let code = match system.as_str() {
                 "floor" => {
@@ -142,6 +166,7 @@ async fn main() {
                 Load::Script(connection, script, keys) => {
                     Load::Script(connection.clone(), script.clone(), *keys)
                 }
+                Load::Cell(connection) => Load::Cell(connection.clone()),
             };
             tokio::spawn(async move {
                 for n in (caller..checks).step_by(callers) {
