@@ -384,6 +384,43 @@ async fn instances_at_the_same_pace_get_equal_shares() {
     }
 }
 
+/// A lease still on its way when the store shuts down (Redis paused for 400 ms, the store
+/// waiting 50 ms): shutdown waits for its answer, then gives its grant back with the other
+/// leases, so Redis ends counting only what was spent, not a grant nobody holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_in_flight_at_shutdown_is_given_back() {
+    let server = Arc::new(RedisServer::start());
+    let rule = Rule::new("late", Algorithm::FixedWindow, [Tier::per_day(100)])
+        .and_then(|rule| rule.on_failure(FailurePolicy::Closed))
+        .unwrap();
+    let store = LeaseStore::new(
+        &RedisStore::builder(&server.url())
+            .store_time(StoreTime::Server)
+            .timeout(Duration::from_millis(50))
+            .build()
+            .await
+            .unwrap(),
+        LeaseConfig::default(),
+    )
+    .unwrap();
+    let limiter = Limiter::builder(rule).store(store.clone()).build().unwrap();
+    assert!(limiter.check("warm", 1).await.unwrap().allowed());
+    let warm = store.stats().leased;
+    assert_eq!(server.cli(&["client", "pause", "400", "all"]), "OK");
+    let first = limiter.check("tenant", 1).await.unwrap();
+    assert_eq!(first.source(), Source::FailClosed);
+    // The tenant's lease is still on its way.
+    limiter.shutdown().await;
+    assert!(store.stats().leased > warm, "the late grant was taken in");
+    let keys = server.cli(&["--scan", "--pattern", "tg:c:late:*"]);
+    let counted: u64 = keys
+        .lines()
+        .filter(|k| !k.ends_with(":lessees"))
+        .map(|k| server.cli(&["get", k]).parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(counted, 1, "only the warm key's one permit stays counted");
+}
+
 /// A lease whose answer comes after the check's timeout (Redis paused for 400 ms, the store
 /// waiting 50 ms): the check is decided by the failure policy, but the permits Redis granted
 /// are taken in when the answer comes and spent after, so the instance admits the whole limit,

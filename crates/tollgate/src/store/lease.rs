@@ -20,7 +20,7 @@
 
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLockReadGuard};
 use std::time::Duration;
 
@@ -133,6 +133,27 @@ struct Inner {
     calls: AtomicU64,
     leased: AtomicU64,
     returned: AtomicU64,
+    /// Lease calls under way (each in a task of its own), and a wake-up as each lands: what
+    /// shutdown waits for before it gives back, so that no grant lands after.
+    in_flight: AtomicUsize,
+    landed: tokio::sync::Notify,
+}
+
+/// A lease call under way, counted in [`Inner::in_flight`] until dropped.
+struct InFlight(Arc<Inner>);
+
+impl InFlight {
+    fn new(inner: &Arc<Inner>) -> Self {
+        inner.in_flight.fetch_add(1, Ordering::AcqRel);
+        Self(Arc::clone(inner))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.0.landed.notify_one();
+    }
 }
 
 struct Held {
@@ -262,6 +283,8 @@ impl LeaseStore {
                 calls: AtomicU64::new(0),
                 leased: AtomicU64::new(0),
                 returned: AtomicU64::new(0),
+                in_flight: AtomicUsize::new(0),
+                landed: tokio::sync::Notify::new(),
             }),
         })
     }
@@ -484,7 +507,9 @@ impl Inner {
             })
             .collect();
         let inner = Arc::clone(self);
+        let in_flight = InFlight::new(self);
         let answer = tokio::spawn(async move {
+            let _in_flight = in_flight;
             let local = inner.clock.now_micros();
             let answer = inner.redis.lease(&inner.id, now, &leases).await;
             inner
@@ -689,6 +714,25 @@ impl Store for LeaseStore {
 
     async fn shutdown(&self) {
         let inner = &*self.inner;
+        // A grant still on its way is waited for (as long as a slow answer can take), so
+        // that what it grants is given back with the rest rather than lost to its window.
+        let patience = inner
+            .redis
+            .guard()
+            .config()
+            .timeout
+            .max(Duration::from_secs(2));
+        let deadline = tokio::time::Instant::now() + patience;
+        while inner.in_flight.load(Ordering::Acquire) > 0 {
+            let landed = tokio::time::timeout_at(deadline, inner.landed.notified()).await;
+            if landed.is_err() {
+                tracing::warn!(
+                    "lease store: a lease call still under way at shutdown; what it grants \
+                     stays taken until its window ends"
+                );
+                break;
+            }
+        }
         let now = inner.last_now.load(Ordering::Relaxed).max(1);
         if let Err(err) = inner.give_back(now).await {
             tracing::warn!(error = %err, "lease store could not give back its unused permits");
