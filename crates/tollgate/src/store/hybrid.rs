@@ -308,12 +308,14 @@ impl HybridStore {
     }
 
     /// Decides in memory, or by the rules' failure policies while syncs fail; with whether a
-    /// key ran out of claim (see [`Inner::decide`]).
+    /// key ran out of claim (see [`Inner::decide`]). `again`: the check is decided again after
+    /// the sync its starved key woke, its demand counted already.
     fn decide_now(
         &self,
         items: &[Planned<'_, HybridPlan>],
         now: u64,
         max_delay: Option<u64>,
+        again: bool,
     ) -> (Decisions, bool) {
         let inner = &*self.inner;
         if inner.stale() {
@@ -321,7 +323,7 @@ impl HybridStore {
             let decisions = inner.redis.guard().by_policy(items, now, max_delay, retry);
             return (decisions, false);
         }
-        inner.decide(items, now, max_delay)
+        inner.decide(items, now, max_delay, again)
     }
 
     /// What the store did so far.
@@ -478,12 +480,15 @@ impl Inner {
 
     /// Decides `items` all-or-nothing in memory, queueing the keys it admits for the next
     /// sync, and waking the sync task at once when a key ran out of claim; with whether one
-    /// did (the denial then says only that this instance holds no claim yet).
+    /// did (the denial then says only that this instance holds no claim yet). Each item's cost
+    /// counts once in the demand claims are sized to: not `again`, when a check starved
+    /// before is decided again.
     fn decide(
         &self,
         items: &[Planned<'_, HybridPlan>],
         now: u64,
         max_delay: Option<u64>,
+        again: bool,
     ) -> (Decisions, bool) {
         let now = self.store_time(now);
         self.last_now.fetch_max(now, Ordering::Relaxed);
@@ -492,7 +497,9 @@ impl Inner {
         let scorer = self.scorer();
         let decisions = self.table.access(&accesses, now, &scorer, |words| {
             let mut decisions = Vec::with_capacity(items.len());
-            for (item, w) in items.iter().zip(words.iter_mut()) {
+            // Whether an item's cost counts in its key's demand still.
+            let mut undemanded = vec![!again; items.len()];
+            for ((item, w), undemanded) in items.iter().zip(words.iter_mut()).zip(&mut undemanded) {
                 roll(item, w, now);
                 let (decision, wants) = self.judge(item, w, now, max_delay);
                 match wants {
@@ -500,7 +507,9 @@ impl Inner {
                     Wants::Claim => {
                         starved += 1;
                         // Demand the claim is sized to, admitted or not.
-                        demanded(item, w, now);
+                        if std::mem::take(undemanded) {
+                            demanded(item, w, now);
+                        }
                         enqueue(item, w, &mut queue);
                     }
                     // The next sync says whether other instances' claims still hold it back.
@@ -509,12 +518,15 @@ impl Inner {
                 decisions.push(decision.shadow(item.rule.is_shadow()));
             }
             if decisions.iter().all(Decision::allowed) {
-                for ((item, w), d) in items.iter().zip(words.iter_mut()).zip(&decisions) {
+                let admitted = items.iter().zip(words.iter_mut()).zip(&decisions);
+                for (((item, w), d), undemanded) in admitted.zip(undemanded) {
                     if item.cost > 0 && !d.shadowed() {
                         for t in 0..item.rule.tiers().len() {
                             tier_mut(w, t)[PENDING] += item.cost;
                         }
-                        demanded(item, w, now);
+                        if undemanded {
+                            demanded(item, w, now);
+                        }
                         enqueue(item, w, &mut queue);
                     }
                 }
@@ -989,7 +1001,7 @@ impl Store for HybridStore {
         let inner = &*self.inner;
         // Read before the decision wakes the sync, so that its end is seen.
         let seen = inner.syncs_done.load(Ordering::Acquire);
-        let (decisions, starved) = self.decide_now(items, now, max_delay);
+        let (decisions, starved) = self.decide_now(items, now, max_delay, false);
         async move {
             if !starved {
                 return Ok(decisions);
@@ -1002,7 +1014,7 @@ impl Store for HybridStore {
             }
             let deadline = tokio::time::Instant::now() + inner.redis.guard().config().timeout;
             while let Ok(Ok(())) = tokio::time::timeout_at(deadline, synced.changed()).await {
-                let (again, starved) = self.decide_now(items, now, max_delay);
+                let (again, starved) = self.decide_now(items, now, max_delay, true);
                 decisions = again;
                 if !starved {
                     break;
@@ -1107,7 +1119,7 @@ impl LocalStore for HybridStore {
         now: u64,
         max_delay: Option<u64>,
     ) -> Decisions {
-        self.decide_now(items, now, max_delay).0
+        self.decide_now(items, now, max_delay, false).0
     }
 }
 
