@@ -278,6 +278,55 @@ async fn every_example_sent_gets_an_answer_the_document_describes() {
     assert!(sent >= 25, "only {sent} requests sent");
 }
 
+/// Both of a check's 403 answers are what the document says: a stated limit no rule takes
+/// (what is wrong), and a key on a deny list whose entry answers 403 (a check's answer).
+#[tokio::test]
+async fn a_checks_403_answers_are_what_the_document_says() {
+    let (http, _dir) = server().await;
+    let document = document(&http).await;
+    let operation = &document["paths"]["/v1/check"]["post"];
+    let check = |org: &str, limit: Option<u64>| {
+        let path = format!("/v1/organizations/{org}/product/7");
+        let mut body = json!({"request": {"method": "GET", "path": path}});
+        if let Some(limit) = limit {
+            body["limit"] = json!({"limit": limit, "period": "1m"});
+        }
+        Request::post("/v1/check")
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(body.to_string()))
+            .unwrap()
+    };
+    let refused = send(&http, check("acme", Some(5))).await;
+    assert_eq!(
+        refused.0,
+        StatusCode::FORBIDDEN,
+        "{}",
+        String::from_utf8_lossy(&refused.2)
+    );
+    check_answer(&document, "a stated limit", operation, &refused);
+    let entry = Request::put("/v1/lists/deny/get-product/banned")
+        .header(header::AUTHORIZATION, "Bearer token")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(json!({"status": 403}).to_string()))
+        .unwrap();
+    let (status, _, body) = send(&http, entry).await;
+    assert!(
+        status.is_success(),
+        "{status}: {}",
+        String::from_utf8_lossy(&body)
+    );
+    let denied = send(&http, check("banned", None)).await;
+    assert_eq!(
+        denied.0,
+        StatusCode::FORBIDDEN,
+        "{}",
+        String::from_utf8_lossy(&denied.2)
+    );
+    let answer: Value = serde_json::from_slice(&denied.2).unwrap();
+    assert_eq!(answer["decisions"][0]["source"], "list", "{answer}");
+    check_answer(&document, "a deny entry's 403", operation, &denied);
+}
+
 #[tokio::test]
 async fn every_answer_example_is_what_its_schema_says() {
     let (http, _dir) = server().await;

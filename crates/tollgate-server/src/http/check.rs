@@ -244,7 +244,7 @@ fn source_name(source: Source) -> &'static str {
         )),
         (status = 429, description = "Denied: some rule denies; nothing was consumed. `Retry-After` says when the same request would be admitted.", body = super::openapi::CheckAnswer, example = json!({"allowed": false, "decisions": [{"rule": "get-product", "allowed": false, "limit": 1000, "remaining": 0, "reset_after_ms": 4210, "retry_after_ms": 4210, "window_s": 10, "shadowed": false, "source": "memory"}]})),
         (status = 400, description = "A body that is not a check: an unknown rule, a bad key, a cost no tier can admit, a stated limit the rule's algorithm cannot take, not UTF-8.", body = super::openapi::ErrorBody),
-        (status = 403, description = "A `limit` stated, and no rule the check applies to takes one (`caller_limit: true`): nothing counted. Also a key on a deny list whose entry answers 403: then the body is a check's answer (decisions of source `list`), nothing counted.", body = super::openapi::ErrorBody),
+        (status = 403, description = "A `limit` stated, and no rule the check applies to takes one (`caller_limit: true`): nothing counted. Also a key on a deny list whose entry answers 403: then the body is a check's answer (decisions of source `list`), nothing counted.", body = super::openapi::Forbidden),
         (status = 413, description = "A body over `server.max_body_bytes`.", body = super::openapi::ErrorBody),
         (status = 415, description = "Not `application/json`.", body = super::openapi::ErrorBody),
         (status = 422, description = "JSON of the wrong shape (an unknown field, a negative cost).", body = super::openapi::ErrorBody),

@@ -192,6 +192,17 @@ pub struct ErrorBody {
     pub error: String,
 }
 
+/// A check's 403: what is wrong (a stated limit no rule takes), or, for a key on a deny list
+/// whose entry answers 403, a check's answer (decisions of source `list`).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum Forbidden {
+    /// A `limit` stated, and no rule the check applies to takes one.
+    Refused(ErrorBody),
+    /// A key on a deny list whose entry answers 403.
+    Denied(CheckAnswer),
+}
+
 /// What is wrong with a rule, at the line and column of the field at fault in the text sent.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
