@@ -77,6 +77,20 @@ fn name(rule: &str, key: &[u8]) -> Vec<u8> {
     name
 }
 
+/// Calls `f` with an entry's name, built on the stack when it is short (a check's lookup
+/// allocates nothing then).
+fn with_name<T>(rule: &str, key: &[u8], f: impl FnOnce(&[u8]) -> T) -> T {
+    const SHORT: usize = 256;
+    let len = rule.len() + 1 + key.len();
+    if len > SHORT {
+        return f(&name(rule, key));
+    }
+    let mut buffer = [0u8; SHORT];
+    buffer[..rule.len()].copy_from_slice(rule.as_bytes());
+    buffer[rule.len() + 1..len].copy_from_slice(key);
+    f(&buffer[..len])
+}
+
 /// Now, in µs since the epoch, by this host's clock.
 pub(super) fn now_micros() -> u64 {
     std::time::SystemTime::now()
@@ -108,12 +122,12 @@ impl DeniedCache {
         }
         let mut denied = Vec::new();
         for item in items {
-            let name = name(item.rule, item.key);
-            let shard = self.shard(&name).lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(entry) = shard.entries.get(&name)
-                && entry.until > now
-                && item.cost >= entry.cost
-            {
+            let cached = with_name(item.rule, item.key, |name| {
+                let shard = self.shard(name).lock().unwrap_or_else(|e| e.into_inner());
+                let entry = shard.entries.get(name).copied()?;
+                (entry.until > now && item.cost >= entry.cost).then_some(entry)
+            });
+            if let Some(entry) = cached {
                 let elapsed = Duration::from_micros(now.saturating_sub(entry.at));
                 denied.push(entry.decision.cached(elapsed));
             }
@@ -221,6 +235,33 @@ mod tests {
         cache.remember(&items, &denied, 1_000, |_| true);
         assert!(cache.deny(&items, 1_000).is_none());
         assert_eq!(cache.bytes(), 0);
+    }
+
+    #[test]
+    fn short_and_long_names_are_found() {
+        let cache = DeniedCache::new(1 << 20);
+        let rule = Rule::new("api", Algorithm::FixedWindow, [Tier::per_second(1)]).unwrap();
+        let limiter = Limiter::builder(rule)
+            .clock(ManualClock::new())
+            .build()
+            .unwrap();
+        let decision = denial(&limiter, "k")[0];
+        let long = "k".repeat(1_000);
+        for key in ["k", long.as_str()] {
+            with_name("api", key.as_bytes(), |n| {
+                assert_eq!(n, name("api", key.as_bytes()))
+            });
+            let entry = Entry {
+                at: 0,
+                until: u64::MAX,
+                cost: 1,
+                decision,
+            };
+            cache.keep(name("api", key.as_bytes()), entry, 0);
+            let items = [Item::new("api", key, 1), Item::new("api", "other", 1)];
+            let denied = cache.deny(&items, 1).expect("the key's denial is cached");
+            assert_eq!(denied.len(), 1);
+        }
     }
 
     #[test]
