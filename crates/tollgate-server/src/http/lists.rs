@@ -198,13 +198,7 @@ async fn delete(
         status: None,
         reason: None,
     };
-    let listed = state
-        .service
-        .lists()
-        .entries()
-        .iter()
-        .any(|e| (e.list, &e.rule, &e.key) == (list, &entry.rule, &entry.key));
-    if !listed {
+    if !state.service.lists().holds(list, &entry.rule, &entry.key) {
         return error(
             StatusCode::NOT_FOUND,
             format!(

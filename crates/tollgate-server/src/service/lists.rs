@@ -84,6 +84,18 @@ impl Lists {
         all
     }
 
+    /// Whether `rule`'s `key` is on `list` now.
+    pub fn holds(&self, list: ListKind, rule: &str, key: &str) -> bool {
+        let now = now_ms();
+        let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
+        let pair = entries.get(rule).and_then(|keys| keys.get(key));
+        let entry = pair.and_then(|p| match list {
+            ListKind::Allow => p.allow.as_ref(),
+            ListKind::Deny => p.deny.as_ref(),
+        });
+        entry.is_some_and(|e| !e.expired(now))
+    }
+
     /// Replaces every entry with `entries`.
     fn replace(&self, entries: Vec<ListEntry>) {
         let mut map: HashMap<String, HashMap<String, Pair>> = HashMap::new();
