@@ -16,6 +16,10 @@ use crate::config::EnvoySettings;
 use crate::metrics::{EnvoyStats, Hits};
 use crate::service::{CheckError, Service};
 
+/// Descriptors checked at once, each on its own: sent together, Redis gets them in one write
+/// (Envoy sends a few per request).
+const CHECKS_AT_ONCE: usize = 32;
+
 /// Envoy's answers over the service: see the module documentation. Cheap to share behind an
 /// `Arc`.
 #[derive(Debug)]
@@ -166,27 +170,26 @@ impl Envoy {
             counted &= decisions.iter().all(Decision::allowed);
             decisions.iter().copied().collect()
         } else {
-            // Each apart, so that each counts; sent together, so that Redis gets them in one
-            // write, unless a descriptor comes twice: then in order, so that the first
-            // counts first (9, then 8), as Envoy's service pipelines them.
-            let checks = items.iter().zip(&names).map(|(item, name)| {
-                self.service.check_items(
-                    &loaded,
-                    std::slice::from_ref(item),
-                    Some(std::slice::from_ref(name)),
-                )
-            });
+            // Each apart, so that each counts; sent together (CHECKS_AT_ONCE at a time: each
+            // check's future takes kilobytes, and a message may bring 1,024 descriptors), so
+            // that Redis gets them in one write, unless a descriptor comes twice: then in
+            // order, so that the first counts first (9, then 8), as Envoy's service pipelines
+            // them.
             let twice = items.iter().enumerate().any(|(i, a)| {
                 items[..i]
                     .iter()
                     .any(|b| a.rule == b.rule && a.key == b.key)
             });
+            let at_once = if twice { 1 } else { CHECKS_AT_ONCE };
             let mut decisions = Vec::with_capacity(items.len());
-            if twice {
-                for check in checks {
-                    decisions.extend(check.await?.decisions.iter().copied());
-                }
-            } else {
+            for (items, names) in items.chunks(at_once).zip(names.chunks(at_once)) {
+                let checks = items.iter().zip(names).map(|(item, name)| {
+                    self.service.check_items(
+                        &loaded,
+                        std::slice::from_ref(item),
+                        Some(std::slice::from_ref(name)),
+                    )
+                });
                 for outcome in futures_util::future::join_all(checks).await {
                     decisions.extend(outcome?.decisions.iter().copied());
                 }
