@@ -384,52 +384,23 @@ async fn instances_at_the_same_pace_get_equal_shares() {
     }
 }
 
-/// A lease still on its way when the store shuts down (Redis paused for 400 ms, the store
-/// waiting 50 ms): shutdown waits for its answer, then gives its grant back with the other
-/// leases, so Redis ends counting only what was spent, not a grant nobody holds.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_grant_in_flight_at_shutdown_is_given_back() {
-    let server = Arc::new(RedisServer::start());
-    let rule = Rule::new("late", Algorithm::FixedWindow, [Tier::per_day(100)])
-        .and_then(|rule| rule.on_failure(FailurePolicy::Closed))
-        .unwrap();
-    let store = LeaseStore::new(
-        &RedisStore::builder(&server.url())
-            .store_time(StoreTime::Server)
-            .timeout(Duration::from_millis(50))
-            .build()
-            .await
-            .unwrap(),
-        LeaseConfig::default(),
-    )
-    .unwrap();
-    let limiter = Limiter::builder(rule).store(store.clone()).build().unwrap();
-    assert!(limiter.check("warm", 1).await.unwrap().allowed());
-    let warm = store.stats().leased;
-    assert_eq!(server.cli(&["client", "pause", "400", "all"]), "OK");
-    let first = limiter.check("tenant", 1).await.unwrap();
-    assert_eq!(first.source(), Source::FailClosed);
-    // The tenant's lease is still on its way.
-    limiter.shutdown().await;
-    assert!(store.stats().leased > warm, "the late grant was taken in");
-    let keys = server.cli(&["--scan", "--pattern", "tg:c:late:*"]);
-    let counted: u64 = keys
-        .lines()
+/// Every counter of `rule`'s windows, summed.
+fn counted(server: &RedisServer, rule: &str) -> u64 {
+    let keys = server.cli(&["--scan", "--pattern", &format!("tg:c:{rule}:*")]);
+    keys.lines()
         .filter(|k| !k.ends_with(":lessees"))
         .map(|k| server.cli(&["get", k]).parse::<u64>().unwrap())
-        .sum();
-    assert_eq!(counted, 1, "only the warm key's one permit stays counted");
+        .sum()
 }
 
-/// A lease whose answer comes after the check's timeout (Redis paused for 400 ms, the store
-/// waiting 50 ms): the check is decided by the failure policy, but the permits Redis granted
-/// are taken in when the answer comes and spent after, so the instance admits the whole limit,
-/// not the limit less a lost grant.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_grant_whose_answer_came_too_late_is_not_lost() {
-    const LIMIT: u64 = 100;
-    let server = Arc::new(RedisServer::start());
-    let rule = Rule::new("late", Algorithm::FixedWindow, [Tier::per_day(LIMIT)])
+/// A lease store waiting 50 ms for Redis, rule `late` (`limit` a day, failing closed), whose
+/// key `warm` was checked once; then Redis stalls for 400 ms while key `tenant` asks its first
+/// lease, whose check the policy denies. With the permits leased before the stall.
+async fn a_lease_answered_late(
+    server: &RedisServer,
+    limit: u64,
+) -> (Limiter<LeaseStore>, LeaseStore, u64) {
+    let rule = Rule::new("late", Algorithm::FixedWindow, [Tier::per_day(limit)])
         .and_then(|rule| rule.on_failure(FailurePolicy::Closed))
         .unwrap();
     let store = LeaseStore::new(
@@ -446,13 +417,39 @@ async fn a_grant_whose_answer_came_too_late_is_not_lost() {
     // Warm: the store's first call is waited for past the timeout (connecting, loading).
     assert!(limiter.check("warm", 1).await.unwrap().allowed());
     let warm = store.stats().leased;
-    // Redis stalls: the tenant's first lease is asked while it is paused, and answered after.
     assert_eq!(server.cli(&["client", "pause", "400", "all"]), "OK");
     let first = limiter.check("tenant", 1).await.unwrap();
     assert_eq!(
         (first.allowed(), first.source()),
         (false, Source::FailClosed)
     );
+    (limiter, store, warm)
+}
+
+/// A lease still on its way when the store shuts down: shutdown waits for its answer, then
+/// gives its grant back with the other leases, so Redis ends counting only what was spent,
+/// not a grant nobody holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_in_flight_at_shutdown_is_given_back() {
+    let server = RedisServer::start();
+    let (limiter, store, warm) = a_lease_answered_late(&server, 100).await;
+    limiter.shutdown().await;
+    assert!(store.stats().leased > warm, "the late grant was taken in");
+    assert_eq!(
+        counted(&server, "late"),
+        1,
+        "only the warm key's one permit stays counted"
+    );
+}
+
+/// A lease whose answer comes after the check's timeout: the check is decided by the failure
+/// policy, but the permits Redis granted are taken in when the answer comes and spent after,
+/// so the instance admits the whole limit, not the limit less a lost grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_whose_answer_came_too_late_is_not_lost() {
+    const LIMIT: u64 = 100;
+    let server = RedisServer::start();
+    let (limiter, store, warm) = a_lease_answered_late(&server, LIMIT).await;
     // The late answer is taken in: its grant is held here.
     let deadline = Instant::now() + Duration::from_secs(5);
     while store.stats().leased == warm {
@@ -473,11 +470,5 @@ async fn a_grant_whose_answer_came_too_late_is_not_lost() {
     }
     assert_eq!(admitted, LIMIT);
     // Redis granted the tenant's window exactly its limit (and the warm key its lease).
-    let keys = server.cli(&["--scan", "--pattern", "tg:c:late:*"]);
-    let granted: u64 = keys
-        .lines()
-        .filter(|k| !k.ends_with(":lessees"))
-        .map(|k| server.cli(&["get", k]).parse::<u64>().unwrap())
-        .sum();
-    assert_eq!(granted, LIMIT + warm);
+    assert_eq!(counted(&server, "late"), LIMIT + warm);
 }

@@ -212,6 +212,21 @@ mod tests {
     use super::*;
     use tollgate::{Limiter, ManualClock, Tier};
 
+    /// An entry of a denial that lasts forever.
+    fn forever() -> Entry {
+        let rule = Rule::new("api", Algorithm::FixedWindow, [Tier::per_second(1)]).unwrap();
+        let limiter = Limiter::builder(rule)
+            .clock(ManualClock::new())
+            .build()
+            .unwrap();
+        Entry {
+            at: 0,
+            until: u64::MAX,
+            cost: 1,
+            decision: denial(&limiter, "k")[0],
+        }
+    }
+
     fn denial(limiter: &Limiter<tollgate::MemoryStore, ManualClock>, key: &str) -> Decisions {
         let item = [Item::new("api", key, 1)];
         let mut decisions = None;
@@ -240,24 +255,12 @@ mod tests {
     #[test]
     fn short_and_long_names_are_found() {
         let cache = DeniedCache::new(1 << 20);
-        let rule = Rule::new("api", Algorithm::FixedWindow, [Tier::per_second(1)]).unwrap();
-        let limiter = Limiter::builder(rule)
-            .clock(ManualClock::new())
-            .build()
-            .unwrap();
-        let decision = denial(&limiter, "k")[0];
         let long = "k".repeat(1_000);
         for key in ["k", long.as_str()] {
             with_name("api", key.as_bytes(), |n| {
                 assert_eq!(n, name("api", key.as_bytes()))
             });
-            let entry = Entry {
-                at: 0,
-                until: u64::MAX,
-                cost: 1,
-                decision,
-            };
-            cache.keep(name("api", key.as_bytes()), entry, 0);
+            cache.keep(name("api", key.as_bytes()), forever(), 0);
             let items = [Item::new("api", key, 1), Item::new("api", "other", 1)];
             let denied = cache.deny(&items, 1).expect("the key's denial is cached");
             assert_eq!(denied.len(), 1);
@@ -267,20 +270,9 @@ mod tests {
     #[test]
     fn the_cache_is_bounded_in_bytes() {
         let cache = DeniedCache::new(SHARDS * (ENTRY_OVERHEAD + 10));
-        let rule = Rule::new("api", Algorithm::FixedWindow, [Tier::per_second(1)]).unwrap();
-        let limiter = Limiter::builder(rule)
-            .clock(ManualClock::new())
-            .build()
-            .unwrap();
-        let decision = denial(&limiter, "k")[0];
+        let entry = forever();
         for i in 0..1_000 {
             let key = format!("k{i:05}");
-            let entry = Entry {
-                at: 0,
-                until: u64::MAX,
-                cost: 1,
-                decision,
-            };
             cache.keep(name("api", key.as_bytes()), entry, 0);
         }
         assert!(
