@@ -506,10 +506,9 @@ impl Inner {
                 key: item.key.into(),
             })
             .collect();
-        let inner = Arc::clone(self);
         let in_flight = InFlight::new(self);
         let answer = tokio::spawn(async move {
-            let _in_flight = in_flight;
+            let inner = &in_flight.0;
             let local = inner.clock.now_micros();
             let answer = inner.redis.lease(&inner.id, now, &leases).await;
             inner
