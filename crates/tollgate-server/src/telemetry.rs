@@ -384,6 +384,7 @@ fn source(source: tollgate::Source) -> &'static str {
     match source {
         Source::Memory => "memory",
         Source::Redis => "redis",
+        Source::RedisModule => "redis_module",
         Source::Hybrid => "hybrid",
         Source::Lease => "lease",
         Source::FailOpen | Source::FailClosed | Source::Fallback => "policy",

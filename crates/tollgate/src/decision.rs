@@ -107,6 +107,9 @@ pub enum Source {
     Memory,
     /// The shared Redis store: the decision every instance agrees on.
     Redis,
+    /// The shared Redis store, decided inside Redis by tollgate's module (`TOLLGATE.CHECK`)
+    /// rather than its Lua functions: the same decision, on the same keys.
+    RedisModule,
     /// This process, from its own count and the global count last read from Redis (hybrid).
     Hybrid,
     /// This process, from permits leased from the global budget in Redis (lease).

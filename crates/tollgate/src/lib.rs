@@ -46,6 +46,10 @@ mod library {}
 
 pub mod engine;
 mod error;
+/// A check decided inside Redis by tollgate's module: for `tollgate-redis-module` only.
+#[cfg(feature = "inside-redis")]
+#[doc(hidden)]
+pub mod inside;
 #[cfg(feature = "tower")]
 pub mod layer;
 mod limiter;

@@ -105,7 +105,8 @@ fn seen(result: &Result<Decision, Error>) -> String {
 #[tokio::test]
 async fn memory_and_redis_functions_decide_identically_on_every_timeline() {
     let server = RedisServer::start();
-    differential(&server).await;
+    let store = local_store(&server, b"", false).await;
+    differential(&[(store, tollgate::Source::Redis)], None).await;
     let stats = server.cli(&["info", "commandstats"]);
     assert!(stats.contains("cmdstat_fcall:"), "{stats}");
     assert!(!stats.contains("cmdstat_evalsha:"), "{stats}");
@@ -122,31 +123,82 @@ async fn memory_and_redis_scripts_decide_identically_on_every_timeline() {
         "FCALL",
         "",
     ]);
-    differential(&server).await;
+    let store = local_store(&server, b"", false).await;
+    differential(&[(store, tollgate::Source::Redis)], None).await;
     let stats = server.cli(&["info", "commandstats"]);
     assert!(stats.contains("cmdstat_evalsha:"), "{stats}");
 }
 
-async fn differential(server: &RedisServer) {
-    let store = RedisStore::builder(&server.url())
+/// Three ways, on the same timelines: the memory store, the Lua functions and tollgate's
+/// Redis module (`crates/tollgate-redis-module`) decide alike, and the functions and the
+/// module leave the same keys, with the same values and expiry, in one server (under two
+/// key prefixes). The sliding log, and settlements, stay with the functions.
+#[tokio::test]
+async fn memory_functions_and_the_module_decide_identically_on_every_timeline() {
+    let server = RedisServer::start_with(&["--loadmodule", support::redis_module()]);
+    let functions = local_store(&server, b"f:", false).await;
+    let module = local_store(&server, b"m:", true).await;
+    differential(
+        &[
+            (functions, tollgate::Source::Redis),
+            (module, tollgate::Source::RedisModule),
+        ],
+        Some(&server),
+    )
+    .await;
+    let stats = server.cli(&["info", "commandstats"]);
+    assert!(stats.contains("cmdstat_tollgate.check:"), "{stats}");
+}
+
+/// A store on `server` on the limiter's clock (for manual clocks), its keys under `prefix`,
+/// calling tollgate's module where the server has it if `module`.
+async fn local_store(server: &RedisServer, prefix: &[u8], module: bool) -> RedisStore {
+    RedisStore::builder(&server.url())
         .store_time(StoreTime::Local)
         .timeout(Duration::from_secs(5))
+        .key_prefix(prefix)
+        .module(module)
         .build()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// Drives the memory store and each of `stores` through the same timelines of every rule of
+/// [`rules`]; each store's checks must be decided by the source given with it (settlements,
+/// and the module's sliding log, by the functions). With `keys_of`, the stores share that
+/// server under the prefixes `f:` and `m:`, and after every step the keys of both hold the
+/// same values, expiring within 100 ms of each other.
+async fn differential(stores: &[(RedisStore, tollgate::Source)], keys_of: Option<&RedisServer>) {
+    let mut connection = match keys_of {
+        Some(server) => Some(
+            redis::Client::open(server.url())
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap(),
+        ),
+        None => None,
+    };
     let mut random = Random(0x9e37_79b9_7f4a_7c15);
     let mut checks = 0;
     for rule in rules() {
-        let (memory_clock, redis_clock) = (ManualClock::new(), ManualClock::new());
+        let memory_clock = ManualClock::new();
         let memory = Limiter::builder(rule.clone())
             .clock(memory_clock.clone())
             .build()
             .unwrap();
-        let redis = Limiter::builder(rule.clone())
-            .store(store.clone())
-            .clock(redis_clock.clone())
-            .build()
-            .unwrap();
+        let redis: Vec<(Limiter<RedisStore, ManualClock>, ManualClock, tollgate::Source)> = stores
+            .iter()
+            .map(|(store, source)| {
+                let clock = ManualClock::new();
+                let limiter = Limiter::builder(rule.clone())
+                    .store(store.clone())
+                    .clock(clock.clone())
+                    .build()
+                    .unwrap();
+                (limiter, clock, *source)
+            })
+            .collect();
         for step in 0..400 {
             let gap = match random.below(10) {
                 0..=2 => 0,
@@ -154,7 +206,9 @@ async fn differential(server: &RedisServer) {
                 _ => random.below(4_000_000),
             };
             memory_clock.advance(Duration::from_micros(gap));
-            redis_clock.advance(Duration::from_micros(gap));
+            for (_, clock, _) in &redis {
+                clock.advance(Duration::from_micros(gap));
+            }
             let key = format!("key-{}", random.below(3));
             let cost = random.below(4).min(rule.capacity());
             let settle = match random.below(10) {
@@ -167,42 +221,114 @@ async fn differential(server: &RedisServer) {
                 2 => Some(Settle::Renew),
                 _ => None,
             };
-            let (expected, actual) = if let Some(settle) = settle {
+            let op = match settle {
                 // A report may take far more than a tier holds: a debt.
-                let cost = match settle {
-                    Settle::Report => random.below(3) * rule.capacity() + random.below(4),
-                    Settle::Credit { .. } | Settle::Renew => random.below(6),
-                };
-                let item = [Item::new(rule.name(), &key, cost)];
-                let binding = |d: Result<tollgate::Decisions, Error>| d.map(|d| d[0]);
-                (
-                    binding(memory.settle_batch(&item, settle).await),
-                    binding(redis.settle_batch(&item, settle).await),
-                )
-            } else if random.below(8) == 0 {
-                let timeout = Duration::from_micros(random.below(400_000));
-                (
-                    memory.acquire(&key, cost, timeout).await,
-                    redis.acquire(&key, cost, timeout).await,
-                )
-            } else {
-                (memory.check_now(&key, cost), redis.check(&key, cost).await)
+                Some(Settle::Report) => {
+                    Op::Settle(settle.unwrap(), random.below(3) * rule.capacity() + random.below(4))
+                }
+                Some(settle) => Op::Settle(settle, random.below(6)),
+                None if random.below(8) == 0 => {
+                    Op::Acquire(cost, Duration::from_micros(random.below(400_000)))
+                }
+                None => Op::Check(cost),
             };
-            assert_eq!(
-                seen(&expected),
-                seen(&actual),
-                "rule {} {:?}, step {step}, {key} cost {cost}",
-                rule.name(),
-                rule.tiers()
-            );
-            if let Ok(d) = &actual {
-                assert_eq!(d.source(), tollgate::Source::Redis);
+            let expected = op.run_now(&memory, &key).await;
+            for (limiter, clock, source) in &redis {
+                let actual = op.run(limiter, &key).await;
+                assert_eq!(
+                    seen(&expected),
+                    seen(&actual),
+                    "rule {} {:?}, step {step}, {key} {op:?}, decided by {source:?}",
+                    rule.name(),
+                    rule.tiers()
+                );
+                let by_functions = matches!(op, Op::Settle(..))
+                    || matches!(rule.algorithm(), Algorithm::SlidingLog);
+                let expected_source = if by_functions {
+                    tollgate::Source::Redis
+                } else {
+                    *source
+                };
+                if let Ok(d) = &actual {
+                    assert_eq!(d.source(), expected_source, "{op:?}");
+                }
+                assert_eq!(memory_clock.now_micros(), clock.now_micros());
             }
-            assert_eq!(memory_clock.now_micros(), redis_clock.now_micros());
+            if let Some(connection) = &mut connection {
+                let at = format!("rule {}, step {step}", rule.name());
+                same_keys(connection, &format!("tg:{}:", rule.name()), &at).await;
+            }
             checks += 1;
         }
     }
     assert_eq!(checks, 400 * rules().len());
+}
+
+/// One step of a timeline.
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Check(u64),
+    Acquire(u64, Duration),
+    Settle(Settle, u64),
+}
+
+impl Op {
+    async fn run<S: tollgate::Store>(
+        self,
+        limiter: &Limiter<S, ManualClock>,
+        key: &str,
+    ) -> Result<Decision, Error> {
+        match self {
+            Op::Check(cost) => limiter.check(key, cost).await,
+            Op::Acquire(cost, timeout) => limiter.acquire(key, cost, timeout).await,
+            Op::Settle(settle, cost) => {
+                let item = [Item::new(limiter.rule().name(), key, cost)];
+                limiter.settle_batch(&item, settle).await.map(|d| d[0])
+            }
+        }
+    }
+
+    /// On the memory store, a check answers without a future.
+    async fn run_now(self, limiter: &Limiter<tollgate::MemoryStore, ManualClock>, key: &str) -> Result<Decision, Error> {
+        match self {
+            Op::Check(cost) => limiter.check_now(key, cost),
+            _ => self.run(limiter, key).await,
+        }
+    }
+}
+
+/// Every key named `<prefix>...` under `f:` has its twin under `m:` and the other way round:
+/// the same value, and expiries within 100 ms of each other (they were written a moment
+/// apart).
+async fn same_keys(redis: &mut redis::aio::MultiplexedConnection, prefix: &str, at: &str) {
+    async fn keys(redis: &mut redis::aio::MultiplexedConnection, store: &str, prefix: &str) -> Vec<Vec<u8>> {
+        let mut keys: Vec<Vec<u8>> = redis::cmd("KEYS")
+            .arg(format!("{store}{prefix}*"))
+            .query_async(redis)
+            .await
+            .unwrap();
+        keys.iter_mut().for_each(|k| drop(k.drain(..store.len())));
+        keys.sort();
+        keys
+    }
+    let functions = keys(redis, "f:", prefix).await;
+    let module = keys(redis, "m:", prefix).await;
+    assert_eq!(functions, module, "{at}: the same keys");
+    for key in functions {
+        let mut pipe = redis::pipe();
+        for prefix in [&b"f:"[..], b"m:"] {
+            let name = [prefix, &key].concat();
+            // DUMP: the type and value, whatever the type, but not the expiry.
+            pipe.cmd("DUMP").arg(&name).cmd("PEXPIRETIME").arg(&name);
+        }
+        let (f, ef, m, em): (Vec<u8>, i64, Vec<u8>, i64) = pipe.query_async(redis).await.unwrap();
+        let key = String::from_utf8_lossy(&key);
+        assert_eq!(f, m, "{at}: the value of {key}");
+        assert!(
+            (ef - em).abs() <= 100 && (ef > 0) == (em > 0),
+            "{at}: {key} expires at {ef} by the functions, {em} by the module"
+        );
+    }
 }
 
 /// Calendar periods: days in Paris across the change to summer time (a day of 23 hours), a

@@ -207,6 +207,7 @@ fn source_name(source: Source) -> &'static str {
     match source {
         Source::Memory => "memory",
         Source::Redis => "redis",
+        Source::RedisModule => "redis_module",
         Source::Hybrid => "hybrid",
         Source::Lease => "lease",
         Source::Fallback => "fallback",

@@ -147,6 +147,9 @@ pub enum DecisionSource {
     Memory,
     /// Redis, in one atomic round trip.
     Redis,
+    /// Redis, in one atomic round trip, decided by tollgate's Redis module rather than its
+    /// Lua functions (`TOLLGATE.CHECK`): the same decision on the same keys.
+    RedisModule,
     /// The hybrid store's counts.
     Hybrid,
     /// The lease store's leases.

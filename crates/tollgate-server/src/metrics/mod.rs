@@ -372,7 +372,7 @@ impl RuleMetrics {
         }
         if !matches!(
             d.source(),
-            Source::Memory | Source::Redis | Source::Hybrid | Source::Lease
+            Source::Memory | Source::Redis | Source::RedisModule | Source::Hybrid | Source::Lease
         ) {
             policy(d.rule(), d);
         }

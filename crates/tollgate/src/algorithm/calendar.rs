@@ -145,6 +145,8 @@ pub struct Calendar {
     /// Boundaries around the window last asked about: the starts of the window before it, of
     /// it and of the next, and the end of the next (µs).
     known: Arc<AtomicCell<[u64; 4]>>,
+    /// Whether the boundaries were given rather than computed: its windows are only those.
+    given: bool,
 }
 
 impl fmt::Debug for Calendar {
@@ -176,6 +178,19 @@ impl Calendar {
             zone_name: "UTC".into(),
             week_start: Weekday::Monday,
             known: Arc::new(AtomicCell::new([0; 4])),
+            given: false,
+        }
+    }
+
+    /// A calendar whose only windows are those between `bounds` (see [`bounds`](Self::bounds)),
+    /// as a caller computed them around its clock: a time before them is in the first window,
+    /// one after them in the last, as the Redis functions find them (`window_of`).
+    #[cfg(feature = "inside-redis")]
+    pub(crate) fn given(bounds: [u64; 4]) -> Self {
+        Self {
+            known: Arc::new(AtomicCell::new(bounds)),
+            given: true,
+            ..Self::day()
         }
     }
 
@@ -264,6 +279,8 @@ impl Calendar {
             (b0, b1)
         } else if b2 <= now && now < b3 {
             (b2, b3)
+        } else if self.given {
+            if now < b1 { (b0, b1) } else { (b2, b3) }
         } else {
             let bounds = self.bounds(now);
             self.known.store(bounds);

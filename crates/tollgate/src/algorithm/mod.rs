@@ -185,6 +185,9 @@ impl Decide for Algorithm {
     fn forgets(&self) -> bool {
         self.imp().forgets()
     }
+    fn double_words(&self) -> &'static [usize] {
+        self.imp().double_words()
+    }
 }
 
 /// A computation generic over the algorithm; see [`Algorithm::dispatch`].
@@ -336,6 +339,13 @@ pub(crate) trait Decide {
     fn layout(&self, tier: &Tier, feed: &mut dyn FnMut(u64)) {
         feed(tier.period_micros());
         feed(self.words(tier) as u64);
+    }
+
+    /// Which of a tier's state words hold the bits of a double rather than an integer; the
+    /// Redis functions keep the double itself.
+    #[cfg_attr(not(feature = "inside-redis"), allow(dead_code))]
+    fn double_words(&self) -> &'static [usize] {
+        &[]
     }
 
     /// Rewrites one tier's state `from`, kept under `old`, for `new`: two tiers of the same

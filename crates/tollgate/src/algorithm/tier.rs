@@ -48,6 +48,16 @@ impl Tier {
         }
     }
 
+    /// A tier of calendar windows between `bounds` only (see [`Calendar::given`]), of
+    /// `period_micros` (the calendar's longest window).
+    #[cfg(feature = "inside-redis")]
+    pub(crate) fn given_windows(limit: u64, period_micros: u64, bounds: [u64; 4]) -> Self {
+        Self {
+            calendar: Some(Calendar::given(bounds)),
+            ..Self::new(limit, Duration::from_micros(period_micros))
+        }
+    }
+
     /// The calendar period, for a tier of one.
     pub fn calendar_period(&self) -> Option<&Calendar> {
         self.calendar.as_ref()

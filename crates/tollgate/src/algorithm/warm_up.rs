@@ -193,6 +193,11 @@ impl Decide for WarmUp {
     /// a later give-back cannot undo.
     fn credit(&self, _tier: &Tier, _state: &mut [u64], _now: u64, _cost: u64, _at: u64) {}
 
+    /// The permits stored, a double.
+    fn double_words(&self) -> &'static [usize] {
+        &[0]
+    }
+
     fn script_parameters(&self, tier: &Tier) -> [f64; 5] {
         let c = Curve::new(self, tier);
         [c.stable, c.threshold, c.max, c.slope, c.cooldown]

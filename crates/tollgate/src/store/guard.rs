@@ -68,6 +68,9 @@ pub(crate) struct Backend {
     timeouts: AtomicU64,
     answered: AtomicBool,
     born: Instant,
+    /// Whether the node runs tollgate's Redis module.
+    #[cfg(feature = "redis")]
+    pub(crate) module: super::redis::Presence,
 }
 
 impl Backend {
@@ -80,6 +83,8 @@ impl Backend {
             timeouts: AtomicU64::new(0),
             answered: AtomicBool::new(false),
             born: Instant::now(),
+            #[cfg(feature = "redis")]
+            module: super::redis::Presence::default(),
         }
     }
 
@@ -200,7 +205,8 @@ impl<'a> Route<'a> {
         }
     }
 
-    fn get(&self, i: usize) -> &Backend {
+    /// The `i`th backend asked.
+    pub(crate) fn get(&self, i: usize) -> &Backend {
         match &self.backends {
             Backends::One(one) => one,
             Backends::Many(many) => &many[i],

@@ -193,6 +193,14 @@ impl RedisServer {
         }
     }
 
+    /// Starts it again on the same port with `args` instead of its own, keeping its
+    /// directory (and so what it persisted there).
+    pub fn restart_with(&mut self, args: &[&str]) {
+        self.kill();
+        self.args = args.iter().map(|a| a.to_string()).collect();
+        self.spawn();
+    }
+
     /// Starts it again on the same port, empty.
     pub fn restart(&mut self) {
         self.kill();
@@ -234,24 +242,28 @@ impl RedisCluster {
     /// failed over. Slots of a dead master do not stop the others'
     /// (`cluster-require-full-coverage no`).
     pub fn start_with(replicas: usize, timeout_ms: u32) -> Self {
+        Self::start_with_args(replicas, timeout_ms, &[])
+    }
+
+    /// As [`Self::start_with`], every node with the extra `redis-server` arguments `extra`.
+    pub fn start_with_args(replicas: usize, timeout_ms: u32, extra: &[&str]) -> Self {
         let timeout = timeout_ms.to_string();
+        let base = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            &timeout,
+            "--cluster-require-full-coverage",
+            "no",
+            // A replica syncs at once (not 5 s later): until it has, it cannot fail over.
+            "--repl-diskless-sync-delay",
+            "0",
+        ];
+        let args: Vec<&str> = base.iter().chain(extra).copied().collect();
         let nodes: Vec<RedisServer> = (0..3 * (1 + replicas))
-            .map(|_| {
-                RedisServer::start_with(&[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    &timeout,
-                    "--cluster-require-full-coverage",
-                    "no",
-                    // A replica syncs at once (not 5 s later): until it has, it cannot fail
-                    // over.
-                    "--repl-diskless-sync-delay",
-                    "0",
-                ])
-            })
+            .map(|_| RedisServer::start_with(&args))
             .collect();
         let addresses: Vec<String> = nodes
             .iter()
@@ -362,4 +374,29 @@ pub fn redis_keys<C: tollgate::Clock>(
         .plan(limiter.rule().name())
         .expect("the limiter's rule");
     plan.keys(key.as_bytes())
+}
+
+/// The path of tollgate's Redis module (`crates/tollgate-redis-module`), built for the
+/// profile these tests were built with, in their target directory, on first use.
+pub fn redis_module() -> &'static str {
+    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        // The test binary is <target>/<profile>/deps/<name>.
+        let exe = std::env::current_exe().expect("the test's path");
+        let profile_dir = exe.parent().and_then(|d| d.parent()).expect("a target dir");
+        let target = profile_dir.parent().expect("a target dir");
+        let release = profile_dir.file_name().is_some_and(|n| n == "release");
+        let mut build = Command::new(env!("CARGO"));
+        build
+            .args(["build", "--quiet", "-p", "tollgate-redis-module"])
+            .env("CARGO_TARGET_DIR", target);
+        if release {
+            build.arg("--release");
+        }
+        let status = build.status().expect("cargo runs");
+        assert!(status.success(), "cargo build -p tollgate-redis-module failed");
+        let path = profile_dir.join("libtollgate_redis_module.so");
+        assert!(path.exists(), "no module at {}", path.display());
+        path.to_string_lossy().into_owned()
+    })
 }

@@ -21,6 +21,7 @@
 //! changed rule starts from fresh state rather than misreading the old one.
 
 mod across;
+mod module;
 mod queue;
 mod script;
 mod topology;
@@ -37,6 +38,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 
+pub(crate) use self::module::Presence;
 use self::queue::Queue;
 pub(crate) use self::script::Entry;
 pub use self::topology::NodeHealth;
@@ -92,6 +94,8 @@ pub struct RedisStore {
     max_reservations: usize,
     /// The latest reservations this store kept, to commit each in one call (one server).
     remembered: Arc<super::book::Remembered>,
+    /// Whether checks call tollgate's Redis module where a node has it ([`module`]).
+    module: bool,
 }
 
 /// Loads of the function library, one at a time: after a restart, every check in flight finds
@@ -182,6 +186,7 @@ pub struct RedisStoreBuilder {
     key_prefix: Vec<u8>,
     expiry_jitter: Duration,
     max_reservations: usize,
+    module: bool,
 }
 
 #[derive(Clone)]
@@ -222,7 +227,17 @@ impl RedisStoreBuilder {
             key_prefix: Vec::new(),
             expiry_jitter: Duration::ZERO,
             max_reservations: super::DEFAULT_MAX_RESERVATIONS,
+            module: true,
         }
+    }
+
+    /// Whether checks call tollgate's Redis module (`TOLLGATE.CHECK`) on the nodes that load
+    /// it, rather than its Lua functions (default: yes). Either decides the same on the same
+    /// keys; the module costs Redis less. Nodes without it are found by asking and get the
+    /// functions; see docs/operating.md.
+    pub fn module(mut self, module: bool) -> Self {
+        self.module = module;
+        self
     }
 
     /// Keeps at most `max_reservations` open reservations in Redis, for every instance
@@ -425,6 +440,7 @@ impl RedisStoreBuilder {
             topology,
             max_reservations: self.max_reservations,
             remembered: Arc::default(),
+            module: self.module,
         })
     }
 }
@@ -775,7 +791,7 @@ impl RedisStore {
         let place = |i: usize| places.get(i).copied().unwrap_or(0);
         if let [item] = items {
             let decision = self
-                .check_one(item, now, max_delay)
+                .check_one(item, now, max_delay, route.get(place(0)))
                 .await
                 .map_err(|error| Failure {
                     error,
@@ -1011,24 +1027,41 @@ impl RedisStore {
         Ok(Decisions::many(decisions.collect()))
     }
 
-    /// Decides one item in one call of its algorithm's function.
+    /// Decides one item in one call: of tollgate's module where `node` has it ([`module`]),
+    /// else of its algorithm's function.
     async fn check_one(
         &self,
         item: &Planned<'_, RedisPlan>,
         now: u64,
         max_delay: Option<u64>,
+        node: &Backend,
     ) -> Result<Decision, Error> {
         let plan = item.plan;
         let header = self.header(now, item.cost, max_delay);
         let keys = plan.keys(item.key);
         let tier_args = plan.tier_args_at(item.rule, now);
+        if let Some(rule_args) = &plan.module
+            && node.module.worth_asking()
+            && module::quotable(&keys[0])
+        {
+            let call = module::check(&keys[0], &header, rule_args, &tier_args);
+            match self.traced("TOLLGATE.CHECK", "TOLLGATE.CHECK", 1, self.query::<Vec<u8>>(call)).await {
+                Ok(reply) => {
+                    node.module.present();
+                    let mut verdicts = Verdicts::new(&reply, plan.tiers)?;
+                    return Ok(verdicts.decision(item.rule, Source::RedisModule));
+                }
+                Err(err) if module::missing(&err) => node.module.absent(node.name(), &err),
+                Err(err) => return Err(store_error(err)),
+            }
+        }
         let args: [&[u8]; 2] = [&header, &tier_args];
         let reply = self
             .invoke(plan.entry, &keys, &args)
             .await
             .map_err(store_error)?;
         let mut verdicts = Verdicts::new(&reply, plan.tiers)?;
-        Ok(verdicts.decision(item.rule))
+        Ok(verdicts.decision(item.rule, Source::Redis))
     }
 
     /// The call of the batch function that decides `items[group]`, all-or-nothing, in `mode`.
@@ -1099,30 +1132,40 @@ impl RedisStore {
         keys: &[Vec<u8>],
         args: &[&[u8]],
     ) -> Result<Vec<u8>, RedisError> {
-        // Only within a traced check (a span of target `tollgate::traces`, the service's): the
-        // store's own calls, and those of checks not sampled, make no trace of their own.
+        self.traced("FCALL", &entry.function, keys.len(), self.call(entry, keys, args))
+            .await
+    }
+
+    /// Runs `call`, a command `name` (`operation`: what it runs, on `keys` keys), within a
+    /// `trace` span of target `tollgate::redis` when it is part of a traced check (a span of
+    /// target `tollgate::traces`, the service's): the store's own calls, and those of checks
+    /// not sampled, make no trace of their own. With no subscriber interested, it costs one
+    /// check of a cached flag.
+    async fn traced<T>(
+        &self,
+        name: &'static str,
+        operation: &str,
+        keys: usize,
+        call: impl Future<Output = Result<T, RedisError>>,
+    ) -> Result<T, RedisError> {
         let traced = tracing::enabled!(target: "tollgate::redis", tracing::Level::TRACE)
             && tracing::Span::current()
                 .metadata()
                 .is_some_and(|m| m.target() == "tollgate::traces");
         if !traced {
-            return self.call(entry, keys, args).await;
+            return call.await;
         }
         let span = tracing::trace_span!(
             target: "tollgate::redis",
             "redis",
-            otel.name = "FCALL",
+            otel.name = name,
             otel.kind = "client",
             db.system = "redis",
-            db.operation = %entry.function,
-            db.redis.keys = keys.len(),
+            db.operation = %operation,
+            db.redis.keys = keys,
         );
         // Boxed: only traced checks pay for the larger future.
-        Box::pin(tracing::Instrument::instrument(
-            self.call(entry, keys, args),
-            span,
-        ))
-        .await
+        Box::pin(tracing::Instrument::instrument(call, span)).await
     }
 
     /// [`invoke`](Self::invoke), without its span.
@@ -1235,6 +1278,7 @@ impl super::Store for RedisStore {
             rule,
             &self.key_prefix,
             self.guard.plan(rule)?,
+            self.module,
         ))
     }
 
@@ -1421,8 +1465,8 @@ impl<'a> Verdicts<'a> {
         Ok(Self { reply, at: 0 })
     }
 
-    /// The next item's decision: one verdict per tier of `rule`.
-    fn decision(&mut self, rule: &Rule) -> Decision {
+    /// The next item's decision: one verdict per tier of `rule`, decided by `source`.
+    fn decision(&mut self, rule: &Rule, source: Source) -> Decision {
         let (reply, at) = (self.reply, self.at);
         let verdict = |i: usize| {
             let field = |j: usize| {
@@ -1433,7 +1477,7 @@ impl<'a> Verdicts<'a> {
             Verdict::from_reply([0, 1, 2, 3, 4, 5].map(field))
         };
         self.at += 6 * 8 * rule.tiers().len();
-        rule.merge(verdict).with_source(Source::Redis)
+        rule.merge(verdict).with_source(source)
     }
 }
 
@@ -1476,7 +1520,7 @@ fn read_batch(
     let mut verdicts = Verdicts::new(reply, tiers)?;
     for &i in group {
         let rule = items[i].rule;
-        decisions[i] = Some(verdicts.decision(rule).shadow(rule.is_shadow()));
+        decisions[i] = Some(verdicts.decision(rule, Source::Redis).shadow(rule.is_shadow()));
     }
     Ok(())
 }
@@ -1643,6 +1687,9 @@ pub struct RedisPlan {
     /// Whether a tier has a calendar period, whose boundaries go in its arguments at each call.
     calendar: bool,
     guard: GuardPlan,
+    /// The rule argument of `TOLLGATE.CHECK` ([`crate::inside::rule_args`]), when its checks
+    /// call the module where a node has it.
+    module: Option<Vec<u8>>,
 }
 
 impl Guarded for RedisPlan {
@@ -1652,7 +1699,7 @@ impl Guarded for RedisPlan {
 }
 
 impl RedisPlan {
-    fn new(rule: &Rule, key_prefix: &[u8], guard: GuardPlan) -> Self {
+    fn new(rule: &Rule, key_prefix: &[u8], guard: GuardPlan, module: bool) -> Self {
         let algorithm = rule.algorithm();
         let entry = script::entry(algorithm);
         let name = format!("tg:{}:{:08x}:", rule.name(), rule.fingerprint());
@@ -1665,6 +1712,8 @@ impl RedisPlan {
             tier_args: tier_args(rule),
             calendar: rule.tiers().iter().any(|t| t.calendar_period().is_some()),
             guard,
+            module: (module && crate::inside::runs(algorithm))
+                .then(|| crate::inside::rule_args(algorithm)),
         }
     }
 
@@ -1775,7 +1824,7 @@ mod tests {
             [Tier::per_second(5), Tier::per_minute(50)],
         )
         .unwrap();
-        let plan = RedisPlan::new(&rule, b"", GuardPlan::none());
+        let plan = RedisPlan::new(&rule, b"", GuardPlan::none(), true);
         for key in [&b"tenant-1"[..], b"", b"}{weird}", b"\xff\x00"] {
             let keys = plan.keys(key);
             assert_eq!(keys.len(), 2);
@@ -1798,7 +1847,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            RedisPlan::new(&rule, b"", GuardPlan::none())
+            RedisPlan::new(&rule, b"", GuardPlan::none(), true)
                 .keys(b"k")
                 .len(),
             1
@@ -1813,7 +1862,7 @@ mod tests {
             [Tier::per_second(3)],
         )
         .unwrap();
-        let plan = RedisPlan::new(&rule, b"", GuardPlan::none());
+        let plan = RedisPlan::new(&rule, b"", GuardPlan::none(), true);
         assert_eq!(plan.tier_args.len(), 11 * 8);
         let double =
             |i: usize| f64::from_le_bytes(plan.tier_args[8 * i..8 * i + 8].try_into().unwrap());

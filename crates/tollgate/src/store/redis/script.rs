@@ -292,19 +292,7 @@ fn reservations(function: &str) -> Entry {
 
 /// The index of `algorithm` in [`ALGORITHMS`], as batches name it (from 1).
 pub(crate) fn index(algorithm: &Algorithm) -> usize {
-    match algorithm {
-        Algorithm::FixedWindow => 1,
-        Algorithm::SlidingWindow => 2,
-        Algorithm::SubWindows(_) => 3,
-        Algorithm::SlidingLog => 4,
-        Algorithm::TokenBucket(_) => 5,
-        Algorithm::IntervalBucket => 6,
-        Algorithm::LeakyBucket(_) => 7,
-        Algorithm::Gcra => 8,
-        Algorithm::WarmUp(_) => 9,
-        Algorithm::HitCounter => 10,
-        Algorithm::Concurrency => 11,
-    }
+    crate::inside::index(algorithm)
 }
 
 /// How checks of `algorithm` alone are sent.

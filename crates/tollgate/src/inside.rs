@@ -1,0 +1,391 @@
+//! A check decided inside Redis by tollgate's module (`crates/tollgate-redis-module`): the
+//! arguments the store sends, and the decision and write they come to, with no I/O. The module
+//! reads the key, calls [`Prepared::check`] and carries out the [`Write`]; everything else is
+//! here, on the same [`Algorithm`] code the memory store runs.
+//!
+//! The contract is the Lua functions' (`store/redis/lua/prelude.lua`, `words.lua`): the same
+//! check and tier arguments (each led by a NUL byte, which [`unled`] takes off: see the
+//! store's `module::check`), the same reply, and the same key, value and expiry written, so an
+//! instance that calls the module and one that calls the functions can share keys. One more
+//! argument names the algorithm with its own parameters ([`rule_args`]), as the Lua library
+//! names it by the function called. Algorithms that keep their state in one string of words
+//! run here: every one but the sliding log, whose Redis state is a sorted set per tier.
+//!
+//! Not a stable interface: the module and the store of one tollgate version agree on it
+//! ([`WIRE`]), and a module of another version refuses the call, which the store then makes
+//! with `FCALL`.
+
+use std::time::Duration;
+
+use crate::algorithm::{
+    Algorithm, Attempt, Decide, LeakyBucket, SubWindows, Tier, TokenBucket, Verdict, WarmUp,
+};
+use crate::rule::Rule;
+
+/// The version of this contract, the first double of [`rule_args`].
+pub const WIRE: f64 = 1.0;
+
+/// Why the module refuses a call; its text is the error's, after `ERR`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refused(pub &'static str);
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+/// The prefix of the error a module of another version answers: the store calls the
+/// functions instead.
+pub const OTHER_VERSION: &str = "tollgate module of another version";
+
+/// Every algorithm's index, as the Lua library numbers it (from 1).
+#[cfg(feature = "redis")]
+pub(crate) fn index(algorithm: &Algorithm) -> usize {
+    match algorithm {
+        Algorithm::FixedWindow => 1,
+        Algorithm::SlidingWindow => 2,
+        Algorithm::SubWindows(_) => 3,
+        Algorithm::SlidingLog => 4,
+        Algorithm::TokenBucket(_) => 5,
+        Algorithm::IntervalBucket => 6,
+        Algorithm::LeakyBucket(_) => 7,
+        Algorithm::Gcra => 8,
+        Algorithm::WarmUp(_) => 9,
+        Algorithm::HitCounter => 10,
+        Algorithm::Concurrency => 11,
+    }
+}
+
+/// Whether the module decides checks of `algorithm`.
+pub(crate) fn runs(algorithm: &Algorithm) -> bool {
+    !matches!(algorithm, Algorithm::SlidingLog)
+}
+
+/// The argument that names a rule's algorithm to the module: little-endian doubles, [`WIRE`],
+/// the algorithm's index, then its own parameters (sub-windows: count; token bucket: initial
+/// tokens or -1; leaky bucket: 1 for a shaper; warm-up: its period in µs, its cold factor).
+#[cfg(feature = "redis")]
+pub(crate) fn rule_args(algorithm: &Algorithm) -> Vec<u8> {
+    let parameters = match algorithm {
+        Algorithm::SubWindows(a) => [f64::from(a.count), 0.0],
+        Algorithm::TokenBucket(a) => [a.initial_tokens.map_or(-1.0, |t| t as f64), 0.0],
+        Algorithm::LeakyBucket(a) => [f64::from(u8::from(*a == LeakyBucket::Shaper)), 0.0],
+        Algorithm::WarmUp(a) => [a.period.as_micros() as f64, a.cold_factor],
+        _ => [0.0, 0.0],
+    };
+    [WIRE, index(algorithm) as f64, parameters[0], parameters[1]]
+        .iter()
+        .flat_map(|d| d.to_le_bytes())
+        .collect()
+}
+
+/// A binary argument without the NUL byte that leads it, or `None` when none does.
+pub fn unled(arg: &[u8]) -> Option<&[u8]> {
+    arg.strip_prefix(&[0])
+}
+
+/// Little-endian doubles, or `None` when `bytes` is not a whole number of them.
+fn doubles(bytes: &[u8]) -> Option<impl ExactSizeIterator<Item = f64> + '_> {
+    bytes.len().is_multiple_of(8).then(|| {
+        bytes
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().expect("eight bytes")))
+    })
+}
+
+/// A whole number below 2^53, as every quantity of the contract is.
+fn whole(x: f64) -> Result<u64, Refused> {
+    if x >= 0.0 && x < crate::algorithm::MAX_EXACT as f64 && x.fract() == 0.0 {
+        Ok(x as u64)
+    } else {
+        Err(Refused("a quantity is not a whole number below 2^53"))
+    }
+}
+
+/// The algorithm [`rule_args`] names.
+fn algorithm_of(args: &[u8]) -> Result<Algorithm, Refused> {
+    let d: Vec<f64> = doubles(args)
+        .filter(|d| d.len() == 4)
+        .ok_or(Refused("the rule argument is not four doubles"))?
+        .collect();
+    if d[0] != WIRE {
+        return Err(Refused(OTHER_VERSION));
+    }
+    Ok(match whole(d[1])? {
+        1 => Algorithm::FixedWindow,
+        2 => Algorithm::SlidingWindow,
+        3 => Algorithm::SubWindows(SubWindows {
+            count: u32::try_from(whole(d[2])?).map_err(|_| Refused("too many sub-windows"))?,
+        }),
+        5 => Algorithm::TokenBucket(TokenBucket {
+            initial_tokens: if d[2] < 0.0 { None } else { Some(whole(d[2])?) },
+        }),
+        6 => Algorithm::IntervalBucket,
+        7 if d[2] == 1.0 => Algorithm::LeakyBucket(LeakyBucket::Shaper),
+        7 => Algorithm::LeakyBucket(LeakyBucket::Meter),
+        8 => Algorithm::Gcra,
+        9 => Algorithm::WarmUp(
+            WarmUp::new(Duration::from_micros(whole(d[2])?)).with_cold_factor(d[3]),
+        ),
+        10 => Algorithm::HitCounter,
+        11 => Algorithm::Concurrency,
+        _ => return Err(Refused("no such algorithm in this module")),
+    })
+}
+
+/// A rule as the module decides it, from its arguments; cheap to keep, as a module keeps the
+/// rules it has seen.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    rule: Rule,
+    /// State words of every tier: the key's value is this many doubles.
+    words: usize,
+    /// Per state word, whether it holds a double's bits (see `Decide::double_words`).
+    doubles: Vec<bool>,
+}
+
+impl Prepared {
+    /// The rule of `rule_args` ([`rule_args`]) and `tier_args` (eleven doubles per tier, as
+    /// the functions read them).
+    ///
+    /// # Errors
+    /// [`Refused`] when the arguments are not those a store of this version sends for a rule
+    /// it accepted: the module decides nothing it would decide differently from the functions.
+    pub fn new(rule_args: &[u8], tier_args: &[u8]) -> Result<Self, Refused> {
+        let algorithm = algorithm_of(rule_args)?;
+        let fields: Vec<f64> = doubles(tier_args)
+            .filter(|d| d.len() % 11 == 0 && d.len() > 0)
+            .ok_or(Refused("the tier argument is not eleven doubles per tier"))?
+            .collect();
+        let mut tiers = Vec::with_capacity(fields.len() / 11);
+        for t in fields.chunks_exact(11) {
+            let (limit, period) = (whole(t[0])?, whole(t[1])?);
+            let tier = if algorithm.takes_calendar() && t[10] == 1.0 {
+                let bounds = [whole(t[6])?, whole(t[7])?, whole(t[8])?, whole(t[9])?];
+                Tier::given_windows(limit, period, bounds)
+            } else {
+                let tier = Tier::new(limit, Duration::from_micros(period));
+                let burst = whole(t[2])?;
+                let tier = if burst == limit { tier } else { tier.with_burst(burst) };
+                if algorithm.script_parameters(&tier).as_slice() != &t[6..11] {
+                    return Err(Refused("the tier parameters are not the algorithm's"));
+                }
+                tier
+            };
+            let rate = tier.rate();
+            let same = [tier.burst(), rate.per_permit, rate.per_micro, {
+                algorithm.words(&tier) as u64
+            }];
+            if same.map(|n| n as f64) != [t[2], t[3], t[4], t[5]] {
+                return Err(Refused("the tier arguments are not the algorithm's"));
+            }
+            tiers.push(tier);
+        }
+        let rule = Rule::new("module", algorithm, tiers)
+            .map_err(|_| Refused("the rule is not one tollgate accepts"))?;
+        if !runs(rule.algorithm()) {
+            return Err(Refused("the sliding log is not decided by the module"));
+        }
+        let words = rule.words();
+        let mut doubles = vec![false; words];
+        for i in 0..rule.tiers().len() {
+            let first = rule.tier_words(i).start;
+            for &j in rule.algorithm().double_words() {
+                doubles[first + j] = true;
+            }
+        }
+        Ok(Self {
+            rule,
+            words,
+            doubles,
+        })
+    }
+
+    /// Decides the check of `attempt_args` (six doubles, as the functions read them) on a key
+    /// whose value is `stored` (`None`: no such key), at the caller's time or, when it sends
+    /// none, at `server_now()` (µs since the Unix epoch). As `words` in `lua/words.lua`: every
+    /// tier consumes or none does; a denial records only what a denial records.
+    ///
+    /// # Errors
+    /// [`Refused`] for arguments of the wrong shape, a settlement (only checks come here), or a
+    /// stored value that is not this rule's state.
+    pub fn check(
+        &self,
+        attempt_args: &[u8],
+        stored: Option<&[u8]>,
+        server_now: impl FnOnce() -> u64,
+    ) -> Result<Outcome, Refused> {
+        let a: Vec<f64> = doubles(attempt_args)
+            .filter(|d| d.len() == 6)
+            .ok_or(Refused("the check argument is not six doubles"))?
+            .collect();
+        if a[4] != 0.0 {
+            return Err(Refused("settlements are not decided by the module"));
+        }
+        let server_time = a[0] < 0.0;
+        let now = if server_time {
+            server_now().max(1)
+        } else {
+            whole(a[0])?.max(1)
+        };
+        let attempt = Attempt {
+            now,
+            cost: whole(a[1])?,
+            max_delay: if a[2] < 0.0 { None } else { Some(whole(a[2])?) },
+            commit: true,
+            settle: None,
+        };
+        let ttl_padding = a[3];
+
+        let (rule, algorithm) = (&self.rule, self.rule.algorithm());
+        let mut state = vec![0u64; self.words];
+        if let Some(value) = stored {
+            self.read(value, &mut state)?;
+            if algorithm.forgets() && rule.expires_at(algorithm, &state) <= now {
+                state.fill(0);
+            }
+        }
+        let kept = stored.map(|_| rule.expires_at(algorithm, &state));
+        let original = state.clone();
+
+        let tiers = rule.tiers();
+        let mut verdicts = Vec::with_capacity(tiers.len());
+        for (i, tier) in tiers.iter().enumerate() {
+            verdicts.push(algorithm.decide(tier, &mut state[rule.tier_words(i)], &attempt));
+        }
+        if attempt.writes() && !verdicts.iter().all(|v| v.allowed) {
+            if tiers.len() > 1 {
+                state.copy_from_slice(&original);
+            }
+            rule.denied(algorithm, &mut state, &attempt);
+        }
+
+        let reply = verdicts.iter().flat_map(reply_of).collect();
+        let write = self.write(stored, &state, rule.expires_at(algorithm, &state), kept, {
+            Clock {
+                now,
+                server_time,
+                ttl_padding,
+            }
+        });
+        Ok(Outcome { reply, write })
+    }
+
+    /// Reads the state words of `value`, as the functions keep them: a double per word.
+    fn read(&self, value: &[u8], state: &mut [u64]) -> Result<(), Refused> {
+        let not_state = Refused("the key holds no state of this rule");
+        let doubles = doubles(value)
+            .filter(|d| d.len() == self.words)
+            .ok_or(not_state)?;
+        for ((word, d), &double) in state.iter_mut().zip(doubles).zip(&self.doubles) {
+            *word = match double {
+                true => d.to_bits(),
+                false => whole(d).map_err(|_| not_state)?,
+            };
+        }
+        Ok(())
+    }
+
+    /// What to store for `state`, as good as new at `expires` (µs), the stored one at `kept`:
+    /// as `write` in `lua/words.lua`.
+    fn write(
+        &self,
+        stored: Option<&[u8]>,
+        state: &[u64],
+        expires: u64,
+        kept: Option<u64>,
+        clock: Clock,
+    ) -> Write {
+        let value: Vec<u8> = (0..state.len())
+            .flat_map(|i| {
+                let double = match self.doubles[i] {
+                    true => f64::from_bits(state[i]),
+                    false => state[i] as f64,
+                };
+                double.to_le_bytes()
+            })
+            .collect();
+        let unchanged = match stored {
+            Some(stored) => stored == value.as_slice(),
+            None => value.iter().all(|&b| b == 0),
+        };
+        if unchanged {
+            return Write::Nothing;
+        }
+        if expires <= clock.now {
+            return match stored {
+                Some(_) => Write::Delete,
+                None => Write::Nothing,
+            };
+        }
+        let second = |t: u64| t.div_ceil(1_000_000) * 1_000_000;
+        let at = second(expires);
+        let ttl = if kept.is_some_and(|kept| at <= second(kept)) {
+            Ttl::Keep
+        } else if clock.server_time {
+            Ttl::At((at as f64 / 1_000.0 + clock.ttl_padding) as i64)
+        } else {
+            Ttl::In(((at - clock.now + 999) / 1_000) as i64 + clock.ttl_padding as i64)
+        };
+        Write::Set { value, ttl }
+    }
+}
+
+/// The time of a check, and how its TTLs are written.
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    now: u64,
+    server_time: bool,
+    /// Milliseconds added to every TTL.
+    ttl_padding: f64,
+}
+
+/// One tier's verdict as the functions reply it: six little-endian doubles.
+fn reply_of(v: &Verdict) -> impl Iterator<Item = u8> {
+    let fields = [
+        f64::from(u8::from(v.allowed)),
+        v.limit as f64,
+        v.remaining as f64,
+        v.reset_after as f64,
+        v.retry_after as f64,
+        v.delay as f64,
+    ];
+    fields.into_iter().flat_map(f64::to_le_bytes)
+}
+
+/// What a check comes to: the reply, and what to store.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    /// Six little-endian doubles per tier, as the functions reply.
+    pub reply: Vec<u8>,
+    /// What to do to the key.
+    pub write: Write,
+}
+
+/// What a check does to its key.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Write {
+    /// Nothing: the state did not change.
+    Nothing,
+    /// `SET` the value, with its expiry.
+    Set {
+        /// The state words, as little-endian doubles.
+        value: Vec<u8>,
+        /// When the key expires.
+        ttl: Ttl,
+    },
+    /// `DEL`: the state is as good as new.
+    Delete,
+}
+
+/// When a key written expires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ttl {
+    /// As before (`KEEPTTL`).
+    Keep,
+    /// At this Unix time in milliseconds (`PXAT`), on the server's clock.
+    At(i64),
+    /// In this many milliseconds (`PX`), on the caller's.
+    In(i64),
+}
