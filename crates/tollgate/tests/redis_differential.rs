@@ -333,15 +333,19 @@ async fn same_keys(redis: &mut redis::aio::MultiplexedConnection, prefix: &str, 
 
 /// Calendar periods: days in Paris across the change to summer time (a day of 23 hours), a
 /// month in New York across 1 April, weeks from Sunday with an hourly tier: the Redis
-/// functions, given each window's boundaries by the caller, decide as the memory store does.
+/// functions and the module, given each window's boundaries by the caller, decide as the
+/// memory store does, and leave the same keys.
 #[tokio::test]
 async fn calendar_periods_decide_identically_across_days_months_and_a_change_of_time() {
     use tollgate::{Calendar, Weekday};
-    let server = RedisServer::start();
-    let store = RedisStore::builder(&server.url())
-        .store_time(StoreTime::Local)
-        .timeout(Duration::from_secs(5))
-        .build()
+    let server = RedisServer::start_with(&["--loadmodule", support::redis_module()]);
+    let stores = [
+        (local_store(&server, b"f:", false).await, tollgate::Source::Redis),
+        (local_store(&server, b"m:", true).await, tollgate::Source::RedisModule),
+    ];
+    let mut connection = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
         .await
         .unwrap();
     let paris_day = Calendar::day().in_zone("Europe/Paris").unwrap();
@@ -369,50 +373,55 @@ async fn calendar_periods_decide_identically_across_days_months_and_a_change_of_
         let rule = rule.unwrap();
         // Saturday 29 March 2025, 20:00 in Paris: the night before the clocks go forward.
         let start = 1_743_274_800_000_000;
-        let (memory_clock, redis_clock) =
-            (ManualClock::at_micros(start), ManualClock::at_micros(start));
+        let memory_clock = ManualClock::at_micros(start);
         let memory = Limiter::builder(rule.clone())
             .clock(memory_clock.clone())
             .build()
             .unwrap();
-        let redis = Limiter::builder(rule.clone())
-            .store(store.clone())
-            .clock(redis_clock.clone())
-            .build()
-            .unwrap();
+        let redis: Vec<_> = stores
+            .iter()
+            .map(|(store, source)| {
+                let clock = ManualClock::at_micros(start);
+                let limiter = Limiter::builder(rule.clone())
+                    .store(store.clone())
+                    .clock(clock.clone())
+                    .build()
+                    .unwrap();
+                (limiter, clock, *source)
+            })
+            .collect();
         for step in 0..300 {
             // Up to three hours at a time: 300 steps cross about 19 days.
             let gap = Duration::from_micros(random.below(3 * 3_600_000_000));
             memory_clock.advance(gap);
-            redis_clock.advance(gap);
+            for (_, clock, _) in &redis {
+                clock.advance(gap);
+            }
             let key = format!("key-{}", random.below(2));
             let cost = random.below(5);
-            let (expected, actual) = match random.below(8) {
-                0 => {
-                    let item = [Item::new(rule.name(), &key, cost * 4)];
-                    let binding = |d: Result<tollgate::Decisions, Error>| d.map(|d| d[0]);
-                    (
-                        binding(memory.settle_batch(&item, Settle::Report).await),
-                        binding(redis.settle_batch(&item, Settle::Report).await),
-                    )
-                }
+            let op = match random.below(8) {
+                0 => Op::Settle(Settle::Report, cost * 4),
                 1 => {
                     let at = memory_clock.now_micros() - random.below(6 * 3_600_000_000);
-                    let item = [Item::new(rule.name(), &key, cost)];
-                    let binding = |d: Result<tollgate::Decisions, Error>| d.map(|d| d[0]);
-                    (
-                        binding(memory.settle_batch(&item, Settle::Credit { at }).await),
-                        binding(redis.settle_batch(&item, Settle::Credit { at }).await),
-                    )
+                    Op::Settle(Settle::Credit { at }, cost)
                 }
-                _ => (memory.check_now(&key, cost), redis.check(&key, cost).await),
+                _ => Op::Check(cost),
             };
-            assert_eq!(
-                seen(&expected),
-                seen(&actual),
-                "rule {}, step {step}, {key} cost {cost}",
-                rule.name()
-            );
+            let expected = op.run_now(&memory, &key).await;
+            for (limiter, _, source) in &redis {
+                let actual = op.run(limiter, &key).await;
+                assert_eq!(
+                    seen(&expected),
+                    seen(&actual),
+                    "rule {}, step {step}, {key} {op:?}, decided by {source:?}",
+                    rule.name()
+                );
+                if let (Op::Check(_), Ok(d)) = (op, &actual) {
+                    assert_eq!(d.source(), *source);
+                }
+            }
+            let at = format!("rule {}, step {step}", rule.name());
+            same_keys(&mut connection, &format!("tg:{}:", rule.name()), &at).await;
         }
     }
 }

@@ -1,0 +1,295 @@
+//! tollgate's Redis module (`crates/tollgate-redis-module`) where users run it: beside a
+//! replica and an AOF that have no module (effects are replicated, not the command), shared
+//! with instances that call the functions (a rollout), on a server that loses it, under ACL
+//! key patterns, and at the server's clock. The decisions themselves are held to the memory
+//! store's in `redis_differential.rs`, and on a Cluster in `redis_cluster.rs`.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use redis::aio::MultiplexedConnection;
+use support::RedisServer;
+use tollgate::{
+    Algorithm, Limiter, RedisStore, Rule, Source, SubWindows, Tier, TokenBucket, WarmUp,
+};
+
+fn module_server(extra: &[&str]) -> RedisServer {
+    let mut args = vec!["--loadmodule", support::redis_module()];
+    args.extend_from_slice(extra);
+    RedisServer::start_with(&args)
+}
+
+async fn store(server: &RedisServer, module: bool) -> RedisStore {
+    RedisStore::builder(&server.url())
+        .timeout(Duration::from_secs(5))
+        .module(module)
+        .build()
+        .await
+        .unwrap()
+}
+
+async fn connection(server: &RedisServer) -> MultiplexedConnection {
+    redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+/// One rule of each kind of state the module keeps: counts, a bucket level, a time, a
+/// double (warm-up), sub-windows and slots.
+fn rules() -> Vec<Rule> {
+    let day = Duration::from_secs(86_400);
+    [
+        ("fixed", Algorithm::FixedWindow, Tier::per_hour(50)),
+        (
+            "bucket",
+            Algorithm::TokenBucket(TokenBucket::default()),
+            Tier::per_minute(50),
+        ),
+        ("gcra", Algorithm::Gcra, Tier::per_minute(50).with_burst(20)),
+        (
+            "warm",
+            Algorithm::WarmUp(WarmUp::new(Duration::from_secs(10))),
+            Tier::per_second(20),
+        ),
+        (
+            "windows",
+            Algorithm::SubWindows(SubWindows { count: 4 }),
+            Tier::new(50, day),
+        ),
+        ("slots", Algorithm::Concurrency, Tier::per_minute(30)),
+    ]
+    .into_iter()
+    .map(|(name, algorithm, tier)| Rule::new(name, algorithm, [tier]).unwrap())
+    .collect()
+}
+
+/// Every key of `server`, with its `DUMP` (type and value) and its `PEXPIRETIME`.
+async fn contents(redis: &mut MultiplexedConnection) -> Vec<(Vec<u8>, Vec<u8>, i64)> {
+    let mut keys: Vec<Vec<u8>> = redis::cmd("KEYS").arg("*").query_async(redis).await.unwrap();
+    keys.sort();
+    let mut contents = Vec::new();
+    for key in keys {
+        let (dump, expiry): (Vec<u8>, i64) = redis::pipe()
+            .cmd("DUMP")
+            .arg(&key)
+            .cmd("PEXPIRETIME")
+            .arg(&key)
+            .query_async(redis)
+            .await
+            .unwrap();
+        contents.push((key, dump, expiry));
+    }
+    contents
+}
+
+/// Checks every rule of [`rules`] on `store`, `count` times over three keys; each decided by
+/// the module. Returns how many were admitted.
+async fn check_every_rule(store: &RedisStore, count: u64, source: Source) -> u64 {
+    let mut admitted = 0;
+    for rule in rules() {
+        let limiter = Limiter::builder(rule).store(store.clone()).build().unwrap();
+        for i in 0..count {
+            let d = limiter.check(&format!("key-{}", i % 3), 1 + i % 2).await.unwrap();
+            assert_eq!(d.source(), source, "{}", limiter.rule().name());
+            admitted += u64::from(d.allowed());
+        }
+    }
+    admitted
+}
+
+/// A replica without the module, after `WAIT`, holds exactly the primary's keys, values and
+/// expiry times: the module replicates the `SET ... PXAT` it decided on, never its command.
+#[tokio::test]
+async fn a_replica_without_the_module_holds_what_the_primary_decided() {
+    let primary = module_server(&[]);
+    let port = primary.port.to_string();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !replica
+        .cli(&["info", "replication"])
+        .contains("master_link_status:up")
+    {
+        assert!(Instant::now() < deadline, "the replica did not sync");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let store = store(&primary, true).await;
+    let admitted = check_every_rule(&store, 120, Source::RedisModule).await;
+    assert!(admitted > 0);
+    assert_eq!(primary.cli(&["wait", "1", "5000"]), "1");
+    let on_primary = contents(&mut connection(&primary).await).await;
+    let on_replica = contents(&mut connection(&replica).await).await;
+    assert_eq!(on_primary.len(), rules().len() * 3, "{on_primary:?}");
+    assert_eq!(on_primary, on_replica);
+    let stats = replica.cli(&["info", "commandstats"]);
+    assert!(!stats.contains("tollgate"), "{stats}");
+}
+
+/// A server that wrote its AOF with the module, restarted without it, has every key as it
+/// was; the functions take over from there and the limit holds exactly.
+#[tokio::test]
+async fn an_aof_written_with_the_module_is_read_back_without_it() {
+    let aof = ["--appendonly", "yes", "--appendfsync", "always"];
+    let mut server = module_server(&aof);
+    let module = store(&server, true).await;
+    check_every_rule(&module, 60, Source::RedisModule).await;
+    let fixed = Rule::new("tenants", Algorithm::FixedWindow, [Tier::per_hour(10)]).unwrap();
+    let limiter = Limiter::builder(fixed.clone()).store(module).build().unwrap();
+    for _ in 0..6 {
+        assert!(limiter.check("tenant", 1).await.unwrap().allowed());
+    }
+    let before = contents(&mut connection(&server).await).await;
+    server.restart_with(&aof);
+    assert!(!server.cli(&["module", "list"]).contains("tollgate"));
+    let after = contents(&mut connection(&server).await).await;
+    assert_eq!(before, after);
+    let functions = store(&server, true).await;
+    let limiter = Limiter::builder(fixed).store(functions).build().unwrap();
+    for _ in 0..4 {
+        let d = limiter.check("tenant", 1).await.unwrap();
+        assert!(d.allowed());
+        assert_eq!(d.source(), Source::Redis, "no module: the functions decide");
+    }
+    assert!(!limiter.check("tenant", 1).await.unwrap().allowed());
+}
+
+/// A rollout: instances with the module and instances without share one server and its keys,
+/// 64 callers between them, and every limit admits exactly its limit, for every kind of state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_with_and_without_the_module_share_keys_exactly() {
+    let server = module_server(&[]);
+    let stores = [store(&server, true).await, store(&server, false).await];
+    let day = Duration::from_secs(86_400);
+    let cases = [
+        (Algorithm::FixedWindow, Tier::new(300, day)),
+        (Algorithm::SlidingWindow, Tier::new(300, day)),
+        (
+            Algorithm::TokenBucket(TokenBucket::default()),
+            Tier::new(300, day),
+        ),
+        (Algorithm::Gcra, Tier::new(300, day).with_burst(300)),
+        (Algorithm::IntervalBucket, Tier::new(300, day)),
+        (Algorithm::Concurrency, Tier::new(300, day)),
+    ];
+    for (i, (algorithm, tier)) in cases.into_iter().enumerate() {
+        let rule = Rule::new(format!("rollout-{i}"), algorithm, [tier]).unwrap();
+        let limiters: Vec<Arc<Limiter<RedisStore>>> = stores
+            .iter()
+            .map(|store| {
+                let limiter = Limiter::builder(rule.clone()).store(store.clone());
+                Arc::new(limiter.build().unwrap())
+            })
+            .collect();
+        let (admitted, by_module) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let mut callers = Vec::new();
+        for caller in 0..64 {
+            let limiter = limiters[caller % 2].clone();
+            let (admitted, by_module) = (admitted.clone(), by_module.clone());
+            callers.push(tokio::spawn(async move {
+                for _ in 0..16 {
+                    let d = limiter.check("shared", 1).await.unwrap();
+                    assert!(matches!(d.source(), Source::Redis | Source::RedisModule));
+                    admitted.fetch_add(u64::from(d.allowed()), Ordering::Relaxed);
+                    by_module.fetch_add(
+                        u64::from(d.source() == Source::RedisModule),
+                        Ordering::Relaxed,
+                    );
+                }
+            }));
+        }
+        for caller in callers {
+            caller.await.unwrap();
+        }
+        let name = rule.algorithm().name();
+        assert_eq!(admitted.load(Ordering::Relaxed), 300, "{name}: 1,024 checks");
+        assert_eq!(by_module.load(Ordering::Relaxed), 512, "{name}: half by the module");
+    }
+}
+
+/// A server whose module is unloaded while a store uses it: the next check is decided by the
+/// functions, in the same call, with no error, and the count goes on exactly.
+#[tokio::test]
+async fn a_server_that_loses_the_module_is_answered_by_the_functions() {
+    let server = module_server(&["--enable-module-command", "local"]);
+    let rule = Rule::new("lost", Algorithm::FixedWindow, [Tier::per_hour(5)]).unwrap();
+    let limiter = Limiter::builder(rule)
+        .store(store(&server, true).await)
+        .build()
+        .unwrap();
+    for _ in 0..2 {
+        let d = limiter.check("k", 1).await.unwrap();
+        assert!(d.allowed());
+        assert_eq!(d.source(), Source::RedisModule);
+    }
+    assert_eq!(server.cli(&["module", "unload", "tollgate"]), "OK");
+    for _ in 0..3 {
+        let d = limiter.check("k", 1).await.unwrap();
+        assert!(d.allowed());
+        assert_eq!(d.source(), Source::Redis);
+    }
+    let d = limiter.check("k", 1).await.unwrap();
+    assert!(!d.allowed());
+    assert_eq!(d.remaining(), 0);
+}
+
+/// The command declares its key: `COMMAND GETKEYS` finds it, and ACL key patterns apply to it
+/// as to any command.
+#[tokio::test]
+async fn the_modules_command_declares_its_key() {
+    let server = module_server(&[]);
+    let args = ["tollgate.check", "tg:a:{k1}", "x", "y", "z"];
+    let getkeys: Vec<&str> = ["command", "getkeys"].into_iter().chain(args).collect();
+    assert_eq!(server.cli(&getkeys), "tg:a:{k1}");
+    let info = server.cli(&["command", "info", "tollgate.check"]);
+    assert!(info.contains("write") && info.contains("denyoom"), "{info}");
+    server.cli(&["acl", "setuser", "other", "on", "nopass", "~other:*", "+@all"]);
+    server.cli(&["acl", "setuser", "ours", "on", "nopass", "~tg:*", "+@all"]);
+    let as_user = |user: &str| {
+        let mut cli: Vec<&str> = vec!["--user", user, "--pass", ""];
+        cli.extend(args);
+        server.cli(&cli)
+    };
+    assert!(as_user("other").contains("NOPERM"), "{}", as_user("other"));
+    // Allowed the key, the command runs, and refuses arguments no store sends.
+    assert!(
+        as_user("ours").contains("not led by a NUL byte"),
+        "{}",
+        as_user("ours")
+    );
+}
+
+/// On the server's clock, the module writes what the functions write: two stores on one
+/// server, one calling each, under two prefixes, end with the same values and expiry times.
+#[tokio::test]
+async fn at_the_servers_time_the_module_writes_what_the_functions_write() {
+    let server = module_server(&[]);
+    let stores = [("m:", true), ("f:", false)];
+    let rule = Rule::new("clock", Algorithm::FixedWindow, [Tier::per_hour(100)]).unwrap();
+    let mut limiters = Vec::new();
+    for (prefix, module) in stores {
+        let store = RedisStore::builder(&server.url())
+            .key_prefix(prefix)
+            .module(module)
+            .build()
+            .await
+            .unwrap();
+        limiters.push(Limiter::builder(rule.clone()).store(store).build().unwrap());
+    }
+    for i in 0..40 {
+        for limiter in &limiters {
+            limiter.check(&format!("key-{}", i % 4), 1).await.unwrap();
+        }
+    }
+    // Sorted by name: the functions' keys (`f:`) first.
+    let mut functions = contents(&mut connection(&server).await).await;
+    let module = functions.split_off(functions.len() / 2);
+    assert_eq!(module.len(), 4);
+    for ((f, fv, fe), (m, mv, me)) in functions.iter().zip(&module) {
+        assert_eq!((&f[2..], fv, fe), (&m[2..], mv, me));
+        assert!(*fe > 0);
+    }
+}
