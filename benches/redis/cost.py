@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """What Redis spends per check, by algorithm, side by side with the floors, in one run.
 
-For each system (every algorithm, two rules in one call, and the floors: a script of TIME,
+For each system (every algorithm by the Lua functions and, as `module_<algorithm>`, by
+tollgate's Redis module, built here in release; two rules in one call; and the floors: a script of TIME,
 GET and SET PX deciding nothing, for one key and for two, and `return 1`; and the peer that
 decides inside Redis, redis-cell's CL.THROTTLE (GCRA), its module built from crates.io), the load of the `redis_cost` example
 (16 callers on one pipelined connection, keys cycling over 10,000, every check admitted)
@@ -32,6 +33,8 @@ from bench import free_port, wait_port  # noqa: E402
 SYSTEMS = ["fixed_window", "sliding_window", "sub_windows", "sliding_log", "token_bucket",
            "interval_bucket", "leaky_bucket", "gcra", "warm_up", "hit_counter", "concurrency",
            "two_rules", "floor", "floor_two", "one", "redis_cell"]
+# tollgate's Redis module (crates/tollgate-redis-module) runs every algorithm but the sliding log.
+SYSTEMS += ["module_" + s for s in SYSTEMS[:11] if s != "sliding_log"]
 CELL = "0.2.2"
 
 
@@ -59,6 +62,14 @@ def redis_cell(workdir):
     subprocess.run(["cargo", "build", "--release", "-q", "--target-dir", target], cwd=copy,
                    check=True, stderr=subprocess.DEVNULL)
     return os.path.join(target, "release", "libredis_cell.so")
+
+
+def tollgate_module():
+    """tollgate's Redis module, built in release."""
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "tollgate-redis-module"],
+                   cwd=ROOT, check=True)
+    target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
+    return os.path.join(target, "release", "libtollgate_redis_module.so")
 
 
 def cli(port, *args):
@@ -108,7 +119,7 @@ def native(example, system, checks, workdir, module=None):
         load(example, port, system, checks)
         used = cpu(port) - before
         stats = cli(port, "info", "commandstats")
-        call = re.search(r"^cmdstat_(?:fcall|evalsha|cl\.throttle):calls=(\d+),usec=(\d+),"
+        call = re.search(r"^cmdstat_(?:fcall|evalsha|cl\.throttle|tollgate\.check):calls=(\d+),usec=(\d+),"
                          r"usec_per_call=([\d.]+)", stats, re.M)
         return used * 1e6 / checks, float(call.group(3))
     finally:
@@ -143,8 +154,14 @@ def main():
           f"{args.callgrind_checks} under callgrind, 16 callers, one connection\n")
     rows = []
     with tempfile.TemporaryDirectory() as workdir:
+        ours = None
         for system in args.systems.split(","):
-            module = redis_cell(workdir) if system == "redis_cell" else None
+            module = None
+            if system == "redis_cell":
+                module = redis_cell(workdir)
+            elif system.startswith("module_"):
+                ours = ours or tollgate_module()
+                module = ours
             per_check = instructions(example, system, args.callgrind_checks, workdir, module)
             cpu_us, usec = (0.0, 0.0) if args.instructions_only else native(
                 example, system, args.checks, workdir, module)

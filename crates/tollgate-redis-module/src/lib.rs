@@ -23,12 +23,16 @@ use redis_module::{
 };
 use tollgate::inside::{Prepared, Ttl, Write};
 
-/// Rules prepared from their arguments, by those arguments. Bounded: cleared when full. Redis
-/// runs commands on one thread, so each thread's own map is the only one.
+/// Rules prepared from their arguments: by their tier argument, then their rule argument
+/// (rules of one tier argument differ in their algorithm alone). Bounded: cleared when full.
+/// Redis runs commands on one thread, so each thread's own map is the only one.
+type Rules = HashMap<Vec<u8>, Vec<(Vec<u8>, Prepared)>>;
+
+/// The most tier arguments kept.
 const MAX_RULES: usize = 1_000;
 
 thread_local! {
-    static RULES: RefCell<HashMap<(Vec<u8>, Vec<u8>), Prepared>> = RefCell::new(HashMap::new());
+    static RULES: RefCell<Rules> = RefCell::new(HashMap::new());
 }
 
 /// `TOLLGATE.CHECK key check rule tiers`: the reply of the Lua function of the rule's
@@ -38,16 +42,15 @@ fn check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         return Err(RedisError::WrongArity);
     };
     let (attempt, rule, tiers) = (unled(attempt)?, unled(rule)?, unled(tiers)?);
-    let prepared = prepared(rule, tiers)?;
-    let outcome = {
+    let outcome = with_prepared(rule, tiers, |prepared| {
         let handle = ctx.open_key(key);
         if !matches!(handle.key_type(), KeyType::Empty | KeyType::String) {
             return Err(RedisError::WrongType);
         }
         prepared
             .check(attempt, handle.read()?, server_micros)
-            .map_err(refused)?
-    };
+            .map_err(refused)
+    })?;
     match outcome.write {
         Write::Nothing => {}
         Write::Delete => replicated(ctx, "DEL", &[key.as_slice()])?,
@@ -65,25 +68,34 @@ fn check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     Ok(RedisValue::StringBuffer(outcome.reply))
 }
 
-/// The rule of `rule` and `tiers`, prepared once.
-fn prepared(rule: &[u8], tiers: &[u8]) -> Result<Prepared, RedisError> {
+/// Calls `f` with the rule of `rule` and `tiers`, prepared once.
+fn with_prepared<T>(
+    rule: &[u8],
+    tiers: &[u8],
+    f: impl FnOnce(&Prepared) -> Result<T, RedisError>,
+) -> Result<T, RedisError> {
     RULES.with_borrow_mut(|rules| {
-        if let Some(prepared) = rules.get(&(rule.to_vec(), tiers.to_vec())) {
-            return Ok(prepared.clone());
+        let known = rules
+            .get(tiers)
+            .and_then(|of_tiers| of_tiers.iter().find(|(r, _)| r.as_slice() == rule));
+        if let Some((_, prepared)) = known {
+            return f(prepared);
         }
         let prepared = Prepared::new(rule, tiers).map_err(refused)?;
         if rules.len() >= MAX_RULES {
             rules.clear();
         }
-        rules.insert((rule.to_vec(), tiers.to_vec()), prepared.clone());
-        Ok(prepared)
+        let of_tiers = rules.entry(tiers.to_vec()).or_default();
+        of_tiers.push((rule.to_vec(), prepared));
+        f(&of_tiers.last().expect("just pushed").1)
     })
 }
 
 /// An argument after the key, without the NUL byte that leads it.
 fn unled(arg: &RedisString) -> Result<&[u8], RedisError> {
-    tollgate::inside::unled(arg.as_slice())
-        .ok_or(RedisError::Str("ERR tollgate: an argument is not led by a NUL byte"))
+    tollgate::inside::unled(arg.as_slice()).ok_or(RedisError::Str(
+        "ERR tollgate: an argument is not led by a NUL byte",
+    ))
 }
 
 fn refused(refused: tollgate::inside::Refused) -> RedisError {
@@ -95,13 +107,15 @@ fn replicated(ctx: &Context, command: &str, args: &[&[u8]]) -> Result<(), RedisE
     thread_local! {
         static REPLICATED: CallOptions = CallOptionsBuilder::new().replicate().errors_as_replies().build();
     }
-    REPLICATED.with(|options| match ctx.call_ext::<_, CallResult>(command, options, args) {
-        Ok(_) => Ok(()),
-        Err(err) => Err(RedisError::String(
-            err.to_utf8_string()
-                .unwrap_or_else(|| format!("ERR tollgate: {command} failed")),
-        )),
-    })
+    REPLICATED.with(
+        |options| match ctx.call_ext::<_, CallResult>(command, options, args) {
+            Ok(_) => Ok(()),
+            Err(err) => Err(RedisError::String(
+                err.to_utf8_string()
+                    .unwrap_or_else(|| format!("ERR tollgate: {command} failed")),
+            )),
+        },
+    )
 }
 
 /// The server's time of the command being run (µs since the Unix epoch), as scripts see it;

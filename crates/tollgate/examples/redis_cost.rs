@@ -141,8 +141,15 @@ async fn main() {
             Load::Script(connection, Arc::new(redis::Script::new(code)), keys)
         }
         name => {
+            // `module_<algorithm>`: the same checks, through tollgate's Redis module, which the
+            // server loads; without the prefix, through the functions.
+            let (name, module) = match name.strip_prefix("module_") {
+                Some(name) => (name, true),
+                None => (name, false),
+            };
             let store = RedisStore::builder(url)
                 .timeout(Duration::from_secs(10))
+                .module(module)
                 .build()
                 .await
                 .expect("a store");

@@ -167,7 +167,11 @@ impl Prepared {
             } else {
                 let tier = Tier::new(limit, Duration::from_micros(period));
                 let burst = whole(t[2])?;
-                let tier = if burst == limit { tier } else { tier.with_burst(burst) };
+                let tier = if burst == limit {
+                    tier
+                } else {
+                    tier.with_burst(burst)
+                };
                 if algorithm.script_parameters(&tier).as_slice() != &t[6..11] {
                     return Err(Refused("the tier parameters are not the algorithm's"));
                 }
@@ -326,7 +330,7 @@ impl Prepared {
         } else if clock.server_time {
             Ttl::At((at as f64 / 1_000.0 + clock.ttl_padding) as i64)
         } else {
-            Ttl::In(((at - clock.now + 999) / 1_000) as i64 + clock.ttl_padding as i64)
+            Ttl::In((at - clock.now).div_ceil(1_000) as i64 + clock.ttl_padding as i64)
         };
         Write::Set { value, ttl }
     }

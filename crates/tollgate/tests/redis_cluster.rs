@@ -173,7 +173,8 @@ async fn checks_follow_slots_as_they_migrate() {
 /// follows the slot as the functions do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checks_by_the_module_follow_slots_as_they_migrate() {
-    let cluster = RedisCluster::start_with_args(0, 2000, &["--loadmodule", support::redis_module()]);
+    let cluster =
+        RedisCluster::start_with_args(0, 2000, &["--loadmodule", support::redis_module()]);
     follow_migrations(cluster, Source::RedisModule).await;
 }
 

@@ -187,7 +187,11 @@ async fn differential(stores: &[(RedisStore, tollgate::Source)], keys_of: Option
             .clock(memory_clock.clone())
             .build()
             .unwrap();
-        let redis: Vec<(Limiter<RedisStore, ManualClock>, ManualClock, tollgate::Source)> = stores
+        let redis: Vec<(
+            Limiter<RedisStore, ManualClock>,
+            ManualClock,
+            tollgate::Source,
+        )> = stores
             .iter()
             .map(|(store, source)| {
                 let clock = ManualClock::new();
@@ -223,9 +227,10 @@ async fn differential(stores: &[(RedisStore, tollgate::Source)], keys_of: Option
             };
             let op = match settle {
                 // A report may take far more than a tier holds: a debt.
-                Some(Settle::Report) => {
-                    Op::Settle(settle.unwrap(), random.below(3) * rule.capacity() + random.below(4))
-                }
+                Some(Settle::Report) => Op::Settle(
+                    settle.unwrap(),
+                    random.below(3) * rule.capacity() + random.below(4),
+                ),
                 Some(settle) => Op::Settle(settle, random.below(6)),
                 None if random.below(8) == 0 => {
                     Op::Acquire(cost, Duration::from_micros(random.below(400_000)))
@@ -289,7 +294,11 @@ impl Op {
     }
 
     /// On the memory store, a check answers without a future.
-    async fn run_now(self, limiter: &Limiter<tollgate::MemoryStore, ManualClock>, key: &str) -> Result<Decision, Error> {
+    async fn run_now(
+        self,
+        limiter: &Limiter<tollgate::MemoryStore, ManualClock>,
+        key: &str,
+    ) -> Result<Decision, Error> {
         match self {
             Op::Check(cost) => limiter.check_now(key, cost),
             _ => self.run(limiter, key).await,
@@ -301,7 +310,11 @@ impl Op {
 /// the same value, and expiries within 100 ms of each other (they were written a moment
 /// apart).
 async fn same_keys(redis: &mut redis::aio::MultiplexedConnection, prefix: &str, at: &str) {
-    async fn keys(redis: &mut redis::aio::MultiplexedConnection, store: &str, prefix: &str) -> Vec<Vec<u8>> {
+    async fn keys(
+        redis: &mut redis::aio::MultiplexedConnection,
+        store: &str,
+        prefix: &str,
+    ) -> Vec<Vec<u8>> {
         let mut keys: Vec<Vec<u8>> = redis::cmd("KEYS")
             .arg(format!("{store}{prefix}*"))
             .query_async(redis)
@@ -340,8 +353,14 @@ async fn calendar_periods_decide_identically_across_days_months_and_a_change_of_
     use tollgate::{Calendar, Weekday};
     let server = RedisServer::start_with(&["--loadmodule", support::redis_module()]);
     let stores = [
-        (local_store(&server, b"f:", false).await, tollgate::Source::Redis),
-        (local_store(&server, b"m:", true).await, tollgate::Source::RedisModule),
+        (
+            local_store(&server, b"f:", false).await,
+            tollgate::Source::Redis,
+        ),
+        (
+            local_store(&server, b"m:", true).await,
+            tollgate::Source::RedisModule,
+        ),
     ];
     let mut connection = redis::Client::open(server.url())
         .unwrap()

@@ -70,7 +70,11 @@ fn rules() -> Vec<Rule> {
 
 /// Every key of `server`, with its `DUMP` (type and value) and its `PEXPIRETIME`.
 async fn contents(redis: &mut MultiplexedConnection) -> Vec<(Vec<u8>, Vec<u8>, i64)> {
-    let mut keys: Vec<Vec<u8>> = redis::cmd("KEYS").arg("*").query_async(redis).await.unwrap();
+    let mut keys: Vec<Vec<u8>> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(redis)
+        .await
+        .unwrap();
     keys.sort();
     let mut contents = Vec::new();
     for key in keys {
@@ -94,7 +98,10 @@ async fn check_every_rule(store: &RedisStore, count: u64, source: Source) -> u64
     for rule in rules() {
         let limiter = Limiter::builder(rule).store(store.clone()).build().unwrap();
         for i in 0..count {
-            let d = limiter.check(&format!("key-{}", i % 3), 1 + i % 2).await.unwrap();
+            let d = limiter
+                .check(&format!("key-{}", i % 3), 1 + i % 2)
+                .await
+                .unwrap();
             assert_eq!(d.source(), source, "{}", limiter.rule().name());
             admitted += u64::from(d.allowed());
         }
@@ -138,7 +145,10 @@ async fn an_aof_written_with_the_module_is_read_back_without_it() {
     let module = store(&server, true).await;
     check_every_rule(&module, 60, Source::RedisModule).await;
     let fixed = Rule::new("tenants", Algorithm::FixedWindow, [Tier::per_hour(10)]).unwrap();
-    let limiter = Limiter::builder(fixed.clone()).store(module).build().unwrap();
+    let limiter = Limiter::builder(fixed.clone())
+        .store(module)
+        .build()
+        .unwrap();
     for _ in 0..6 {
         assert!(limiter.check("tenant", 1).await.unwrap().allowed());
     }
@@ -205,8 +215,16 @@ async fn instances_with_and_without_the_module_share_keys_exactly() {
             caller.await.unwrap();
         }
         let name = rule.algorithm().name();
-        assert_eq!(admitted.load(Ordering::Relaxed), 300, "{name}: 1,024 checks");
-        assert_eq!(by_module.load(Ordering::Relaxed), 512, "{name}: half by the module");
+        assert_eq!(
+            admitted.load(Ordering::Relaxed),
+            300,
+            "{name}: 1,024 checks"
+        );
+        assert_eq!(
+            by_module.load(Ordering::Relaxed),
+            512,
+            "{name}: half by the module"
+        );
     }
 }
 
@@ -246,7 +264,9 @@ async fn the_modules_command_declares_its_key() {
     assert_eq!(server.cli(&getkeys), "tg:a:{k1}");
     let info = server.cli(&["command", "info", "tollgate.check"]);
     assert!(info.contains("write") && info.contains("denyoom"), "{info}");
-    server.cli(&["acl", "setuser", "other", "on", "nopass", "~other:*", "+@all"]);
+    server.cli(&[
+        "acl", "setuser", "other", "on", "nopass", "~other:*", "+@all",
+    ]);
     server.cli(&["acl", "setuser", "ours", "on", "nopass", "~tg:*", "+@all"]);
     let as_user = |user: &str| {
         let mut cli: Vec<&str> = vec!["--user", user, "--pass", ""];

@@ -197,6 +197,11 @@ struct StoreSection {
     #[serde(default, deserialize_with = "duration::deserialize_option")]
     #[schemars(schema_with = "duration::schema", extend("default" = "0s"))]
     expiry_jitter: Option<Duration>,
+    /// Redis, strict: whether checks run in tollgate's Redis module on the nodes that load
+    /// it (`TOLLGATE.CHECK`, the same decisions on the same keys, for less of Redis's CPU),
+    /// else in its Lua functions. Nodes without it are found by asking.
+    #[schemars(extend("default" = true))]
+    redis_module: Option<bool>,
     /// Redis: the CA (PEM file) that `rediss://` servers' certificates must chain to,
     /// instead of the system's roots.
     tls_ca: Option<PathBuf>,
@@ -236,6 +241,7 @@ impl StoreSection {
             ("connections", self.connections.is_some()),
             ("key_prefix", self.key_prefix.is_some()),
             ("expiry_jitter", self.expiry_jitter.is_some()),
+            ("redis_module", self.redis_module.is_some()),
             ("tls_ca", self.tls_ca.is_some()),
             ("tls_cert", self.tls_cert.is_some()),
             ("tls_key", self.tls_key.is_some()),
@@ -270,6 +276,7 @@ impl StoreSection {
                     connections: self.connections.unwrap_or(1),
                     key_prefix: self.key_prefix.unwrap_or_default(),
                     expiry_jitter: self.expiry_jitter.unwrap_or_default(),
+                    module: self.redis_module.unwrap_or(true),
                     tls_ca: self.tls_ca,
                     tls_cert: self.tls_cert,
                     tls_key: self.tls_key,

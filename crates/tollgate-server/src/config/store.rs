@@ -49,6 +49,8 @@ pub struct RedisOptions {
     pub key_prefix: String,
     /// Keys live up to this much longer than their state, spread (none).
     pub expiry_jitter: Duration,
+    /// Whether checks run in tollgate's Redis module where a node has it (yes).
+    pub module: bool,
     /// The CA (PEM file) that `rediss://` servers' certificates must chain to, instead of
     /// the system's roots.
     pub tls_ca: Option<PathBuf>,
@@ -64,6 +66,7 @@ impl Default for RedisOptions {
             connections: 1,
             key_prefix: String::new(),
             expiry_jitter: Duration::ZERO,
+            module: true,
             tls_ca: None,
             tls_cert: None,
             tls_key: None,

@@ -556,6 +556,7 @@ pub fn store_from_env() -> Result<Option<StoreConfig>, ConfigError> {
         expiry_jitter: Duration::from_secs(
             env_number("EXPIRATION_JITTER_MAX_SECONDS")?.unwrap_or(0),
         ),
+        module: true,
         tls_ca: env("REDIS_TLS_CACERT").map(PathBuf::from),
         tls_cert: env("REDIS_TLS_CLIENT_CERT").map(PathBuf::from),
         tls_key: env("REDIS_TLS_CLIENT_KEY").map(PathBuf::from),

@@ -145,7 +145,10 @@ impl DeniedCache {
         cached: impl Fn(&str) -> bool,
     ) {
         for (item, decision) in items.iter().zip(decisions.iter()) {
-            if decision.allowed() || !matches!(decision.source(), Source::Redis | Source::RedisModule) || !cached(item.rule) {
+            if decision.allowed()
+                || !matches!(decision.source(), Source::Redis | Source::RedisModule)
+                || !cached(item.rule)
+            {
                 continue;
             }
             let wait = u64::try_from(decision.retry_after().unwrap_or_default().as_micros())

@@ -60,7 +60,8 @@ impl StoreSettings {
                 .timeout(*timeout)
                 .connections(options.connections)
                 .key_prefix(options.key_prefix.as_bytes())
-                .expiry_jitter(options.expiry_jitter);
+                .expiry_jitter(options.expiry_jitter)
+                .module(options.module);
                 let certificates = options.certificates().map_err(|message| Error::Store {
                     message,
                     transient: false,

@@ -394,7 +394,10 @@ pub fn redis_module() -> &'static str {
             build.arg("--release");
         }
         let status = build.status().expect("cargo runs");
-        assert!(status.success(), "cargo build -p tollgate-redis-module failed");
+        assert!(
+            status.success(),
+            "cargo build -p tollgate-redis-module failed"
+        );
         let path = profile_dir.join("libtollgate_redis_module.so");
         assert!(path.exists(), "no module at {}", path.display());
         path.to_string_lossy().into_owned()

@@ -1045,7 +1045,15 @@ impl RedisStore {
             && module::quotable(&keys[0])
         {
             let call = module::check(&keys[0], &header, rule_args, &tier_args);
-            match self.traced("TOLLGATE.CHECK", "TOLLGATE.CHECK", 1, self.query::<Vec<u8>>(call)).await {
+            match self
+                .traced(
+                    "TOLLGATE.CHECK",
+                    "TOLLGATE.CHECK",
+                    1,
+                    self.query::<Vec<u8>>(call),
+                )
+                .await
+            {
                 Ok(reply) => {
                     node.module.present();
                     let mut verdicts = Verdicts::new(&reply, plan.tiers)?;
@@ -1132,8 +1140,13 @@ impl RedisStore {
         keys: &[Vec<u8>],
         args: &[&[u8]],
     ) -> Result<Vec<u8>, RedisError> {
-        self.traced("FCALL", &entry.function, keys.len(), self.call(entry, keys, args))
-            .await
+        self.traced(
+            "FCALL",
+            &entry.function,
+            keys.len(),
+            self.call(entry, keys, args),
+        )
+        .await
     }
 
     /// Runs `call`, a command `name` (`operation`: what it runs, on `keys` keys), within a
@@ -1520,7 +1533,11 @@ fn read_batch(
     let mut verdicts = Verdicts::new(reply, tiers)?;
     for &i in group {
         let rule = items[i].rule;
-        decisions[i] = Some(verdicts.decision(rule, Source::Redis).shadow(rule.is_shadow()));
+        decisions[i] = Some(
+            verdicts
+                .decision(rule, Source::Redis)
+                .shadow(rule.is_shadow()),
+        );
     }
     Ok(())
 }
