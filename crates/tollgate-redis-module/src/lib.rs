@@ -1,27 +1,31 @@
-//! tollgate's Redis module: `TOLLGATE.CHECK key check rule tiers` (each argument after the
-//! key led by a NUL byte) decides a check inside
-//! Redis with the algorithm code the memory store runs ([`tollgate::inside`]), on the same
-//! keys, values and expiries as tollgate's Lua functions, so instances with and without the
-//! module share keys. Load it with `redis-server --loadmodule libtollgate_redis_module.so`;
-//! stores find it on their own.
+//! tollgate's Redis module: checks decided inside Redis with the algorithm code the memory
+//! store runs ([`tollgate::inside`]), on the same keys, values and expiries as tollgate's Lua
+//! functions, so that instances with and without the module share keys. Load it with
+//! `redis-server --loadmodule libtollgate_redis_module.so`; stores find it on their own.
 //!
-//! - One key per call, declared to Redis (first key 1), so Cluster routing, `COMMAND GETKEYS`,
-//!   ACL key patterns and `CROSSSLOT` work as for any command; flags `write deny-oom`.
-//! - The time, when the caller sends none, is the server's (`RedisModule_CachedMicroseconds`),
-//!   never the machine's.
-//! - Effects, not the command, are replicated: the `SET ... PXAT` or `DEL` the check comes to,
-//!   as Lua's are, so a replica or an AOF needs no module and re-decides nothing.
+//! - `TOLLGATE.CHECK key check rule tiers`: one key of a rule, as its algorithm's function.
+//! - `TOLLGATE.BATCH numkeys key... check items rule tiers [rule tiers ...]`: one key per item,
+//!   all-or-nothing, as the batch function.
+//!
+//! Every argument after the keys is led by a NUL byte (see the store's `module::check`).
+//! Keys are declared to Redis (`CHECK`: first key 1; `BATCH`: through the get-keys API), so
+//! Cluster routing, `COMMAND GETKEYS`, ACL key patterns and `CROSSSLOT` work as for any
+//! command; flags `write deny-oom`. The time, when the caller sends none, is the server's
+//! (`RedisModule_CachedMicroseconds`), never the machine's. Effects, not the command, are
+//! replicated: the `SET ... PXAT` or `DEL` a check comes to, as Lua's are, so a replica or an
+//! AOF needs no module and re-decides nothing.
 //!
 //! All the unsafe code of tollgate is here, in calls into Redis (most within `redis-module`).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 
+use redis_module::key::RedisKey;
 use redis_module::{
     CallOptions, CallOptionsBuilder, CallResult, Context, KeyType, RedisError, RedisResult,
     RedisString, RedisValue,
 };
-use tollgate::inside::{Prepared, Ttl, Write};
+use tollgate::inside::{Check, Item, Prepared, Ttl, Write};
 
 /// Rules prepared from their arguments: by their tier argument, then their rule argument
 /// (rules of one tier argument differ in their algorithm alone). Bounded: cleared when full.
@@ -38,22 +42,117 @@ thread_local! {
 /// `TOLLGATE.CHECK key check rule tiers`: the reply of the Lua function of the rule's
 /// algorithm, six little-endian doubles per tier.
 fn check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    let [_, key, attempt, rule, tiers] = args.as_slice() else {
+    let [_, key, check, rule, tiers] = args.as_slice() else {
         return Err(RedisError::WrongArity);
     };
-    let (attempt, rule, tiers) = (unled(attempt)?, unled(rule)?, unled(tiers)?);
-    let outcome = with_prepared(rule, tiers, |prepared| {
-        let handle = ctx.open_key(key);
-        if !matches!(handle.key_type(), KeyType::Empty | KeyType::String) {
-            return Err(RedisError::WrongType);
-        }
-        prepared
-            .check(attempt, handle.read()?, server_micros)
+    let (check, rule, tiers) = (unled(check)?, unled(rule)?, unled(tiers)?);
+    let outcome = with_rules(&[(rule, tiers)], |prepared| {
+        let handle = readable(ctx, key)?;
+        prepared[0]
+            .check(check, handle.read()?, server_micros)
             .map_err(refused)
     })?;
-    match outcome.write {
-        Write::Nothing => {}
-        Write::Delete => replicated(ctx, "DEL", &[key.as_slice()])?,
+    store(ctx, key, outcome.write)?;
+    Ok(RedisValue::StringBuffer(outcome.reply))
+}
+
+/// `TOLLGATE.BATCH numkeys key... check items rule tiers [rule tiers ...]`: the reply of the
+/// batch function, every tier's verdict of every item, then the time decided at (µs), all
+/// little-endian doubles. `items` as the batch function's (one key per item).
+fn batch(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    let n = args
+        .get(1)
+        .and_then(|n| n.parse_unsigned_integer().ok())
+        .and_then(|n| usize::try_from(n).ok())
+        .filter(|&n| n > 0 && args.len() == 4 + 3 * n)
+        .ok_or(RedisError::WrongArity)?;
+    let keys = &args[2..2 + n];
+    if ctx.is_keys_position_request() {
+        for i in 0..n {
+            ctx.key_at_pos((2 + i) as i32);
+        }
+        return Ok(RedisValue::NoReply);
+    }
+    let check = Check::new(unled(&args[2 + n])?, server_micros).map_err(refused)?;
+    let (dry, described) = tollgate::inside::described(unled(&args[3 + n])?).map_err(refused)?;
+    if described.len() != n {
+        return Err(RedisError::Str("ERR tollgate: one key per item"));
+    }
+    let rules = args[4 + n..]
+        .chunks_exact(2)
+        .map(|pair| Ok((unled(&pair[0])?, unled(&pair[1])?)))
+        .collect::<Result<Vec<_>, RedisError>>()?;
+    let (mut reply, writes) = with_rules(&rules, |prepared| {
+        let handles = keys
+            .iter()
+            .map(|key| readable(ctx, key))
+            .collect::<Result<Vec<_>, _>>()?;
+        let values = handles
+            .iter()
+            .map(RedisKey::read)
+            .collect::<Result<Vec<_>, _>>()?;
+        let items: Vec<Item<'_>> = (0..n)
+            .map(|i| Item {
+                prepared: prepared[i],
+                cost: described[i].0,
+                shadow: described[i].1,
+                stored: values[i],
+            })
+            .collect();
+        tollgate::inside::decide(&check, &items, !dry).map_err(refused)
+    })?;
+    for (key, write) in keys.iter().zip(writes) {
+        store(ctx, key, write)?;
+    }
+    reply.extend((check.now() as f64).to_le_bytes());
+    Ok(RedisValue::StringBuffer(reply))
+}
+
+/// `key`, open to read: a string or no key.
+fn readable(ctx: &Context, key: &RedisString) -> Result<RedisKey, RedisError> {
+    let handle = ctx.open_key(key);
+    match handle.key_type() {
+        KeyType::Empty | KeyType::String => Ok(handle),
+        _ => Err(RedisError::WrongType),
+    }
+}
+
+/// Calls `f` with the rules of `rules` (rule and tier arguments), each prepared once.
+fn with_rules<T>(
+    rules: &[(&[u8], &[u8])],
+    f: impl FnOnce(&[&Prepared]) -> Result<T, RedisError>,
+) -> Result<T, RedisError> {
+    RULES.with_borrow_mut(|kept| {
+        let find = |kept: &Rules, (rule, tiers): (&[u8], &[u8])| {
+            kept.get(tiers)
+                .and_then(|of_tiers| of_tiers.iter().position(|(r, _)| r.as_slice() == rule))
+        };
+        for &(rule, tiers) in rules {
+            if find(kept, (rule, tiers)).is_none() {
+                let prepared = Prepared::new(rule, tiers).map_err(refused)?;
+                if kept.len() + rules.len() > MAX_RULES {
+                    kept.clear();
+                }
+                let of_tiers = kept.entry(tiers.to_vec()).or_default();
+                of_tiers.push((rule.to_vec(), prepared));
+            }
+        }
+        let prepared: Vec<&Prepared> = rules
+            .iter()
+            .map(|&(rule, tiers)| {
+                let at = find(kept, (rule, tiers)).expect("kept above");
+                &kept[tiers][at].1
+            })
+            .collect();
+        f(&prepared)
+    })
+}
+
+/// Carries out `write` on `key`, replicated as it is.
+fn store(ctx: &Context, key: &RedisString, write: Write) -> Result<(), RedisError> {
+    match write {
+        Write::Nothing => Ok(()),
+        Write::Delete => replicated(ctx, "DEL", &[key.as_slice()]),
         Write::Set { value, ttl } => {
             let (option, ms) = match ttl {
                 Ttl::Keep => ("KEEPTTL", None),
@@ -62,33 +161,9 @@ fn check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             };
             let mut set: Vec<&[u8]> = vec![key.as_slice(), &value, option.as_bytes()];
             set.extend(ms.as_ref().map(String::as_bytes));
-            replicated(ctx, "SET", &set)?;
+            replicated(ctx, "SET", &set)
         }
     }
-    Ok(RedisValue::StringBuffer(outcome.reply))
-}
-
-/// Calls `f` with the rule of `rule` and `tiers`, prepared once.
-fn with_prepared<T>(
-    rule: &[u8],
-    tiers: &[u8],
-    f: impl FnOnce(&Prepared) -> Result<T, RedisError>,
-) -> Result<T, RedisError> {
-    RULES.with_borrow_mut(|rules| {
-        let known = rules
-            .get(tiers)
-            .and_then(|of_tiers| of_tiers.iter().find(|(r, _)| r.as_slice() == rule));
-        if let Some((_, prepared)) = known {
-            return f(prepared);
-        }
-        let prepared = Prepared::new(rule, tiers).map_err(refused)?;
-        if rules.len() >= MAX_RULES {
-            rules.clear();
-        }
-        let of_tiers = rules.entry(tiers.to_vec()).or_default();
-        of_tiers.push((rule.to_vec(), prepared));
-        f(&of_tiers.last().expect("just pushed").1)
-    })
 }
 
 /// An argument after the key, without the NUL byte that leads it.
@@ -135,7 +210,7 @@ fn server_micros() -> u64 {
 /// The module's entry points (`RedisModule_OnLoad`), which Redis calls by name.
 #[allow(missing_docs)]
 mod entry {
-    use super::check;
+    use super::{batch, check};
     use redis_module::redis_module;
 
     redis_module! {
@@ -145,6 +220,7 @@ mod entry {
         data_types: [],
         commands: [
             ["tollgate.check", check, "write deny-oom", 1, 1, 1, ""],
+            ["tollgate.batch", batch, "write deny-oom getkeys-api", 0, 0, 0, ""],
         ],
     }
 }

@@ -220,59 +220,17 @@ impl Prepared {
         stored: Option<&[u8]>,
         server_now: impl FnOnce() -> u64,
     ) -> Result<Outcome, Refused> {
-        let a: Vec<f64> = doubles(attempt_args)
-            .filter(|d| d.len() == 6)
-            .ok_or(Refused("the check argument is not six doubles"))?
-            .collect();
-        if a[4] != 0.0 {
-            return Err(Refused("settlements are not decided by the module"));
-        }
-        let server_time = a[0] < 0.0;
-        let now = if server_time {
-            server_now().max(1)
-        } else {
-            whole(a[0])?.max(1)
+        let check = Check::new(attempt_args, server_now)?;
+        let item = Item {
+            prepared: self,
+            cost: check.cost,
+            shadow: false,
+            stored,
         };
-        let attempt = Attempt {
-            now,
-            cost: whole(a[1])?,
-            max_delay: if a[2] < 0.0 { None } else { Some(whole(a[2])?) },
-            commit: true,
-            settle: None,
-        };
-        let ttl_padding = a[3];
-
-        let (rule, algorithm) = (&self.rule, self.rule.algorithm());
-        let mut state = vec![0u64; self.words];
-        if let Some(value) = stored {
-            self.read(value, &mut state)?;
-            if algorithm.forgets() && rule.expires_at(algorithm, &state) <= now {
-                state.fill(0);
-            }
-        }
-        let kept = stored.map(|_| rule.expires_at(algorithm, &state));
-        let original = state.clone();
-
-        let tiers = rule.tiers();
-        let mut verdicts = Vec::with_capacity(tiers.len());
-        for (i, tier) in tiers.iter().enumerate() {
-            verdicts.push(algorithm.decide(tier, &mut state[rule.tier_words(i)], &attempt));
-        }
-        if attempt.writes() && !verdicts.iter().all(|v| v.allowed) {
-            if tiers.len() > 1 {
-                state.copy_from_slice(&original);
-            }
-            rule.denied(algorithm, &mut state, &attempt);
-        }
-
-        let reply = verdicts.iter().flat_map(reply_of).collect();
-        let write = self.write(stored, &state, rule.expires_at(algorithm, &state), kept, {
-            Clock {
-                now,
-                server_time,
-                ttl_padding,
-            }
-        });
+        // Unlike a batch's, a single check's look writes too: a state read as new (expired,
+        // of an algorithm that forgets) is deleted, as `words` in `lua/words.lua` does.
+        let (reply, mut writes) = decide_items(&check, &[item], true, true)?;
+        let write = writes.pop().expect("one write per item");
         Ok(Outcome { reply, write })
     }
 
@@ -334,6 +292,181 @@ impl Prepared {
         };
         Write::Set { value, ttl }
     }
+}
+
+/// A check's argument: its time (µs since the Unix epoch) and cost, the longest delay its
+/// caller accepts, and how TTLs are written.
+#[derive(Debug, Clone, Copy)]
+pub struct Check {
+    now: u64,
+    /// The cost of a check of one item; a batch's items have their own.
+    cost: u64,
+    max_delay: Option<u64>,
+    clock: Clock,
+}
+
+impl Check {
+    /// The check of `args` (six doubles, as the functions read them), at the caller's time or,
+    /// when it sends none, at `server_now()`.
+    ///
+    /// # Errors
+    /// [`Refused`] for an argument of the wrong shape, or a settlement: only checks come here.
+    pub fn new(args: &[u8], server_now: impl FnOnce() -> u64) -> Result<Self, Refused> {
+        let a: Vec<f64> = doubles(args)
+            .filter(|d| d.len() == 6)
+            .ok_or(Refused("the check argument is not six doubles"))?
+            .collect();
+        if a[4] != 0.0 {
+            return Err(Refused("settlements are not decided by the module"));
+        }
+        let server_time = a[0] < 0.0;
+        let now = if server_time {
+            server_now().max(1)
+        } else {
+            whole(a[0])?.max(1)
+        };
+        Ok(Self {
+            now,
+            cost: whole(a[1])?,
+            max_delay: if a[2] < 0.0 { None } else { Some(whole(a[2])?) },
+            clock: Clock {
+                now,
+                server_time,
+                ttl_padding: a[3],
+            },
+        })
+    }
+
+    /// When it is decided (µs since the Unix epoch).
+    pub fn now(&self) -> u64 {
+        self.now
+    }
+}
+
+/// One item of a batch: a key of a rule, checked for `cost`.
+#[derive(Debug, Clone, Copy)]
+pub struct Item<'a> {
+    /// Its rule.
+    pub prepared: &'a Prepared,
+    /// Its cost.
+    pub cost: u64,
+    /// Whether its rule is in shadow mode: its denial does not deny the batch.
+    pub shadow: bool,
+    /// Its key's value (`None`: no such key).
+    pub stored: Option<&'a [u8]>,
+}
+
+/// A batch's items as the batch function's second argument describes them (see
+/// `lua/batch.lua`): whether it only looks, and each item's cost and shadow mode. Every item
+/// must have one key: the module decides no sliding log.
+///
+/// # Errors
+/// [`Refused`] for an argument of the wrong shape, or an item of several keys.
+pub fn described(args: &[u8]) -> Result<(bool, Vec<(u64, bool)>), Refused> {
+    let d: Vec<f64> = doubles(args)
+        .filter(|d| d.len() % 4 == 1)
+        .ok_or(Refused("the batch argument is not 1 + 4 doubles per item"))?
+        .collect();
+    let items = d[1..]
+        .chunks_exact(4)
+        .map(|item| match item[3] == 1.0 {
+            true => Ok((whole(item[1])?, item[2] == 1.0)),
+            false => Err(Refused("the sliding log is not decided by the module")),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok((d[0] == 1.0, items))
+}
+
+/// Decides `items` all-or-nothing at `check`'s time, as `run_batch` in `lua/batch.lua`: every
+/// item decides; if all admit (items in shadow mode aside) and `writes`, each admitted item's
+/// cost is stored; when one denies, each item stores only what a denial records. Returns the
+/// verdicts of every tier of every item in order (six little-endian doubles each), and each
+/// item's write (nothing, unless `writes`). Items are read before any is written, as the
+/// functions read them.
+///
+/// # Errors
+/// [`Refused`] when a key holds no state of its rule.
+pub fn decide(
+    check: &Check,
+    items: &[Item<'_>],
+    writes: bool,
+) -> Result<(Vec<u8>, Vec<Write>), Refused> {
+    decide_items(check, items, writes, false)
+}
+
+/// [`decide`]; with `looks_write`, an item of no cost writes its state too (if it changed).
+fn decide_items(
+    check: &Check,
+    items: &[Item<'_>],
+    writes: bool,
+    looks_write: bool,
+) -> Result<(Vec<u8>, Vec<Write>), Refused> {
+    struct Decided {
+        state: Vec<u64>,
+        original: Vec<u64>,
+        kept: Option<u64>,
+        allowed: bool,
+    }
+    let mut reply = Vec::new();
+    let mut decided = Vec::with_capacity(items.len());
+    let mut admitted = true;
+    for item in items {
+        let (rule, algorithm) = (&item.prepared.rule, item.prepared.rule.algorithm());
+        let mut state = vec![0u64; item.prepared.words];
+        if let Some(value) = item.stored {
+            item.prepared.read(value, &mut state)?;
+            if algorithm.forgets() && rule.expires_at(algorithm, &state) <= check.now {
+                state.fill(0);
+            }
+        }
+        let kept = item.stored.map(|_| rule.expires_at(algorithm, &state));
+        let original = state.clone();
+        let attempt = Attempt {
+            now: check.now,
+            cost: item.cost,
+            max_delay: check.max_delay,
+            commit: writes,
+            settle: None,
+        };
+        let mut allowed = true;
+        for (i, tier) in rule.tiers().iter().enumerate() {
+            let verdict = algorithm.decide(tier, &mut state[rule.tier_words(i)], &attempt);
+            allowed &= verdict.allowed;
+            reply.extend(reply_of(&verdict));
+        }
+        admitted &= allowed || item.shadow;
+        decided.push(Decided {
+            state,
+            original,
+            kept,
+            allowed,
+        });
+    }
+    let mut stores = Vec::with_capacity(items.len());
+    for (item, mut d) in items.iter().zip(decided) {
+        if !writes || (item.cost == 0 && !looks_write) || (admitted && !d.allowed) {
+            stores.push(Write::Nothing);
+            continue;
+        }
+        let (rule, algorithm) = (&item.prepared.rule, item.prepared.rule.algorithm());
+        if !admitted && item.cost > 0 {
+            d.state = d.original;
+            let attempt = Attempt {
+                now: check.now,
+                cost: item.cost,
+                max_delay: check.max_delay,
+                commit: true,
+                settle: None,
+            };
+            rule.denied(algorithm, &mut d.state, &attempt);
+        }
+        let expires = rule.expires_at(algorithm, &d.state);
+        stores.push(
+            item.prepared
+                .write(item.stored, &d.state, expires, d.kept, check.clock),
+        );
+    }
+    Ok((reply, stores))
 }
 
 /// The time of a check, and how its TTLs are written.

@@ -125,9 +125,25 @@ async fn batches_on_redis_decide_as_in_memory() {
         .build()
         .await
         .unwrap();
-    decide_as_in_memory(store, ["a", "b", "c"]).await;
+    decide_as_in_memory(store, ["a", "b", "c"], false).await;
     let stats = server.cli(&["info", "commandstats"]);
     assert!(stats.contains("cmdstat_fcall:"), "{stats}");
+}
+
+/// The same with tollgate's Redis module: a batch of one key per item is one
+/// `TOLLGATE.BATCH`; one with a sliding log goes to the functions.
+#[tokio::test]
+async fn batches_by_the_module_decide_as_in_memory() {
+    let server = RedisServer::start_with(&["--loadmodule", support::redis_module()]);
+    let store = RedisStore::builder(&server.url())
+        .store_time(StoreTime::Local)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    decide_as_in_memory(store, ["a", "b", "c"], true).await;
+    let stats = server.cli(&["info", "commandstats"]);
+    assert!(stats.contains("cmdstat_tollgate.batch:"), "{stats}");
 }
 
 /// On a cluster, batches whose keys are on three masters: every slot takes, and gives back
@@ -136,7 +152,18 @@ async fn batches_on_redis_decide_as_in_memory() {
 /// it is taken last.)
 #[tokio::test]
 async fn batches_across_slots_decide_as_in_memory() {
-    let cluster = RedisCluster::start();
+    across_slots(RedisCluster::start(), false).await;
+}
+
+/// The same with tollgate's Redis module on every master: each slot's part is one
+/// `TOLLGATE.BATCH`, given back by the functions when another slot denies.
+#[tokio::test]
+async fn batches_across_slots_by_the_module_decide_as_in_memory() {
+    let module = ["--loadmodule", support::redis_module()];
+    across_slots(RedisCluster::start_with_args(0, 2000, &module), true).await;
+}
+
+async fn across_slots(cluster: RedisCluster, module: bool) {
     let store = cluster.local_store().await;
     let probe = limiter(store.clone(), &ManualClock::new());
     let mut keys: [Option<String>; 3] = [None, None, None];
@@ -151,12 +178,13 @@ async fn batches_across_slots_decide_as_in_memory() {
         }
     }
     let keys = keys.map(Option::unwrap);
-    decide_as_in_memory(store, [&keys[0], &keys[1], &keys[2]]).await;
+    decide_as_in_memory(store, [&keys[0], &keys[1], &keys[2]], module).await;
 }
 
 /// Random batches of every rule on `keys`, at random times, decided by `store` and by the
-/// memory store: the same decisions at every step.
-async fn decide_as_in_memory(store: RedisStore, keys: [&str; 3]) {
+/// memory store: the same decisions at every step. With `module`, batches without a sliding
+/// log are decided by the module.
+async fn decide_as_in_memory(store: RedisStore, keys: [&str; 3], module: bool) {
     let (memory_clock, redis_clock) = (ManualClock::new(), ManualClock::new());
     let memory = limiter(MemoryStore::new(), &memory_clock);
     let redis = limiter(store, &redis_clock);
@@ -185,7 +213,22 @@ async fn decide_as_in_memory(store: RedisStore, keys: [&str; 3]) {
         let actual = redis.check_batch(&items).await;
         assert_eq!(seen(&expected), seen(&actual), "step {step}: {items:?}");
         if let Ok(decisions) = &actual {
-            assert!(decisions.iter().all(|d| d.source() == Source::Redis));
+            // With the module, batches without a sliding log are all its; across slots, a
+            // slot's part with one goes to the functions.
+            let no_log = items.iter().all(|i| i.rule != "log");
+            for (item, d) in items.iter().zip(decisions.iter()) {
+                let expected = match (module, no_log, item.rule == "log") {
+                    (false, _, _) | (true, _, true) => Some(Source::Redis),
+                    (true, true, _) => Some(Source::RedisModule),
+                    (true, false, false) => None,
+                };
+                let source = d.source();
+                assert!(
+                    expected.is_none_or(|e| e == source),
+                    "{source:?}: {items:?}"
+                );
+                assert!(matches!(source, Source::Redis | Source::RedisModule));
+            }
             if decisions.allowed() {
                 admitted += 1;
             } else {

@@ -313,3 +313,31 @@ async fn at_the_servers_time_the_module_writes_what_the_functions_write() {
         assert!(*fe > 0);
     }
 }
+
+/// A key is any bytes, but a server without the module quotes a key in the error it answers,
+/// and a client cannot read a quote that is not UTF-8: such keys go to the functions, even
+/// where the module is, and every other key to the module.
+#[tokio::test]
+async fn keys_that_could_not_be_quoted_go_to_the_functions() {
+    let server = module_server(&[]);
+    let rule = Rule::new("quoted", Algorithm::FixedWindow, [Tier::per_hour(5)]).unwrap();
+    let limiter = Limiter::builder(rule)
+        .store(store(&server, true).await)
+        .build()
+        .unwrap();
+    let long = "é".repeat(100);
+    let cases: [(&[u8], Source); 5] = [
+        (b"\xff\xfe", Source::Redis),
+        (long.as_bytes(), Source::Redis),
+        ("é".as_bytes(), Source::RedisModule),
+        (b"a\0\xff", Source::RedisModule),
+        (&[b'a'; 300], Source::RedisModule),
+    ];
+    for (key, source) in cases {
+        assert_eq!(
+            limiter.check(key, 1).await.unwrap().source(),
+            source,
+            "{key:?}"
+        );
+    }
+}

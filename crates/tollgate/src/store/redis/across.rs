@@ -21,8 +21,9 @@ use std::task::Poll;
 
 use tokio::sync::oneshot;
 
-use super::{Call, Mode, RedisStore, packed, script, store_error};
+use super::{Batched, Call, Mode, RedisStore, packed, script, store_error};
 use crate::algorithm::Settle;
+use crate::decision::Source;
 use crate::error::Error;
 use crate::store::guard::Backend;
 
@@ -39,8 +40,8 @@ pub(super) struct Part {
 }
 
 /// A part's verdicts (of its take, or of a look when another part denied first), as the
-/// batch function replies without its time.
-pub(super) type Outcome = Result<Vec<u8>, Error>;
+/// batch function replies without its time, and which decided them.
+pub(super) type Outcome = Result<(Vec<u8>, Source), Error>;
 
 /// What a part took: when (µs, the function's clock), and which items wrote their cost.
 struct Taken {
@@ -65,10 +66,13 @@ pub(super) async fn take(
     let (mut denied, mut abandoned) = (false, false);
 
     // The parts that give back, at once.
-    type Reply<'a> = Pin<Box<dyn Future<Output = Result<(Vec<u8>, u64), Error>> + Send + 'a>>;
+    type Reply<'a> = Pin<Box<dyn Future<Output = Result<Batched, Error>> + Send + 'a>>;
     let mut takes: Vec<(usize, Reply<'_>)> = (0..parts.len())
         .filter(|&p| parts[p].gives_back)
-        .map(|p| (p, Box::pin(store.run(&parts[p].take)) as Reply<'_>))
+        .map(|p| {
+            let take = store.run(&parts[p].take, parts[p].node.as_deref());
+            (p, Box::pin(take) as Reply<'_>)
+        })
         .collect();
     let mut gives: Vec<Pin<Box<dyn Future<Output = ()> + Send + '_>>> = Vec::new();
     std::future::poll_fn(|cx| {
@@ -105,10 +109,12 @@ pub(super) async fn take(
     for p in (0..parts.len()).filter(|&p| !parts[p].gives_back) {
         if denied {
             let look = parts[p].take.in_mode(Mode::Look);
-            outcomes[p] = Some(store.run(&look).await.map(|(verdicts, _)| verdicts));
+            let looked = store.run(&look, parts[p].node.as_deref()).await;
+            outcomes[p] = Some(looked.map(|b| (b.verdicts, b.source)));
             continue;
         }
-        let (outcome, took) = read(&parts[p], store.run(&parts[p].take).await);
+        let took = store.run(&parts[p].take, parts[p].node.as_deref()).await;
+        let (outcome, took) = read(&parts[p], took);
         denied |= took.is_none();
         outcomes[p] = Some(outcome);
     }
@@ -126,8 +132,12 @@ pub(super) async fn take(
 
 /// A part's outcome from the reply of its take, and what it took: `None` unless every item
 /// of the part admitted (those of rules in shadow mode aside).
-fn read(part: &Part, reply: Result<(Vec<u8>, u64), Error>) -> (Outcome, Option<Taken>) {
-    let (verdicts, at) = match reply {
+fn read(part: &Part, reply: Result<Batched, Error>) -> (Outcome, Option<Taken>) {
+    let Batched {
+        verdicts,
+        at,
+        source,
+    } = match reply {
         Ok(reply) => reply,
         Err(e) => return (Err(e), None),
     };
@@ -151,7 +161,7 @@ fn read(part: &Part, reply: Result<(Vec<u8>, u64), Error>) -> (Outcome, Option<T
         first += tiers;
     }
     let took = admitted.then_some(Taken { at, written });
-    (Ok(verdicts), took)
+    (Ok((verdicts, source)), took)
 }
 
 /// Where item `i`'s cost is in a batch call's second argument (see `lua/batch.lua`: after the

@@ -824,12 +824,14 @@ impl RedisStore {
         let mut decisions: Vec<Option<Decision>> = vec![None; items.len()];
         if let [group] = &groups[..] {
             let call = self.batch_call(items, group, now, max_delay, Mode::Decide);
-            let (reply, _) = self.run(&call).await.map_err(|error| Failure {
+            let node = route.get(place(group));
+            let batched = self.run(&call, Some(node)).await.map_err(|error| Failure {
                 error,
                 backend: Some(place(group)),
             })?;
             route.answered(place(group));
-            read_batch(items, group, &reply, &mut decisions)?;
+            let (reply, source) = (&batched.verdicts, batched.source);
+            read_batch(items, group, reply, source, &mut decisions)?;
         } else {
             let parts = groups
                 .iter()
@@ -865,9 +867,9 @@ impl RedisStore {
             let mut failure = None;
             for (group, outcome) in groups.iter().zip(outcomes) {
                 match outcome {
-                    Ok(reply) => {
+                    Ok((reply, source)) => {
                         route.answered(place(group));
-                        read_batch(items, group, &reply, &mut decisions)?;
+                        read_batch(items, group, &reply, source, &mut decisions)?;
                     }
                     Err(error) => {
                         failure.get_or_insert(Failure {
@@ -965,7 +967,7 @@ impl RedisStore {
         let replies = futures_join(calls).await;
         let mut decisions: Vec<Option<Decision>> = vec![None; items.len()];
         for (group, reply) in groups.iter().zip(replies) {
-            read_batch(items, group, &reply?, &mut decisions)?;
+            read_batch(items, group, &reply?, Source::Redis, &mut decisions)?;
         }
         let decisions = decisions
             .into_iter()
@@ -1014,7 +1016,7 @@ impl RedisStore {
             }));
         };
         let mut decisions: Vec<Option<Decision>> = vec![None; items.len()];
-        read_batch(items, &group, verdicts, &mut decisions).map_err(failed)?;
+        read_batch(items, &group, verdicts, Source::Redis, &mut decisions).map_err(failed)?;
         let said = match f64::from_le_bytes(*flag) {
             0.0 => Reserved::Full,
             1.0 => Reserved::Kept,
@@ -1106,17 +1108,46 @@ impl RedisStore {
                 .iter()
                 .map(|&i| items[i].plan.tier_args_at(items[i].rule, now).into_owned()),
         );
-        Call { keys, args }
+        // The module decides a batch of items of one key each, of its algorithms.
+        let module = group
+            .iter()
+            .map(|&i| items[i].plan.module.clone())
+            .collect();
+        Call { keys, args, module }
     }
 
-    /// Runs a call of the batch function: its verdicts, and the time it decided at (µs, on
-    /// the clock the function read).
-    async fn run(&self, call: &Call) -> Result<(Vec<u8>, u64), Error> {
+    /// Runs a call of the batch function, or of the module's batch where `node` has it
+    /// ([`module`]): its verdicts, the time it decided at (µs, on the clock it read), and
+    /// which decided.
+    async fn run(&self, call: &Call, node: Option<&Backend>) -> Result<Batched, Error> {
         let args: Vec<&[u8]> = call.args.iter().map(Vec::as_slice).collect();
-        let mut reply = self
-            .invoke(&script::BATCH_ENTRY, &call.keys, &args)
-            .await
-            .map_err(store_error)?;
+        let mut source = Source::Redis;
+        let mut reply = None;
+        if let (Some(rules), Some(node)) = (&call.module, node)
+            && node.module.worth_asking()
+            && module::quotable_all(&call.keys)
+        {
+            let batch = module::batch(&call.keys, &args, rules);
+            let slot = slot(&call.keys[0]);
+            let traced = self.traced("TOLLGATE.BATCH", "TOLLGATE.BATCH", call.keys.len(), {
+                self.query_slot::<Vec<u8>>(batch, slot)
+            });
+            match traced.await {
+                Ok(answer) => {
+                    node.module.present();
+                    (reply, source) = (Some(answer), Source::RedisModule);
+                }
+                Err(err) if module::missing(&err) => node.module.absent(node.name(), &err),
+                Err(err) => return Err(store_error(err)),
+            }
+        }
+        let mut reply = match reply {
+            Some(reply) => reply,
+            None => self
+                .invoke(&script::BATCH_ENTRY, &call.keys, &args)
+                .await
+                .map_err(store_error)?,
+        };
         let Some(end) = reply.len().checked_sub(8) else {
             return Err(Error::Store {
                 message: "a batch's reply without its time".into(),
@@ -1125,7 +1156,11 @@ impl RedisStore {
         };
         let at = f64::from_le_bytes(reply[end..].try_into().expect("eight bytes"));
         reply.truncate(end);
-        Ok((reply, at as u64))
+        Ok(Batched {
+            verdicts: reply,
+            at: at as u64,
+            source,
+        })
     }
 
     /// Calls `entry`'s function with `keys` and `args`, in one round trip. A server that lacks
@@ -1272,6 +1307,29 @@ impl RedisStore {
         }
     }
 
+    /// [`query`](Self::query), sent on a cluster to the master of `slot` (a command whose
+    /// keys do not come first).
+    async fn query_slot<T: redis::FromRedisValue>(
+        &self,
+        command: redis::Cmd,
+        slot: u16,
+    ) -> Result<T, RedisError> {
+        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+        match &self.connection {
+            Connection::Single(_) => self.query(command).await,
+            Connection::Cluster(c) => {
+                let node = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
+                // A routed command's server error comes back as a value.
+                let reply = c
+                    .clone()
+                    .route_command(command, RoutingInfo::SingleNode(node))
+                    .await?
+                    .extract_error()?;
+                Ok(redis::from_redis_value(reply)?)
+            }
+        }
+    }
+
     async fn query<T: redis::FromRedisValue>(&self, command: redis::Cmd) -> Result<T, RedisError> {
         match &self.connection {
             Connection::Single(pool) => {
@@ -1382,7 +1440,7 @@ impl super::Store for RedisStore {
             )?)),
             Some((_, verdicts)) => {
                 let mut decisions: Vec<Option<Decision>> = vec![None; items.len()];
-                read_batch(items, &group, verdicts, &mut decisions)?;
+                read_batch(items, &group, verdicts, Source::Redis, &mut decisions)?;
                 let decisions = decisions
                     .into_iter()
                     .map(|d| d.expect("every item settled"));
@@ -1499,6 +1557,18 @@ impl<'a> Verdicts<'a> {
 struct Call {
     keys: Vec<Vec<u8>>,
     args: Vec<Vec<u8>>,
+    /// Each item's rule argument for the module's batch, when it decides every item.
+    module: Option<Vec<Vec<u8>>>,
+}
+
+/// What a call of the batch function answered.
+struct Batched {
+    /// Every tier's verdict of every item, six little-endian doubles each.
+    verdicts: Vec<u8>,
+    /// When it decided (µs, on the clock it read).
+    at: u64,
+    /// Which decided: the functions or the module.
+    source: Source,
 }
 
 /// What a call of the batch function does (see `lua/batch.lua`).
@@ -1518,26 +1588,25 @@ impl Call {
         Self {
             keys: self.keys.clone(),
             args,
+            module: self.module.clone(),
         }
     }
 }
 
-/// Reads the verdicts of `items[group]` from a batch `reply` into `decisions`.
+/// Reads the verdicts of `items[group]` from a batch `reply`, decided by `source`, into
+/// `decisions`.
 fn read_batch(
     items: &[Planned<'_, RedisPlan>],
     group: &[usize],
     reply: &[u8],
+    source: Source,
     decisions: &mut [Option<Decision>],
 ) -> Result<(), Error> {
     let tiers = group.iter().map(|&i| items[i].plan.tiers).sum();
     let mut verdicts = Verdicts::new(reply, tiers)?;
     for &i in group {
         let rule = items[i].rule;
-        decisions[i] = Some(
-            verdicts
-                .decision(rule, Source::Redis)
-                .shadow(rule.is_shadow()),
-        );
+        decisions[i] = Some(verdicts.decision(rule, source).shadow(rule.is_shadow()));
     }
     Ok(())
 }

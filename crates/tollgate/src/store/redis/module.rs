@@ -80,26 +80,66 @@ impl Presence {
 /// rarely UTF-8, and a reply the client cannot parse drops its connection, failing every
 /// check in flight on it.)
 pub(crate) fn check(key: &[u8], check: &[u8], rule: &[u8], tiers: &[u8]) -> redis::Cmd {
-    use redis::RedisWrite as _;
-    use std::io::Write as _;
     let data = key.len() + check.len() + rule.len() + tiers.len() + 16;
     let mut call = redis::Cmd::with_capacity(5, data);
     call.arg("TOLLGATE.CHECK").arg(key);
     for arg in [check, rule, tiers] {
-        let mut writer = call.writer_for_next_arg();
-        // Writing to a command's buffer cannot fail.
-        let _ = writer.write_all(&[0]);
-        let _ = writer.write_all(arg);
+        led(&mut call, arg);
     }
     call
 }
 
-/// Whether the module may be asked about `key`: a server without it quotes the key, cut at
-/// 128 bytes, in its answer, which must stay UTF-8 (see [`check`]). Keys are UTF-8; a long
-/// one of other than ASCII may be cut inside a character, and goes to the functions.
+/// Whether the module may be asked about `key`: a server without it quotes the key in its
+/// answer (up to a NUL byte, and cut at 128 bytes), which must stay UTF-8 (see [`check`]).
+/// A key is any bytes: one whose quote may not be UTF-8 goes to the functions.
 #[inline]
 pub(crate) fn quotable(key: &[u8]) -> bool {
-    key.len() < 128 || key.is_ascii()
+    quotable_all(&[key])
+}
+
+/// `TOLLGATE.BATCH numkeys key... check items rule tiers [rule tiers ...]`: the batch
+/// function's keys and arguments (`args`: the check, the items, then each item's tiers), with
+/// each item's rule argument before its tiers, each argument after the keys led by a NUL byte
+/// (see [`check`]).
+pub(crate) fn batch(keys: &[Vec<u8>], args: &[&[u8]], rules: &[Vec<u8>]) -> redis::Cmd {
+    let data: usize = keys.iter().map(Vec::len).sum::<usize>()
+        + args.iter().map(|a| a.len() + 1).sum::<usize>()
+        + rules.iter().map(|r| r.len() + 1).sum::<usize>()
+        + 24;
+    let mut call = redis::Cmd::with_capacity(2 + keys.len() + args.len() + rules.len(), data);
+    call.arg("TOLLGATE.BATCH").arg(keys.len()).arg(keys);
+    let (check, items, tiers) = (args[0], args[1], &args[2..]);
+    let rules_and_tiers = rules
+        .iter()
+        .zip(tiers)
+        .flat_map(|(rule, tiers)| [rule.as_slice(), tiers]);
+    for arg in [check, items].into_iter().chain(rules_and_tiers) {
+        led(&mut call, arg);
+    }
+    call
+}
+
+/// Whether the module may be asked about `keys` (see [`quotable`]): a server without it
+/// quotes them together, cut at 128 bytes (a count before them, and quotes and a space around
+/// each).
+pub(crate) fn quotable_all<K: AsRef<[u8]>>(keys: &[K]) -> bool {
+    fn shown<K: AsRef<[u8]>>(key: &K) -> &[u8] {
+        let key = key.as_ref();
+        key.split(|&b| b == 0).next().unwrap_or(key)
+    }
+    keys.iter().all(|k| shown(k).is_ascii())
+        || (keys.iter().map(|k| shown(k).len() + 3).sum::<usize>() < 100
+            && keys.iter().all(|k| std::str::from_utf8(shown(k)).is_ok()))
+}
+
+/// Adds `arg` to `call`, led by a NUL byte.
+fn led(call: &mut redis::Cmd, arg: &[u8]) {
+    use redis::RedisWrite as _;
+    use std::io::Write as _;
+    let mut writer = call.writer_for_next_arg();
+    // Writing to a command's buffer cannot fail.
+    let _ = writer.write_all(&[0]);
+    let _ = writer.write_all(arg);
 }
 
 /// Whether `err` says the node cannot run the module's check: no such command, a module of
