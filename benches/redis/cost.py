@@ -34,7 +34,7 @@ SYSTEMS = ["fixed_window", "sliding_window", "sub_windows", "sliding_log", "toke
            "interval_bucket", "leaky_bucket", "gcra", "warm_up", "hit_counter", "concurrency",
            "two_rules", "floor", "floor_two", "one", "redis_cell"]
 # tollgate's Redis module (crates/tollgate-redis-module) runs every algorithm but the sliding log.
-SYSTEMS += ["module_" + s for s in SYSTEMS[:11] if s != "sliding_log"]
+SYSTEMS += ["module_" + s for s in SYSTEMS[:12] if s != "sliding_log"]
 CELL = "0.2.2"
 
 
@@ -119,7 +119,7 @@ def native(example, system, checks, workdir, module=None):
         load(example, port, system, checks)
         used = cpu(port) - before
         stats = cli(port, "info", "commandstats")
-        call = re.search(r"^cmdstat_(?:fcall|evalsha|cl\.throttle|tollgate\.check):calls=(\d+),usec=(\d+),"
+        call = re.search(r"^cmdstat_(?:fcall|evalsha|cl\.throttle|tollgate\.check|tollgate\.batch):calls=(\d+),usec=(\d+),"
                          r"usec_per_call=([\d.]+)", stats, re.M)
         return used * 1e6 / checks, float(call.group(3))
     finally:

@@ -23,6 +23,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOLLGATE = os.path.join(ROOT, "target/release/tollgate")
 TRIVIAL = os.path.join(ROOT, "target/release/examples/trivial")
+MODULE = os.path.join(ROOT, "target/release/libtollgate_redis_module.so")
 RLS_LOAD = os.path.join(ROOT, "target/release/examples/rls_load")
 
 RULES = """
@@ -74,14 +75,17 @@ request = function()
 end
 """
 
-def tollgate_systems(redis_port):
+def tollgate_systems(redis_port, module_port):
     """(name, store, extra arguments) of each `tollgate serve` under test: the memory store,
-    the same with the console on and not open (an admin token turns it on), Redis strict."""
+    the same with the console on and not open (an admin token turns it on), Redis strict, and
+    Redis strict on a server that loads tollgate's Redis module."""
     return [
         ("tollgate, memory store", "{ kind: memory }", []),
         ("tollgate, memory store, console on", "{ kind: memory }", ["--admin-token", "bench"]),
         ("tollgate, Redis strict",
          f"{{ kind: redis, url: 'redis://127.0.0.1:{redis_port}', mode: strict, timeout: 1s }}", []),
+        ("tollgate, Redis strict, module",
+         f"{{ kind: redis, url: 'redis://127.0.0.1:{module_port}', mode: strict, timeout: 1s }}", []),
     ]
 
 
@@ -226,7 +230,14 @@ def main():
     redis = subprocess.Popen(pinned(0, ["redis-server", "--bind", "127.0.0.1", "--port", str(redis_port),
                                         "--save", "", "--appendonly", "no", "--dir", workdir]),
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Another, beside it, with tollgate's Redis module (systems take turns: one is busy at a time).
+    module_port = free_port()
+    with_module = subprocess.Popen(pinned(0, ["redis-server", "--bind", "127.0.0.1", "--port", str(module_port),
+                                              "--save", "", "--appendonly", "no", "--dir", workdir,
+                                              "--loadmodule", MODULE]),
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_port(redis_port)
+    wait_port(module_port)
     systems = []
     port, grpc, wrapped, bare = free_port(), free_port(), free_port(), free_port()
     systems.append(System("ceiling: axum / tonic answering a constant",
@@ -246,7 +257,7 @@ def main():
     # The ceiling's whole app wrapped in tollgate's layer from outside the router.
     systems.append(System("the ceiling's app wrapped in tollgate's layer", None, wrapped, "/v1/check",
                           "LAYERED"))
-    for name, store, extra in tollgate_systems(redis_port):
+    for name, store, extra in tollgate_systems(redis_port, module_port):
         port, grpc = free_port(), free_port()
         config = os.path.join(workdir, f"{port}.yaml")
         with open(config, "w") as f:
@@ -255,7 +266,9 @@ def main():
         with open(envoy, "w") as f:
             f.write(ENVOY)
         env = dict(os.environ, RUST_LOG="warn")
-        uses = redis.pid if "redis" in store else None
+        uses = None
+        if "redis" in store:
+            uses = with_module.pid if str(module_port) in store else redis.pid
         systems.append(System(name + ", /v1/check (JSON)", [TOLLGATE, "serve", "--config", config, envoy] + extra,
                               port, "/v1/check", TOLLGATE_BODY, env, grpc=grpc, redis=uses))
         # The same server's nginx auth_request endpoint: headers in, 204 and headers out.
@@ -298,6 +311,7 @@ def main():
         for s in systems:
             s.stop()
         redis.terminate()
+        with_module.terminate()
     print(f"HTTP (wrk, {args.connections} connections, {args.rounds} rounds of {args.seconds} s)\n")
     print("| system | requests/s | p50 | p99 | vs ceiling | vs peer | vs memory store, same endpoint |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
