@@ -39,9 +39,30 @@ thread_local! {
     static RULES: RefCell<Rules> = RefCell::new(HashMap::new());
 }
 
+/// Runs `command`, answering an error if it panics: a panic must not take Redis down with it.
+fn unwinding(
+    ctx: &Context,
+    args: Vec<RedisString>,
+    command: fn(&Context, Vec<RedisString>) -> RedisResult,
+) -> RedisResult {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| command(ctx, args))).unwrap_or(Err(
+        RedisError::Str(
+            "ERR tollgate: the module failed to decide this check (a bug: please report it)",
+        ),
+    ))
+}
+
+fn check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    unwinding(ctx, args, checked)
+}
+
+fn batch(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    unwinding(ctx, args, batched)
+}
+
 /// `TOLLGATE.CHECK key check rule tiers`: the reply of the Lua function of the rule's
 /// algorithm, six little-endian doubles per tier.
-fn check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+fn checked(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let [_, key, check, rule, tiers] = args.as_slice() else {
         return Err(RedisError::WrongArity);
     };
@@ -59,7 +80,7 @@ fn check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// `TOLLGATE.BATCH numkeys key... check items rule tiers [rule tiers ...]`: the reply of the
 /// batch function, every tier's verdict of every item, then the time decided at (µs), all
 /// little-endian doubles. `items` as the batch function's (one key per item).
-fn batch(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+fn batched(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let n = args
         .get(1)
         .and_then(|n| n.parse_unsigned_integer().ok())

@@ -341,3 +341,39 @@ async fn keys_that_could_not_be_quoted_go_to_the_functions() {
         );
     }
 }
+
+/// A key holding words no rule wrote (set by hand, or by another program) never takes Redis
+/// down: its check is answered, or refused with an error (a panic inside the module is caught
+/// and answered as one), and the server goes on deciding other keys.
+#[tokio::test]
+async fn a_key_no_rule_wrote_never_takes_redis_down() {
+    let server = module_server(&[]);
+    let store = store(&server, true).await;
+    let mut redis = connection(&server).await;
+    for rule in rules() {
+        let limiter = Limiter::builder(rule).store(store.clone()).build().unwrap();
+        let name = support::redis_keys(&limiter, "corrupt").remove(0);
+        limiter.check("corrupt", 1).await.unwrap();
+        let value: Vec<u8> = redis::cmd("GET")
+            .arg(&name)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        // As many words as the rule keeps, each the largest a double holds exactly.
+        let huge: Vec<u8> = (0..value.len() / 8)
+            .flat_map(|_| ((1u64 << 53) as f64 - 1.0).to_le_bytes())
+            .collect();
+        for garbage in [huge, vec![7u8; 5]] {
+            let _: () = redis::cmd("SET")
+                .arg(&name)
+                .arg(&garbage)
+                .query_async(&mut redis)
+                .await
+                .unwrap();
+            let _ = limiter.check("corrupt", 1).await;
+            let d = limiter.check("healthy", 1).await.unwrap();
+            assert_eq!(d.source(), Source::RedisModule, "{}", limiter.rule().name());
+        }
+    }
+    assert_eq!(server.cli(&["ping"]), "PONG");
+}

@@ -1842,7 +1842,7 @@ impl RedisPlan {
 }
 
 /// A rule's tiers as the functions read them: eleven little-endian doubles per tier.
-fn tier_args(rule: &Rule) -> Vec<u8> {
+pub(crate) fn tier_args(rule: &Rule) -> Vec<u8> {
     let algorithm = rule.algorithm();
     let mut args = Vec::with_capacity(88 * rule.tiers().len());
     for (i, tier) in rule.tiers().iter().enumerate() {
