@@ -170,11 +170,27 @@ async fn checks_follow_slots_as_they_migrate() {
 }
 
 /// The same with tollgate's Redis module on every node: its command, its key declared,
-/// follows the slot as the functions do.
+/// follows the slot as the functions do; and its batch of keys in different slots is
+/// refused (`CROSSSLOT`), as any command's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checks_by_the_module_follow_slots_as_they_migrate() {
     let cluster =
         RedisCluster::start_with_args(0, 2000, &["--loadmodule", support::redis_module()]);
+    // Its keys are declared: a batch whose keys span slots is refused before it runs.
+    let batch = [
+        "tollgate.batch",
+        "2",
+        "{a}1",
+        "{b}2",
+        "c",
+        "i",
+        "r",
+        "t",
+        "r",
+        "t",
+    ];
+    let refused = cluster.nodes[0].cli(&batch);
+    assert!(refused.starts_with("CROSSSLOT"), "{refused}");
     follow_migrations(cluster, Source::RedisModule).await;
 }
 
