@@ -118,16 +118,7 @@ fn seen(result: &Result<Decisions, Error>) -> String {
 
 #[tokio::test]
 async fn batches_on_redis_decide_as_in_memory() {
-    let server = RedisServer::start();
-    let store = RedisStore::builder(&server.url())
-        .store_time(StoreTime::Local)
-        .timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
-    decide_as_in_memory(store, ["a", "b", "c"], false).await;
-    let stats = server.cli(&["info", "commandstats"]);
-    assert!(stats.contains("cmdstat_fcall:"), "{stats}");
+    on_one_server(RedisServer::start(), false, "cmdstat_fcall:").await;
 }
 
 /// The same with tollgate's Redis module: a batch of one key per item is one
@@ -135,15 +126,20 @@ async fn batches_on_redis_decide_as_in_memory() {
 #[tokio::test]
 async fn batches_by_the_module_decide_as_in_memory() {
     let server = RedisServer::start_with(&["--loadmodule", support::redis_module()]);
+    on_one_server(server, true, "cmdstat_tollgate.batch:").await;
+}
+
+/// [`decide_as_in_memory`] on `server`, which then has run the command of `stat`.
+async fn on_one_server(server: RedisServer, module: bool, stat: &str) {
     let store = RedisStore::builder(&server.url())
         .store_time(StoreTime::Local)
         .timeout(Duration::from_secs(5))
         .build()
         .await
         .unwrap();
-    decide_as_in_memory(store, ["a", "b", "c"], true).await;
+    decide_as_in_memory(store, ["a", "b", "c"], module).await;
     let stats = server.cli(&["info", "commandstats"]);
-    assert!(stats.contains("cmdstat_tollgate.batch:"), "{stats}");
+    assert!(stats.contains(stat), "{stats}");
 }
 
 /// On a cluster, batches whose keys are on three masters: every slot takes, and gives back

@@ -187,22 +187,7 @@ async fn differential(stores: &[(RedisStore, tollgate::Source)], keys_of: Option
             .clock(memory_clock.clone())
             .build()
             .unwrap();
-        let redis: Vec<(
-            Limiter<RedisStore, ManualClock>,
-            ManualClock,
-            tollgate::Source,
-        )> = stores
-            .iter()
-            .map(|(store, source)| {
-                let clock = ManualClock::new();
-                let limiter = Limiter::builder(rule.clone())
-                    .store(store.clone())
-                    .clock(clock.clone())
-                    .build()
-                    .unwrap();
-                (limiter, clock, *source)
-            })
-            .collect();
+        let redis = on_each(stores, &rule, ManualClock::DEFAULT_START_MICROS);
         for step in 0..400 {
             let gap = match random.below(10) {
                 0..=2 => 0,
@@ -238,27 +223,9 @@ async fn differential(stores: &[(RedisStore, tollgate::Source)], keys_of: Option
                 None => Op::Check(cost),
             };
             let expected = op.run_now(&memory, &key).await;
-            for (limiter, clock, source) in &redis {
-                let actual = op.run(limiter, &key).await;
-                assert_eq!(
-                    seen(&expected),
-                    seen(&actual),
-                    "rule {} {:?}, step {step}, {key} {op:?}, decided by {source:?}",
-                    rule.name(),
-                    rule.tiers()
-                );
-                let by_functions = matches!(op, Op::Settle(..))
-                    || matches!(rule.algorithm(), Algorithm::SlidingLog);
-                let expected_source = if by_functions {
-                    tollgate::Source::Redis
-                } else {
-                    *source
-                };
-                if let Ok(d) = &actual {
-                    assert_eq!(d.source(), expected_source, "{op:?}");
-                }
-                assert_eq!(memory_clock.now_micros(), clock.now_micros());
-            }
+            let by_functions = matches!(rule.algorithm(), Algorithm::SlidingLog);
+            let at = format!("rule {} {:?}, step {step}", rule.name(), rule.tiers());
+            same_on_each(op, &key, &expected, &redis, by_functions, &at).await;
             if let Some(connection) = &mut connection {
                 let at = format!("rule {}, step {step}", rule.name());
                 same_keys(connection, &format!("tg:{}:", rule.name()), &at).await;
@@ -267,6 +234,58 @@ async fn differential(stores: &[(RedisStore, tollgate::Source)], keys_of: Option
         }
     }
     assert_eq!(checks, 400 * rules().len());
+}
+
+/// A limiter of `rule` on each of `stores`, each on its own clock at `start` (µs), with the
+/// source its checks are decided by.
+type OnEach = Vec<(
+    Limiter<RedisStore, ManualClock>,
+    ManualClock,
+    tollgate::Source,
+)>;
+
+fn on_each(stores: &[(RedisStore, tollgate::Source)], rule: &Rule, start: u64) -> OnEach {
+    let limiter = |store: &RedisStore, source: tollgate::Source| {
+        let clock = ManualClock::at_micros(start);
+        let limiter = Limiter::builder(rule.clone())
+            .store(store.clone())
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        (limiter, clock, source)
+    };
+    stores
+        .iter()
+        .map(|(s, source)| limiter(s, *source))
+        .collect()
+}
+
+/// Runs `op` on `key` with each of `redis`: the same as `expected`, decided by the source
+/// given with it, or by the functions for a settlement or if `by_functions`.
+async fn same_on_each(
+    op: Op,
+    key: &str,
+    expected: &Result<Decision, Error>,
+    redis: &[(
+        Limiter<RedisStore, ManualClock>,
+        ManualClock,
+        tollgate::Source,
+    )],
+    by_functions: bool,
+    at: &str,
+) {
+    for (limiter, _, source) in redis {
+        let actual = op.run(limiter, key).await;
+        let seen_by = format!("{at}, {key} {op:?}, decided by {source:?}");
+        assert_eq!(seen(expected), seen(&actual), "{seen_by}");
+        let source = match by_functions || matches!(op, Op::Settle(..)) {
+            true => tollgate::Source::Redis,
+            false => *source,
+        };
+        if let Ok(d) = &actual {
+            assert_eq!(d.source(), source, "{seen_by}");
+        }
+    }
 }
 
 /// One step of a timeline.
@@ -397,18 +416,7 @@ async fn calendar_periods_decide_identically_across_days_months_and_a_change_of_
             .clock(memory_clock.clone())
             .build()
             .unwrap();
-        let redis: Vec<_> = stores
-            .iter()
-            .map(|(store, source)| {
-                let clock = ManualClock::at_micros(start);
-                let limiter = Limiter::builder(rule.clone())
-                    .store(store.clone())
-                    .clock(clock.clone())
-                    .build()
-                    .unwrap();
-                (limiter, clock, *source)
-            })
-            .collect();
+        let redis = on_each(&stores, &rule, start);
         for step in 0..300 {
             // Up to three hours at a time: 300 steps cross about 19 days.
             let gap = Duration::from_micros(random.below(3 * 3_600_000_000));
@@ -427,18 +435,8 @@ async fn calendar_periods_decide_identically_across_days_months_and_a_change_of_
                 _ => Op::Check(cost),
             };
             let expected = op.run_now(&memory, &key).await;
-            for (limiter, _, source) in &redis {
-                let actual = op.run(limiter, &key).await;
-                assert_eq!(
-                    seen(&expected),
-                    seen(&actual),
-                    "rule {}, step {step}, {key} {op:?}, decided by {source:?}",
-                    rule.name()
-                );
-                if let (Op::Check(_), Ok(d)) = (op, &actual) {
-                    assert_eq!(d.source(), *source);
-                }
-            }
+            let at = format!("rule {}, step {step}", rule.name());
+            same_on_each(op, &key, &expected, &redis, false, &at).await;
             let at = format!("rule {}, step {step}", rule.name());
             same_keys(&mut connection, &format!("tg:{}:", rule.name()), &at).await;
         }
