@@ -7,13 +7,13 @@
 //! check and tier arguments (each led by a NUL byte, which [`unled`] takes off: see the
 //! store's `module::check`), the same reply, and the same key, value and expiry written, so an
 //! instance that calls the module and one that calls the functions can share keys. One more
-//! argument names the algorithm with its own parameters ([`rule_args`]), as the Lua library
+//! argument names the algorithm with its own parameters (`rule_args`), as the Lua library
 //! names it by the function called. Algorithms that keep their state in one string of words
 //! run here: every one but the sliding log, whose Redis state is a sorted set per tier.
 //!
-//! Not a stable interface: the module and the store of one tollgate version agree on it
-//! ([`WIRE`]), and a module of another version refuses the call, which the store then makes
-//! with `FCALL`.
+//! Not a stable interface: a module and a store built from the same Lua code agree on it
+//! ([`CONTRACT`]); a module of other code refuses the call, which the store then makes with
+//! `FCALL`.
 
 use std::time::Duration;
 
@@ -22,8 +22,46 @@ use crate::algorithm::{
 };
 use crate::rule::Rule;
 
-/// The version of this contract, the first double of [`rule_args`].
-pub const WIRE: f64 = 1.0;
+/// What a store and a module must share to decide alike: a hash (64-bit FNV-1a) of the Lua
+/// functions' code, whose decisions the module's follow. The first eight bytes of the rule
+/// argument: a module built from other code refuses the call, and the store calls the
+/// functions.
+pub const CONTRACT: u64 = fnv1a(&[
+    include_str!("store/redis/lua/batch.lua"),
+    include_str!("store/redis/lua/concurrency.lua"),
+    include_str!("store/redis/lua/counters.lua"),
+    include_str!("store/redis/lua/fixed_window.lua"),
+    include_str!("store/redis/lua/gcra.lua"),
+    include_str!("store/redis/lua/hit_counter.lua"),
+    include_str!("store/redis/lua/interval_bucket.lua"),
+    include_str!("store/redis/lua/leaky_bucket.lua"),
+    include_str!("store/redis/lua/log.lua"),
+    include_str!("store/redis/lua/metered.lua"),
+    include_str!("store/redis/lua/prelude.lua"),
+    include_str!("store/redis/lua/reservations.lua"),
+    include_str!("store/redis/lua/sliding_log.lua"),
+    include_str!("store/redis/lua/sliding_window.lua"),
+    include_str!("store/redis/lua/sub_windows.lua"),
+    include_str!("store/redis/lua/token_bucket.lua"),
+    include_str!("store/redis/lua/warm_up.lua"),
+    include_str!("store/redis/lua/words.lua"),
+]);
+
+const fn fnv1a(parts: &[&str]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut p = 0;
+    while p < parts.len() {
+        let bytes = parts[p].as_bytes();
+        let mut i = 0;
+        while i < bytes.len() {
+            hash ^= bytes[i] as u64;
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+            i += 1;
+        }
+        p += 1;
+    }
+    hash
+}
 
 /// Why the module refuses a call; its text is the error's, after `ERR`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,9 +73,9 @@ impl std::fmt::Display for Refused {
     }
 }
 
-/// The prefix of the error a module of another version answers: the store calls the
-/// functions instead.
-pub const OTHER_VERSION: &str = "tollgate module of another version";
+/// What the error of a module built from other code (another [`CONTRACT`]) says: the store
+/// calls the functions instead.
+pub const OTHER_VERSION: &str = "tollgate module of other code";
 
 /// Every algorithm's index, as the Lua library numbers it (from 1).
 #[cfg(feature = "redis")]
@@ -62,8 +100,8 @@ pub(crate) fn runs(algorithm: &Algorithm) -> bool {
     !matches!(algorithm, Algorithm::SlidingLog)
 }
 
-/// The argument that names a rule's algorithm to the module: little-endian doubles, [`WIRE`],
-/// the algorithm's index, then its own parameters (sub-windows: count; token bucket: initial
+/// The argument that names a rule's algorithm to the module: [`CONTRACT`] (eight bytes,
+/// little-endian), then little-endian doubles: the algorithm's index, and its own parameters (sub-windows: count; token bucket: initial
 /// tokens or -1; leaky bucket: 1 for a shaper; warm-up: its period in µs, its cold factor).
 #[cfg(feature = "redis")]
 pub(crate) fn rule_args(algorithm: &Algorithm) -> Vec<u8> {
@@ -74,10 +112,9 @@ pub(crate) fn rule_args(algorithm: &Algorithm) -> Vec<u8> {
         Algorithm::WarmUp(a) => [a.period.as_micros() as f64, a.cold_factor],
         _ => [0.0, 0.0],
     };
-    [WIRE, index(algorithm) as f64, parameters[0], parameters[1]]
-        .iter()
-        .flat_map(|d| d.to_le_bytes())
-        .collect()
+    let doubles = [index(algorithm) as f64, parameters[0], parameters[1]];
+    let doubles = doubles.into_iter().flat_map(f64::to_le_bytes);
+    CONTRACT.to_le_bytes().into_iter().chain(doubles).collect()
 }
 
 /// A binary argument without the NUL byte that leads it, or `None` when none does.
@@ -103,30 +140,35 @@ fn whole(x: f64) -> Result<u64, Refused> {
     }
 }
 
-/// The algorithm [`rule_args`] names.
+/// The algorithm `rule_args` names.
 fn algorithm_of(args: &[u8]) -> Result<Algorithm, Refused> {
-    let d: Vec<f64> = doubles(args)
-        .filter(|d| d.len() == 4)
-        .ok_or(Refused("the rule argument is not four doubles"))?
-        .collect();
-    if d[0] != WIRE {
+    let (contract, rest) = args.split_first_chunk::<8>().ok_or(Refused(
+        "the rule argument is not a contract and three doubles",
+    ))?;
+    if u64::from_le_bytes(*contract) != CONTRACT {
         return Err(Refused(OTHER_VERSION));
     }
-    Ok(match whole(d[1])? {
+    let d: Vec<f64> = doubles(rest)
+        .filter(|d| d.len() == 3)
+        .ok_or(Refused(
+            "the rule argument is not a contract and three doubles",
+        ))?
+        .collect();
+    Ok(match whole(d[0])? {
         1 => Algorithm::FixedWindow,
         2 => Algorithm::SlidingWindow,
         3 => Algorithm::SubWindows(SubWindows {
-            count: u32::try_from(whole(d[2])?).map_err(|_| Refused("too many sub-windows"))?,
+            count: u32::try_from(whole(d[1])?).map_err(|_| Refused("too many sub-windows"))?,
         }),
         5 => Algorithm::TokenBucket(TokenBucket {
-            initial_tokens: if d[2] < 0.0 { None } else { Some(whole(d[2])?) },
+            initial_tokens: if d[1] < 0.0 { None } else { Some(whole(d[1])?) },
         }),
         6 => Algorithm::IntervalBucket,
-        7 if d[2] == 1.0 => Algorithm::LeakyBucket(LeakyBucket::Shaper),
+        7 if d[1] == 1.0 => Algorithm::LeakyBucket(LeakyBucket::Shaper),
         7 => Algorithm::LeakyBucket(LeakyBucket::Meter),
         8 => Algorithm::Gcra,
         9 => Algorithm::WarmUp(
-            WarmUp::new(Duration::from_micros(whole(d[2])?)).with_cold_factor(d[3]),
+            WarmUp::new(Duration::from_micros(whole(d[1])?)).with_cold_factor(d[2]),
         ),
         10 => Algorithm::HitCounter,
         11 => Algorithm::Concurrency,
@@ -568,6 +610,17 @@ mod tests {
         let log = Rule::new("log", Algorithm::SlidingLog, [Tier::per_second(3)]).unwrap();
         let refused = Prepared::new(&rule_args(log.algorithm()), &tier_args(&log));
         assert!(refused.is_err());
+    }
+
+    /// A module built from other Lua code refuses a store's call, saying so in the words the
+    /// store looks for to call the functions instead.
+    #[test]
+    fn a_module_of_other_code_refuses_the_call() {
+        let rule = &rules()[0];
+        let mut args = rule_args(rule.algorithm());
+        args[0] ^= 1;
+        let refused = Prepared::new(&args, &tier_args(rule)).unwrap_err();
+        assert_eq!(refused, Refused(OTHER_VERSION));
     }
 
     proptest! {
