@@ -6,7 +6,7 @@
 //!
 //! Each node is found to have the module by using it (see [`check`] for how that stays safe
 //! on a node without it). A node that answers that it has no such
-//! command, that its module is of another version, or that the user may not run it, gets
+//! command, that its module was built from other code, or that the user may not run it, gets
 //! `FCALL` (that same check too) for [`ASK_AGAIN`], then is asked again: a node that gains the
 //! module (a restart, a failover to a replica that has it) is used within that time, and one
 //! that loses it costs one more round trip to the first check that meets it.
@@ -143,7 +143,7 @@ fn led(call: &mut redis::Cmd, arg: &[u8]) {
 }
 
 /// Whether `err` says the node cannot run the module's check: no such command, a module of
-/// another version, or a user not allowed it.
+/// other code (see [`crate::inside::CONTRACT`]), or a user not allowed it.
 pub(crate) fn missing(err: &RedisError) -> bool {
     match err.code() {
         Some("NOPERM") => true,
