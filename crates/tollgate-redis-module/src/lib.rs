@@ -6,9 +6,11 @@
 //! - `TOLLGATE.CHECK key check rule tiers`: one key of a rule, as its algorithm's function.
 //! - `TOLLGATE.BATCH numkeys key... check items rule tiers [rule tiers ...]`: one key per item,
 //!   all-or-nothing, as the batch function.
+//! - `TOLLGATE.SETTLE`, with the arguments of `BATCH`: a report, give-back or renewal of each
+//!   item's cost, as the settle function.
 //!
 //! Every argument after the keys is led by a NUL byte (see the store's `module::check`).
-//! Keys are declared to Redis (`CHECK`: first key 1; `BATCH`: through the get-keys API), so
+//! Keys are declared to Redis (`CHECK`: first key 1; the others through the get-keys API), so
 //! Cluster routing, `COMMAND GETKEYS`, ACL key patterns and `CROSSSLOT` work as for any
 //! command; flags `write deny-oom`. The time, when the caller sends none, is the server's
 //! (`RedisModule_CachedMicroseconds`), never the machine's. Effects, not the command, are
@@ -25,7 +27,7 @@ use redis_module::{
     CallOptions, CallOptionsBuilder, CallResult, Context, KeyType, RedisError, RedisResult,
     RedisString, RedisValue,
 };
-use tollgate::inside::{Check, Item, Prepared, Ttl, Write};
+use tollgate::inside::{Check, Item, Prepared, Refused, Ttl, Write};
 
 /// Rules prepared from their arguments: by their tier argument, then their rule argument
 /// (rules of one tier argument differ in their algorithm alone). Bounded: cleared when full.
@@ -60,6 +62,10 @@ fn batch(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     unwinding(ctx, args, batched)
 }
 
+fn settle(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    unwinding(ctx, args, settled)
+}
+
 /// `TOLLGATE.CHECK key check rule tiers`: the reply of the Lua function of the rule's
 /// algorithm, six little-endian doubles per tier.
 fn checked(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
@@ -81,6 +87,29 @@ fn checked(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// batch function, every tier's verdict of every item, then the time decided at (µs), all
 /// little-endian doubles. `items` as the batch function's (one key per item).
 fn batched(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    of_items(ctx, &args, true, |check, items, dry| {
+        tollgate::inside::decide(check, items, !dry)
+    })
+}
+
+/// `TOLLGATE.SETTLE numkeys key... check items rule tiers [rule tiers ...]`: the reply of the
+/// settle function (a report, give-back or renewal of each item's cost, then every tier's
+/// verdict of a look), as `TOLLGATE.BATCH` takes its arguments.
+fn settled(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    of_items(ctx, &args, false, |check, items, _| {
+        tollgate::inside::settle(check, items)
+    })
+}
+
+/// A command of items (`TOLLGATE.BATCH`, `TOLLGATE.SETTLE`): reads their keys, `decides`
+/// them (with whether the call only looks), carries out the writes, and answers the verdicts,
+/// and the time decided at if `timed`.
+fn of_items(
+    ctx: &Context,
+    args: &[RedisString],
+    timed: bool,
+    decides: impl FnOnce(&Check, &[Item<'_>], bool) -> Result<(Vec<u8>, Vec<Write>), Refused>,
+) -> RedisResult {
     let n = args
         .get(1)
         .and_then(|n| n.parse_unsigned_integer().ok())
@@ -120,12 +149,14 @@ fn batched(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
                 stored: values[i],
             })
             .collect();
-        tollgate::inside::decide(&check, &items, !dry).map_err(refused)
+        decides(&check, &items, dry).map_err(refused)
     })?;
     for (key, write) in keys.iter().zip(writes) {
         store(ctx, key, write)?;
     }
-    reply.extend((check.now() as f64).to_le_bytes());
+    if timed {
+        reply.extend((check.now() as f64).to_le_bytes());
+    }
     Ok(RedisValue::StringBuffer(reply))
 }
 
@@ -194,7 +225,7 @@ fn unled(arg: &RedisString) -> Result<&[u8], RedisError> {
     ))
 }
 
-fn refused(refused: tollgate::inside::Refused) -> RedisError {
+fn refused(refused: Refused) -> RedisError {
     RedisError::String(format!("ERR tollgate: {refused}"))
 }
 
@@ -231,7 +262,7 @@ fn server_micros() -> u64 {
 /// The module's entry points (`RedisModule_OnLoad`), which Redis calls by name.
 #[allow(missing_docs)]
 mod entry {
-    use super::{batch, check};
+    use super::{batch, check, settle};
     use redis_module::redis_module;
 
     redis_module! {
@@ -242,6 +273,7 @@ mod entry {
         commands: [
             ["tollgate.check", check, "write deny-oom", 1, 1, 1, ""],
             ["tollgate.batch", batch, "write deny-oom getkeys-api", 0, 0, 0, ""],
+            ["tollgate.settle", settle, "write deny-oom getkeys-api", 0, 0, 0, ""],
         ],
     }
 }

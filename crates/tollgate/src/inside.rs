@@ -18,7 +18,7 @@
 use std::time::Duration;
 
 use crate::algorithm::{
-    Algorithm, Attempt, Decide, LeakyBucket, SubWindows, Tier, TokenBucket, Verdict, WarmUp,
+    Algorithm, Attempt, Decide, LeakyBucket, Settle, SubWindows, Tier, TokenBucket, Verdict, WarmUp,
 };
 use crate::rule::Rule;
 
@@ -254,7 +254,7 @@ impl Prepared {
     /// tier consumes or none does; a denial records only what a denial records.
     ///
     /// # Errors
-    /// [`Refused`] for arguments of the wrong shape, a settlement (only checks come here), or a
+    /// [`Refused`] for arguments of the wrong shape, a settlement (see [`settle`]), or a
     /// stored value that is not this rule's state.
     pub fn check(
         &self,
@@ -274,6 +274,20 @@ impl Prepared {
         let (reply, mut writes) = decide_items(&check, &[item], true, true)?;
         let write = writes.pop().expect("one write per item");
         Ok(Outcome { reply, write })
+    }
+
+    /// The state words of a key whose value is `stored` (`None`: no such key), read at `now`:
+    /// as new when expired, for an algorithm that forgets (see `Decide::forgets`).
+    fn state(&self, stored: Option<&[u8]>, now: u64) -> Result<Vec<u64>, Refused> {
+        let mut state = vec![0u64; self.words];
+        if let Some(value) = stored {
+            self.read(value, &mut state)?;
+            let (rule, algorithm) = (&self.rule, self.rule.algorithm());
+            if algorithm.forgets() && rule.expires_at(algorithm, &state) <= now {
+                state.fill(0);
+            }
+        }
+        Ok(state)
     }
 
     /// Reads the state words of `value`, as the functions keep them: a double per word.
@@ -337,30 +351,36 @@ impl Prepared {
 }
 
 /// A check's argument: its time (µs since the Unix epoch) and cost, the longest delay its
-/// caller accepts, and how TTLs are written.
+/// caller accepts, what a settlement does, and how TTLs are written.
 #[derive(Debug, Clone, Copy)]
 pub struct Check {
     now: u64,
     /// The cost of a check of one item; a batch's items have their own.
     cost: u64,
     max_delay: Option<u64>,
+    /// A settlement's change, instead of a check.
+    settle: Option<Settle>,
     clock: Clock,
 }
 
 impl Check {
-    /// The check of `args` (six doubles, as the functions read them), at the caller's time or,
-    /// when it sends none, at `server_now()`.
+    /// The check (or settlement) of `args` (six doubles, as the functions read them), at the
+    /// caller's time or, when it sends none, at `server_now()`.
     ///
     /// # Errors
-    /// [`Refused`] for an argument of the wrong shape, or a settlement: only checks come here.
+    /// [`Refused`] for an argument of the wrong shape.
     pub fn new(args: &[u8], server_now: impl FnOnce() -> u64) -> Result<Self, Refused> {
         let a: Vec<f64> = doubles(args)
             .filter(|d| d.len() == 6)
             .ok_or(Refused("the check argument is not six doubles"))?
             .collect();
-        if a[4] != 0.0 {
-            return Err(Refused("settlements are not decided by the module"));
-        }
+        let settle = match a[4] {
+            0.0 => None,
+            1.0 => Some(Settle::Report),
+            2.0 => Some(Settle::Credit { at: whole(a[5])? }),
+            3.0 => Some(Settle::Renew),
+            _ => return Err(Refused("no such settlement")),
+        };
         let server_time = a[0] < 0.0;
         let now = if server_time {
             server_now().max(1)
@@ -371,6 +391,7 @@ impl Check {
             now,
             cost: whole(a[1])?,
             max_delay: if a[2] < 0.0 { None } else { Some(whole(a[2])?) },
+            settle,
             clock: Clock {
                 now,
                 server_time,
@@ -443,6 +464,9 @@ fn decide_items(
     writes: bool,
     looks_write: bool,
 ) -> Result<(Vec<u8>, Vec<Write>), Refused> {
+    if check.settle.is_some() {
+        return Err(Refused("a settlement is not a check"));
+    }
     struct Decided {
         state: Vec<u64>,
         original: Vec<u64>,
@@ -454,13 +478,7 @@ fn decide_items(
     let mut admitted = true;
     for item in items {
         let (rule, algorithm) = (&item.prepared.rule, item.prepared.rule.algorithm());
-        let mut state = vec![0u64; item.prepared.words];
-        if let Some(value) = item.stored {
-            item.prepared.read(value, &mut state)?;
-            if algorithm.forgets() && rule.expires_at(algorithm, &state) <= check.now {
-                state.fill(0);
-            }
-        }
+        let mut state = item.prepared.state(item.stored, check.now)?;
         let kept = item.stored.map(|_| rule.expires_at(algorithm, &state));
         let original = state.clone();
         let attempt = Attempt {
@@ -507,6 +525,64 @@ fn decide_items(
             item.prepared
                 .write(item.stored, &d.state, expires, d.kept, check.clock),
         );
+    }
+    Ok((reply, stores))
+}
+
+/// Settles `items` at `check`'s time, each on its own, as `settle` in `lua/batch.lua`: each
+/// item of a cost takes it whatever its key's state (a report), gives it back (a credit), or
+/// renews as many slots held (a renewal, nothing to other algorithms), and is then looked at
+/// (cost 0): every tier's verdict of every item in order, denied while a key is in debt; and
+/// each item's write.
+///
+/// # Errors
+/// [`Refused`] for a check that is not a settlement, or a key that holds no state of its
+/// rule.
+pub fn settle(check: &Check, items: &[Item<'_>]) -> Result<(Vec<u8>, Vec<Write>), Refused> {
+    let settle = check.settle.ok_or(Refused("a check is not a settlement"))?;
+    let (now, mut reply, mut stores) = (check.now, Vec::new(), Vec::with_capacity(items.len()));
+    for item in items {
+        let (rule, algorithm) = (&item.prepared.rule, item.prepared.rule.algorithm());
+        let mut state = item.prepared.state(item.stored, now)?;
+        // Nothing settled at no cost, nor renewed where no slot is held: the key stays as it
+        // is, even one read as new.
+        let changes =
+            item.cost > 0 && (!matches!(settle, Settle::Renew) || algorithm.holds_slots());
+        let kept = item.stored.map(|_| rule.expires_at(algorithm, &state));
+        if changes {
+            for (i, tier) in rule.tiers().iter().enumerate() {
+                let words = &mut state[rule.tier_words(i)];
+                match settle {
+                    Settle::Report => algorithm.debit(tier, words, now, item.cost),
+                    Settle::Credit { at } => algorithm.credit(tier, words, now, item.cost, at),
+                    Settle::Renew => algorithm.renew(tier, words, now, item.cost),
+                }
+            }
+        }
+        let look = Attempt {
+            now,
+            cost: 0,
+            max_delay: None,
+            commit: false,
+            settle: None,
+        };
+        for (i, tier) in rule.tiers().iter().enumerate() {
+            let verdict = algorithm.decide(tier, &mut state[rule.tier_words(i)], &look);
+            reply.extend(reply_of(&verdict));
+        }
+        // As the functions' settlements write: a TTL from now (`PX`), whoever's clock.
+        let clock = Clock {
+            server_time: false,
+            ..check.clock
+        };
+        stores.push(match changes {
+            true => {
+                let expires = rule.expires_at(algorithm, &state);
+                item.prepared
+                    .write(item.stored, &state, expires, kept, clock)
+            }
+            false => Write::Nothing,
+        });
     }
     Ok((reply, stores))
 }

@@ -132,7 +132,7 @@ async fn memory_and_redis_scripts_decide_identically_on_every_timeline() {
 /// Three ways, on the same timelines: the memory store, the Lua functions and tollgate's
 /// Redis module (`crates/tollgate-redis-module`) decide alike, and the functions and the
 /// module leave the same keys, with the same values and expiry, in one server (under two
-/// key prefixes). The sliding log, and settlements, stay with the functions.
+/// key prefixes). The sliding log stays with the functions.
 #[tokio::test]
 async fn memory_functions_and_the_module_decide_identically_on_every_timeline() {
     let server = RedisServer::start_with(&["--loadmodule", support::redis_module()]);
@@ -164,8 +164,8 @@ async fn local_store(server: &RedisServer, prefix: &[u8], module: bool) -> Redis
 }
 
 /// Drives the memory store and each of `stores` through the same timelines of every rule of
-/// [`rules`]; each store's checks must be decided by the source given with it (settlements,
-/// and the module's sliding log, by the functions). With `keys_of`, the stores share that
+/// [`rules`]; each store's checks and settlements must be decided by the source given with it
+/// (the sliding log by the functions). With `keys_of`, the stores share that
 /// server under the prefixes `f:` and `m:`, and after every step the keys of both hold the
 /// same values, expiring within 100 ms of each other.
 async fn differential(stores: &[(RedisStore, tollgate::Source)], keys_of: Option<&RedisServer>) {
@@ -261,7 +261,7 @@ fn on_each(stores: &[(RedisStore, tollgate::Source)], rule: &Rule, start: u64) -
 }
 
 /// Runs `op` on `key` with each of `redis`: the same as `expected`, decided by the source
-/// given with it, or by the functions for a settlement or if `by_functions`.
+/// given with it, or by the functions if `by_functions`.
 async fn same_on_each(
     op: Op,
     key: &str,
@@ -278,7 +278,7 @@ async fn same_on_each(
         let actual = op.run(limiter, key).await;
         let seen_by = format!("{at}, {key} {op:?}, decided by {source:?}");
         assert_eq!(seen(expected), seen(&actual), "{seen_by}");
-        let source = match by_functions || matches!(op, Op::Settle(..)) {
+        let source = match by_functions {
             true => tollgate::Source::Redis,
             false => *source,
         };

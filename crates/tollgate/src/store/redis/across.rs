@@ -182,16 +182,24 @@ async fn give_back(store: &RedisStore, now: u64, part: &Part, took: Taken) {
     if !took.written.contains(&true) {
         return;
     }
-    let mut args = part.take.args.clone();
-    args[0] = store.header_of(now, 0, None, Some(Settle::Credit { at: took.at }));
+    let mut give = Call {
+        keys: part.take.keys.clone(),
+        args: part.take.args.clone(),
+        module: part.take.module.clone(),
+    };
+    give.args[0] = store.header_of(now, 0, None, Some(Settle::Credit { at: took.at }));
     for (i, written) in took.written.iter().enumerate() {
         if !written {
-            args[1][cost_at(i)].copy_from_slice(&packed([0.0]));
+            give.args[1][cost_at(i)].copy_from_slice(&packed([0.0]));
         }
     }
-    let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
     let outcome = store
-        .invoke(&script::SETTLE_ENTRY, &part.take.keys, &args)
+        .of_items(
+            &script::SETTLE_ENTRY,
+            "TOLLGATE.SETTLE",
+            &give,
+            part.node.as_deref(),
+        )
         .await
         .map(drop)
         .map_err(store_error);

@@ -952,14 +952,13 @@ impl RedisStore {
             let mut call = self.batch_call(items, group, now, None, Mode::Decide);
             call.args[0] = self.header_of(now, 0, None, Some(settle));
             async move {
-                let args: Vec<&[u8]> = call.args.iter().map(Vec::as_slice).collect();
-                let reply = self
-                    .invoke(&script::SETTLE_ENTRY, &call.keys, &args)
-                    .await
-                    .map_err(|error| Failure {
-                        error: store_error(error),
-                        backend: Some(place(group)),
-                    })?;
+                let node = route.get(place(group));
+                let settled =
+                    self.of_items(&script::SETTLE_ENTRY, "TOLLGATE.SETTLE", &call, Some(node));
+                let reply = settled.await.map_err(|error| Failure {
+                    error: store_error(error),
+                    backend: Some(place(group)),
+                })?;
                 route.answered(place(group));
                 Ok::<_, Failure>(reply)
             }
@@ -967,7 +966,8 @@ impl RedisStore {
         let replies = futures_join(calls).await;
         let mut decisions: Vec<Option<Decision>> = vec![None; items.len()];
         for (group, reply) in groups.iter().zip(replies) {
-            read_batch(items, group, &reply?, Source::Redis, &mut decisions)?;
+            let (reply, source) = reply?;
+            read_batch(items, group, &reply, source, &mut decisions)?;
         }
         let decisions = decisions
             .into_iter()
@@ -1116,38 +1116,44 @@ impl RedisStore {
         Call { keys, args, module }
     }
 
-    /// Runs a call of the batch function, or of the module's batch where `node` has it
-    /// ([`module`]): its verdicts, the time it decided at (µs, on the clock it read), and
-    /// which decided.
-    async fn run(&self, call: &Call, node: Option<&Backend>) -> Result<Batched, Error> {
+    /// Calls `entry` (the batch or the settle function) with `call`, or where `node` has
+    /// the module ([`module`]), its `command` (`TOLLGATE.BATCH`, `TOLLGATE.SETTLE`) with the
+    /// same: the reply, and which answered it.
+    async fn of_items(
+        &self,
+        entry: &Entry,
+        command: &'static str,
+        call: &Call,
+        node: Option<&Backend>,
+    ) -> Result<(Vec<u8>, Source), RedisError> {
         let args: Vec<&[u8]> = call.args.iter().map(Vec::as_slice).collect();
-        let mut source = Source::Redis;
-        let mut reply = None;
         if let (Some(rules), Some(node)) = (&call.module, node)
             && node.module.worth_asking()
             && module::quotable_all(&call.keys)
         {
-            let batch = module::batch(&call.keys, &args, rules);
-            let slot = slot(&call.keys[0]);
-            let traced = self.traced("TOLLGATE.BATCH", "TOLLGATE.BATCH", call.keys.len(), {
-                self.query_slot::<Vec<u8>>(batch, slot)
-            });
-            match traced.await {
-                Ok(answer) => {
+            let items = module::items(command, &call.keys, &args, rules);
+            let asked = self.query_slot::<Vec<u8>>(items, slot(&call.keys[0]));
+            match self.traced(command, command, call.keys.len(), asked).await {
+                Ok(reply) => {
                     node.module.present();
-                    (reply, source) = (Some(answer), Source::RedisModule);
+                    return Ok((reply, Source::RedisModule));
                 }
                 Err(err) if module::missing(&err) => node.module.absent(node.name(), &err),
-                Err(err) => return Err(store_error(err)),
+                Err(err) => return Err(err),
             }
         }
-        let mut reply = match reply {
-            Some(reply) => reply,
-            None => self
-                .invoke(&script::BATCH_ENTRY, &call.keys, &args)
-                .await
-                .map_err(store_error)?,
-        };
+        let reply = self.invoke(entry, &call.keys, &args).await?;
+        Ok((reply, Source::Redis))
+    }
+
+    /// Runs a call of the batch function, or of the module's batch where `node` has it
+    /// ([`module`]): its verdicts, the time it decided at (µs, on the clock it read), and
+    /// which decided.
+    async fn run(&self, call: &Call, node: Option<&Backend>) -> Result<Batched, Error> {
+        let (mut reply, source) = self
+            .of_items(&script::BATCH_ENTRY, "TOLLGATE.BATCH", call, node)
+            .await
+            .map_err(store_error)?;
         let Some(end) = reply.len().checked_sub(8) else {
             return Err(Error::Store {
                 message: "a batch's reply without its time".into(),

@@ -97,17 +97,22 @@ pub(crate) fn quotable(key: &[u8]) -> bool {
     quotable_all(&[key])
 }
 
-/// `TOLLGATE.BATCH numkeys key... check items rule tiers [rule tiers ...]`: the batch
-/// function's keys and arguments (`args`: the check, the items, then each item's tiers), with
-/// each item's rule argument before its tiers, each argument after the keys led by a NUL byte
-/// (see [`check`]).
-pub(crate) fn batch(keys: &[Vec<u8>], args: &[&[u8]], rules: &[Vec<u8>]) -> redis::Cmd {
+/// `command numkeys key... check items rule tiers [rule tiers ...]` (`TOLLGATE.BATCH`,
+/// `TOLLGATE.SETTLE`): the batch or settle function's keys and arguments (`args`: the check,
+/// the items, then each item's tiers), with each item's rule argument before its tiers, each
+/// argument after the keys led by a NUL byte (see [`check`]).
+pub(crate) fn items(
+    command: &str,
+    keys: &[Vec<u8>],
+    args: &[&[u8]],
+    rules: &[Vec<u8>],
+) -> redis::Cmd {
     let data: usize = keys.iter().map(Vec::len).sum::<usize>()
         + args.iter().map(|a| a.len() + 1).sum::<usize>()
         + rules.iter().map(|r| r.len() + 1).sum::<usize>()
         + 24;
     let mut call = redis::Cmd::with_capacity(2 + keys.len() + args.len() + rules.len(), data);
-    call.arg("TOLLGATE.BATCH").arg(keys.len()).arg(keys);
+    call.arg(command).arg(keys.len()).arg(keys);
     let (check, items, tiers) = (args[0], args[1], &args[2..]);
     let rules_and_tiers = rules
         .iter()
