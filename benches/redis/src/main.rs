@@ -61,7 +61,9 @@ impl Drop for Server {
     }
 }
 
-fn start_redis() -> Result<Server> {
+/// A redis-server of this harness's own, loading tollgate's Redis module from `module` if
+/// given.
+fn start_redis(module: Option<&str>) -> Result<Server> {
     let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let dir = tempfile::tempdir()?;
     // Redis on the second core, the client (this process, pinned by `run`) on the first.
@@ -76,6 +78,7 @@ fn start_redis() -> Result<Server> {
     let child = command
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
         .args(["--save", "", "--appendonly", "no"])
+        .args(module.map(|path| ["--loadmodule", path]).into_iter().flatten())
         .arg("--dir")
         .arg(dir.path())
         .stdout(Stdio::null())
@@ -193,14 +196,28 @@ fn key(caller: usize, n: u64) -> String {
     format!("user-{}", (caller as u64 * 7_919 + n) % KEYS)
 }
 
-/// tollgate with `algorithm`, at limitador's limit: a billion per minute.
-async fn tollgate(port: u16, algorithm: Algorithm, callers: usize, seconds: u64) -> Result<Run> {
+/// tollgate with `algorithm`, at limitador's limit: a billion per minute; by its Lua
+/// functions, or with `module` by its Redis module (which the server must load).
+async fn tollgate(
+    port: u16,
+    algorithm: Algorithm,
+    module: bool,
+    callers: usize,
+    seconds: u64,
+) -> Result<Run> {
     let connections: usize = argument("--connections", "0").parse()?;
-    let system = format!("tollgate ({algorithm:?})");
+    let (system, source) = match module {
+        false => (format!("tollgate ({algorithm:?})"), tollgate::Source::Redis),
+        true => (
+            format!("tollgate, module ({algorithm:?})"),
+            tollgate::Source::RedisModule,
+        ),
+    };
     let rule = Rule::new("bench", algorithm, [Tier::per_minute(1_000_000_000)])?;
     let store = RedisStore::builder(&format!("redis://127.0.0.1:{port}"))
         .connections(connections.max(1))
         .timeout(Duration::from_secs(5))
+        .module(module)
         .build()
         .await?;
     let limiter = Arc::new(Limiter::builder(rule).store(store).build()?);
@@ -208,7 +225,7 @@ async fn tollgate(port: u16, algorithm: Algorithm, callers: usize, seconds: u64)
         let limiter = limiter.clone();
         async move {
             let decision = limiter.check(key(caller, n), 1).await.unwrap();
-            assert!(decision.allowed() && decision.source() == tollgate::Source::Redis);
+            assert!(decision.allowed() && decision.source() == source);
         }
     })
     .await
@@ -219,8 +236,10 @@ async fn tollgate(port: u16, algorithm: Algorithm, callers: usize, seconds: u64)
 /// request.
 async fn metered(port: u16, kind: &'static str, callers: usize, seconds: u64) -> Result<Run> {
     let rule = Rule::new("bench", Algorithm::FixedWindow, [Tier::per_minute(1_000_000_000)])?;
+    // By the functions, as the table was measured, whether or not the server loads the module.
     let store = RedisStore::builder(&format!("redis://127.0.0.1:{port}"))
         .timeout(Duration::from_secs(5))
+        .module(false)
         .build()
         .await?;
     let limiter = Arc::new(Limiter::builder(rule).store(store).build()?);
@@ -406,7 +425,9 @@ async fn main() -> Result<()> {
         .collect::<Result<_, _>>()?;
     let systems = argument("--systems", "tollgate,limitador,floor,ceiling");
     let rounds: usize = argument("--rounds", "3").parse()?;
-    let server = start_redis()?;
+    let module = argument("--module", "");
+    let module = (!module.is_empty()).then_some(module.as_str());
+    let server = start_redis(module)?;
     if systems == "metered" {
         return metered_table(server.port, &callers, rounds, seconds).await;
     }
@@ -422,7 +443,10 @@ async fn main() -> Result<()> {
             let mut runs = Vec::new();
             if systems.contains("tollgate") {
                 for algorithm in [Algorithm::Gcra, Algorithm::FixedWindow] {
-                    runs.push(tollgate(server.port, algorithm, n, seconds).await?);
+                    runs.push(tollgate(server.port, algorithm.clone(), false, n, seconds).await?);
+                    if module.is_some() {
+                        runs.push(tollgate(server.port, algorithm, true, n, seconds).await?);
+                    }
                 }
             }
             if systems.contains("limitador") {

@@ -276,6 +276,12 @@ impl Prepared {
         Ok(Outcome { reply, write })
     }
 
+    /// Its rule.
+    #[cfg(all(test, feature = "redis"))]
+    pub(crate) fn rule(&self) -> &Rule {
+        &self.rule
+    }
+
     /// The state words of a key whose value is `stored` (`None`: no such key), read at `now`:
     /// as new when expired, for an algorithm that forgets (see `Decide::forgets`).
     fn state(&self, stored: Option<&[u8]>, now: u64) -> Result<Vec<u64>, Refused> {
@@ -643,79 +649,4 @@ pub enum Ttl {
     At(i64),
     /// In this many milliseconds (`PX`), on the caller's.
     In(i64),
-}
-
-#[cfg(all(test, feature = "redis"))]
-mod tests {
-    use proptest::prelude::*;
-
-    use super::*;
-    use crate::store::tier_args;
-
-    fn rules() -> Vec<Rule> {
-        let hour = Duration::from_secs(3_600);
-        let algorithms = [
-            Algorithm::FixedWindow,
-            Algorithm::SlidingWindow,
-            Algorithm::SubWindows(SubWindows { count: 4 }),
-            Algorithm::TokenBucket(TokenBucket {
-                initial_tokens: Some(2),
-            }),
-            Algorithm::IntervalBucket,
-            Algorithm::LeakyBucket(LeakyBucket::Shaper),
-            Algorithm::Gcra,
-            Algorithm::WarmUp(WarmUp::new(Duration::from_secs(60))),
-            Algorithm::HitCounter,
-            Algorithm::Concurrency,
-        ];
-        algorithms
-            .into_iter()
-            .map(|a| Rule::new("r", a, [Tier::new(700, hour), Tier::per_second(3)]).unwrap())
-            .collect()
-    }
-
-    /// The arguments a store sends make a rule the module decides: the contract both ends
-    /// keep, every algorithm but the sliding log.
-    #[test]
-    fn a_stores_arguments_make_the_rule_it_sent() {
-        for rule in rules() {
-            let prepared = Prepared::new(&rule_args(rule.algorithm()), &tier_args(&rule)).unwrap();
-            assert_eq!(prepared.rule.algorithm(), rule.algorithm());
-            assert_eq!(prepared.rule.tiers(), rule.tiers());
-        }
-        let log = Rule::new("log", Algorithm::SlidingLog, [Tier::per_second(3)]).unwrap();
-        let refused = Prepared::new(&rule_args(log.algorithm()), &tier_args(&log));
-        assert!(refused.is_err());
-    }
-
-    /// A module built from other Lua code refuses a store's call, saying so in the words the
-    /// store looks for to call the functions instead.
-    #[test]
-    fn a_module_of_other_code_refuses_the_call() {
-        let rule = &rules()[0];
-        let mut args = rule_args(rule.algorithm());
-        args[0] ^= 1;
-        let refused = Prepared::new(&args, &tier_args(rule)).unwrap_err();
-        assert_eq!(refused, Refused(OTHER_VERSION));
-    }
-
-    proptest! {
-        /// Inside Redis a panic would take the server down: arguments of any bytes are
-        /// refused or decided, never a panic.
-        #[test]
-        fn arguments_of_any_bytes_are_refused_or_decided(
-            rule in proptest::collection::vec(any::<u8>(), 0..40),
-            tiers in proptest::collection::vec(any::<u8>(), 0..200),
-            check in proptest::collection::vec(any::<u8>(), 0..60),
-            stored in proptest::option::of(proptest::collection::vec(any::<u8>(), 0..64)),
-            which in 0usize..10,
-        ) {
-            let _ = Prepared::new(&rule, &tiers);
-            let rules = rules();
-            let valid = &rules[which];
-            let prepared =
-                Prepared::new(&rule_args(valid.algorithm()), &tier_args(valid)).unwrap();
-            let _ = prepared.check(&check, stored.as_deref(), || 1_700_000_000_000_000);
-        }
-    }
 }

@@ -370,50 +370,74 @@ impl Drop for Cluster {
     }
 }
 
+/// A free port for a cluster node, whose bus port (port + 10000) is free too: from 2000 to
+/// 9999 (bus ports to 19999), below both the range Linux hands out as connections' own ports
+/// (from 32768), where a port found free can be given to a connection before redis-server
+/// binds it, and the ports the library's tests take (from 20000).
+fn cluster_port() -> u16 {
+    static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+    use std::sync::atomic::Ordering;
+    // Spread test processes apart, then probe upwards.
+    let start = 2_000 + (std::process::id() % 160) as u16 * 50;
+    let _ = NEXT.compare_exchange(0, start, Ordering::SeqCst, Ordering::SeqCst);
+    loop {
+        let port = NEXT.fetch_add(1, Ordering::SeqCst);
+        let port = 2_000 + (port - 2_000) % 8_000;
+        let free = |p: u16| TcpListener::bind(("127.0.0.1", p)).is_ok();
+        if free(port) && free(port + 10_000) {
+            return port;
+        }
+    }
+}
+
 impl Cluster {
-    pub fn start() -> Self {
-        let ports: Vec<u16> = std::iter::repeat_with(|| {
+    /// Starts a node on a free port; on another when it exits at once (its port was taken
+    /// between the probe and the bind).
+    fn start_node(&mut self) {
+        for _ in 0..5 {
+            let port = cluster_port();
+            let dir = tempfile::tempdir().unwrap();
+            let mut child = Command::new("redis-server")
+                .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+                .args(["--save", "", "--appendonly", "no"])
+                .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
+                .args(["--cluster-require-full-coverage", "no"])
+                .args(["--repl-diskless-sync-delay", "0"])
+                .arg("--dir")
+                .arg(dir.path())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server is installed");
+            let deadline = Instant::now() + Duration::from_secs(20);
+            // One that could not bind exits at once; after that, PONG is its own.
+            std::thread::sleep(Duration::from_millis(50));
             loop {
-                let port = free_port();
-                if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
-                    break port;
+                let alive = child.try_wait().ok().flatten().is_none();
+                if alive && self.cli(port, &["ping"]).contains("PONG") {
+                    self.nodes.push(child);
+                    self.ports.push(port);
+                    self._dirs.push(dir);
+                    return;
                 }
-            }
-        })
-        .take(6)
-        .collect();
-        let mut dirs = Vec::new();
-        let nodes: Vec<Child> = ports
-            .iter()
-            .map(|port| {
-                let dir = tempfile::tempdir().unwrap();
-                let child = Command::new("redis-server")
-                    .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-                    .args(["--save", "", "--appendonly", "no"])
-                    .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
-                    .args(["--cluster-require-full-coverage", "no"])
-                    .args(["--repl-diskless-sync-delay", "0"])
-                    .arg("--dir")
-                    .arg(dir.path())
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .expect("redis-server is installed");
-                dirs.push(dir);
-                child
-            })
-            .collect();
-        let cluster = Self {
-            nodes,
-            ports,
-            _dirs: dirs,
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        for port in &cluster.ports {
-            while !cluster.cli(*port, &["ping"]).contains("PONG") {
+                if !alive {
+                    break;
+                }
                 assert!(Instant::now() < deadline, "a node did not start");
                 std::thread::sleep(Duration::from_millis(20));
             }
+        }
+        panic!("a cluster node did not start on any of five free ports");
+    }
+
+    pub fn start() -> Self {
+        let mut cluster = Self {
+            nodes: Vec::new(),
+            ports: Vec::new(),
+            _dirs: Vec::new(),
+        };
+        for _ in 0..6 {
+            cluster.start_node();
         }
         let addresses: Vec<String> = cluster
             .ports
@@ -429,6 +453,7 @@ impl Cluster {
             .status()
             .unwrap();
         assert!(created.success(), "redis-cli --cluster create failed");
+        let deadline = Instant::now() + Duration::from_secs(20);
         for port in &cluster.ports {
             loop {
                 let info = cluster.cli(*port, &["cluster", "info"]);

@@ -33,8 +33,6 @@ pub use hybrid::{HybridConfig, HybridPlan, HybridStats, HybridStore};
 #[cfg(feature = "redis")]
 pub use lease::{LeaseConfig, LeasePlan, LeaseStats, LeaseStore};
 pub use memory::{MIN_MAX_BYTES, MemoryPlan, MemoryStore, MemoryStoreBuilder, WhenFull};
-#[cfg(all(test, feature = "redis"))]
-pub(crate) use redis::tier_args;
 #[cfg(feature = "redis")]
 pub use redis::{NodeHealth, RedisPlan, RedisStore, RedisStoreBuilder, StoreTime};
 

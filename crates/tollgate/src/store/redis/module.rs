@@ -158,3 +158,81 @@ pub(crate) fn missing(err: &RedisError) -> bool {
         _ => false,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+
+    use crate::inside::{OTHER_VERSION, Prepared, Refused, rule_args};
+    use crate::store::redis::tier_args;
+    use crate::{Algorithm, LeakyBucket, Rule, SubWindows, Tier, TokenBucket, WarmUp};
+
+    fn rules() -> Vec<Rule> {
+        let hour = Duration::from_secs(3_600);
+        let algorithms = [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindow,
+            Algorithm::SubWindows(SubWindows { count: 4 }),
+            Algorithm::TokenBucket(TokenBucket {
+                initial_tokens: Some(2),
+            }),
+            Algorithm::IntervalBucket,
+            Algorithm::LeakyBucket(LeakyBucket::Shaper),
+            Algorithm::Gcra,
+            Algorithm::WarmUp(WarmUp::new(Duration::from_secs(60))),
+            Algorithm::HitCounter,
+            Algorithm::Concurrency,
+        ];
+        algorithms
+            .into_iter()
+            .map(|a| Rule::new("r", a, [Tier::new(700, hour), Tier::per_second(3)]).unwrap())
+            .collect()
+    }
+
+    /// The arguments a store sends make a rule the module decides: the contract both ends
+    /// keep, every algorithm but the sliding log.
+    #[test]
+    fn a_stores_arguments_make_the_rule_it_sent() {
+        for rule in rules() {
+            let prepared = Prepared::new(&rule_args(rule.algorithm()), &tier_args(&rule)).unwrap();
+            assert_eq!(prepared.rule().algorithm(), rule.algorithm());
+            assert_eq!(prepared.rule().tiers(), rule.tiers());
+        }
+        let log = Rule::new("log", Algorithm::SlidingLog, [Tier::per_second(3)]).unwrap();
+        let refused = Prepared::new(&rule_args(log.algorithm()), &tier_args(&log));
+        assert!(refused.is_err());
+    }
+
+    /// A module built from other Lua code refuses a store's call, saying so in the words the
+    /// store looks for to call the functions instead.
+    #[test]
+    fn a_module_of_other_code_refuses_the_call() {
+        let rule = &rules()[0];
+        let mut args = rule_args(rule.algorithm());
+        args[0] ^= 1;
+        let refused = Prepared::new(&args, &tier_args(rule)).unwrap_err();
+        assert_eq!(refused, Refused(OTHER_VERSION));
+    }
+
+    proptest! {
+        /// Inside Redis a panic would take the server down: arguments of any bytes are
+        /// refused or decided, never a panic.
+        #[test]
+        fn arguments_of_any_bytes_are_refused_or_decided(
+            rule in proptest::collection::vec(any::<u8>(), 0..40),
+            tiers in proptest::collection::vec(any::<u8>(), 0..200),
+            check in proptest::collection::vec(any::<u8>(), 0..60),
+            stored in proptest::option::of(proptest::collection::vec(any::<u8>(), 0..64)),
+            which in 0usize..10,
+        ) {
+            let _ = Prepared::new(&rule, &tiers);
+            let rules = rules();
+            let valid = &rules[which];
+            let prepared =
+                Prepared::new(&rule_args(valid.algorithm()), &tier_args(valid)).unwrap();
+            let _ = prepared.check(&check, stored.as_deref(), || 1_700_000_000_000_000);
+        }
+    }
+}
