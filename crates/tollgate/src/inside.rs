@@ -188,7 +188,7 @@ pub struct Prepared {
 }
 
 impl Prepared {
-    /// The rule of `rule_args` ([`rule_args`]) and `tier_args` (eleven doubles per tier, as
+    /// The rule of `rule_args` (what the store's `rule_args` makes) and `tier_args` (eleven doubles per tier, as
     /// the functions read them).
     ///
     /// # Errors
