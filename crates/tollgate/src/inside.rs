@@ -188,8 +188,8 @@ pub struct Prepared {
 }
 
 impl Prepared {
-    /// The rule of `rule_args` (what the store's `rule_args` makes) and `tier_args` (eleven doubles per tier, as
-    /// the functions read them).
+    /// The rule of `rule_args` (what the store's `rule_args` makes) and `tier_args` (eleven
+    /// doubles per tier, as the functions read them).
     ///
     /// # Errors
     /// [`Refused`] when the arguments are not those a store of this version sends for a rule
