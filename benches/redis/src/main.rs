@@ -34,7 +34,8 @@ struct Run {
     decisions_per_second: f64,
     p50_us: f64,
     p99_us: f64,
-    /// Function and script calls (FCALL/EVALSHA/EVAL) per decision: the round trips.
+    /// Function, script and module calls (FCALL/EVALSHA/EVAL, tollgate's module's
+    /// commands) per decision: the round trips.
     scripts: f64,
     /// Every command Redis ran per decision, including those inside scripts.
     commands: f64,
@@ -175,7 +176,8 @@ where
     let stats = info(port)?;
     let decisions = merged.len() as f64;
     let redis_cpu_us = (redis_cpu(port)? - cpu_before) * 1e6 / decisions;
-    let scripts: f64 = ["fcall", "evalsha", "eval"]
+    let calls = ["fcall", "evalsha", "eval", "tollgate.check", "tollgate.batch"];
+    let scripts: f64 = calls
         .iter()
         .map(|c| stats.get(*c).unwrap_or(&0.0))
         .sum();
