@@ -556,22 +556,9 @@ pub fn settle(check: &Check, items: &[Item<'_>]) -> Result<(Vec<u8>, Vec<Write>)
             item.cost > 0 && (!matches!(settle, Settle::Renew) || algorithm.holds_slots());
         let kept = item.stored.map(|_| rule.expires_at(algorithm, &state));
         if changes {
-            for (i, tier) in rule.tiers().iter().enumerate() {
-                let words = &mut state[rule.tier_words(i)];
-                match settle {
-                    Settle::Report => algorithm.debit(tier, words, now, item.cost),
-                    Settle::Credit { at } => algorithm.credit(tier, words, now, item.cost, at),
-                    Settle::Renew => algorithm.renew(tier, words, now, item.cost),
-                }
-            }
+            rule.settle_tiers(algorithm, &mut state, now, item.cost, settle);
         }
-        let look = Attempt {
-            now,
-            cost: 0,
-            max_delay: None,
-            commit: false,
-            settle: None,
-        };
+        let look = Attempt::look(now);
         for (i, tier) in rule.tiers().iter().enumerate() {
             let verdict = algorithm.decide(tier, &mut state[rule.tier_words(i)], &look);
             reply.extend(reply_of(&verdict));

@@ -462,10 +462,24 @@ impl Rule {
         attempt: Attempt,
         settle: Settle,
     ) -> Decision {
-        let (now, cost) = (attempt.now, attempt.cost);
         // Nothing settled at no cost: the state stays as it is, a key never seen too.
-        let tiers = if cost > 0 { self.tiers() } else { &[] };
-        for (i, tier) in tiers.iter().enumerate() {
+        if attempt.cost > 0 {
+            self.settle_tiers(algorithm, state, attempt.now, attempt.cost, settle);
+        }
+        self.evaluate(algorithm, state, Attempt::look(attempt.now))
+    }
+
+    /// Takes `cost` (at `now`, µs) in every tier whatever its state, gives it back, or renews
+    /// as many slots held, as `settle` says.
+    pub(crate) fn settle_tiers<A: Decide>(
+        &self,
+        algorithm: &A,
+        state: &mut [u64],
+        now: u64,
+        cost: u64,
+        settle: Settle,
+    ) {
+        for (i, tier) in self.tiers().iter().enumerate() {
             let words = &mut state[self.tier_words(i)];
             match settle {
                 Settle::Report => algorithm.debit(tier, words, now, cost),
@@ -473,14 +487,6 @@ impl Rule {
                 Settle::Renew => algorithm.renew(tier, words, now, cost),
             }
         }
-        let look = Attempt {
-            now,
-            cost: 0,
-            max_delay: None,
-            commit: false,
-            settle: None,
-        };
-        self.evaluate(algorithm, state, look)
     }
 
     /// Records in every tier what a denial of `attempt` records (see [`Decide::denied`]).

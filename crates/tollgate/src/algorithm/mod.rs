@@ -232,6 +232,17 @@ pub enum Settle {
 }
 
 impl Attempt {
+    /// A look at `now`: a check of no cost that writes nothing.
+    pub(crate) fn look(now: u64) -> Self {
+        Self {
+            now,
+            cost: 0,
+            max_delay: None,
+            commit: false,
+            settle: None,
+        }
+    }
+
     /// Whether an admitted attempt must write its new state.
     pub(crate) fn writes(&self) -> bool {
         self.commit && self.cost > 0

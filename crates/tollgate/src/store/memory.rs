@@ -579,14 +579,7 @@ impl Score for Scorer<'_> {
         if rule.expires_at(algorithm, state) <= now {
             return None;
         }
-        let look = Attempt {
-            now,
-            cost: 0,
-            max_delay: None,
-            commit: false,
-            settle: None,
-        };
-        let binding = rule.evaluate(algorithm, state, look);
+        let binding = rule.evaluate(algorithm, state, Attempt::look(now));
         Some(binding.remaining() as f64 / binding.limit().max(1) as f64)
     }
 }
