@@ -175,10 +175,16 @@ fn with_rules<T>(
     f: impl FnOnce(&[&Prepared]) -> Result<T, RedisError>,
 ) -> Result<T, RedisError> {
     RULES.with_borrow_mut(|kept| {
-        let find = |kept: &Rules, (rule, tiers): (&[u8], &[u8])| {
-            kept.get(tiers)
-                .and_then(|of_tiers| of_tiers.iter().position(|(r, _)| r.as_slice() == rule))
-        };
+        fn find<'k>(kept: &'k Rules, (rule, tiers): (&[u8], &[u8])) -> Option<&'k Prepared> {
+            let of_tiers = kept.get(tiers)?;
+            let found = of_tiers.iter().find(|(r, _)| r.as_slice() == rule);
+            found.map(|(_, prepared)| prepared)
+        }
+        // Known already (every call but a rule's first): one lookup each.
+        let known: Option<Vec<&Prepared>> = rules.iter().map(|&r| find(kept, r)).collect();
+        if let Some(prepared) = known {
+            return f(&prepared);
+        }
         for &(rule, tiers) in rules {
             if find(kept, (rule, tiers)).is_none() {
                 let prepared = Prepared::new(rule, tiers).map_err(refused)?;
@@ -191,10 +197,7 @@ fn with_rules<T>(
         }
         let prepared: Vec<&Prepared> = rules
             .iter()
-            .map(|&(rule, tiers)| {
-                let at = find(kept, (rule, tiers)).expect("kept above");
-                &kept[tiers][at].1
-            })
+            .map(|&r| find(kept, r).expect("kept above"))
             .collect();
         f(&prepared)
     })

@@ -77,7 +77,8 @@ impl std::fmt::Display for Refused {
 /// calls the functions instead.
 pub const OTHER_VERSION: &str = "tollgate module of other code";
 
-/// Every algorithm's index, as the Lua library numbers it (from 1).
+/// Every algorithm's index, as the Lua library numbers it (from 1, in the order of
+/// `ALGORITHMS` in `store/redis/script.rs`) and batches name it.
 #[cfg(feature = "redis")]
 pub(crate) fn index(algorithm: &Algorithm) -> usize {
     match algorithm {
@@ -376,10 +377,11 @@ impl Check {
     /// # Errors
     /// [`Refused`] for an argument of the wrong shape.
     pub fn new(args: &[u8], server_now: impl FnOnce() -> u64) -> Result<Self, Refused> {
-        let a: Vec<f64> = doubles(args)
+        let mut a = [0.0; 6];
+        let given = doubles(args)
             .filter(|d| d.len() == 6)
-            .ok_or(Refused("the check argument is not six doubles"))?
-            .collect();
+            .ok_or(Refused("the check argument is not six doubles"))?;
+        a.iter_mut().zip(given).for_each(|(a, d)| *a = d);
         let settle = match a[4] {
             0.0 => None,
             1.0 => Some(Settle::Report),

@@ -199,6 +199,18 @@ impl Drop for Redis {
     }
 }
 
+/// `redis-server` on `port`, keeping nothing, with `dir` its directory and `extra` arguments.
+fn redis_server(port: u16, dir: &Path, extra: &[&str]) -> Command {
+    let mut command = Command::new("redis-server");
+    command
+        .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--save", "", "--appendonly", "no"])
+        .args(extra)
+        .arg("--dir")
+        .arg(dir);
+    command
+}
+
 impl Redis {
     /// Starts on a free port. A port found free can be taken before redis-server binds it,
     /// so it counts as started only when it says it accepts connections, and it tries
@@ -207,11 +219,7 @@ impl Redis {
         for _ in 0..5 {
             let port = free_port();
             let dir = tempfile::tempdir().unwrap();
-            let mut child = Command::new("redis-server")
-                .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-                .args(["--save", "", "--appendonly", "no"])
-                .arg("--dir")
-                .arg(dir.path())
+            let mut child = redis_server(port, dir.path(), &[])
                 .stdout(Stdio::piped())
                 .stderr(Stdio::null())
                 .spawn()
@@ -397,14 +405,17 @@ impl Cluster {
         for _ in 0..5 {
             let port = cluster_port();
             let dir = tempfile::tempdir().unwrap();
-            let mut child = Command::new("redis-server")
-                .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-                .args(["--save", "", "--appendonly", "no"])
-                .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
-                .args(["--cluster-require-full-coverage", "no"])
-                .args(["--repl-diskless-sync-delay", "0"])
-                .arg("--dir")
-                .arg(dir.path())
+            let cluster = [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-node-timeout",
+                "1000",
+                "--cluster-require-full-coverage",
+                "no",
+                "--repl-diskless-sync-delay",
+                "0",
+            ];
+            let mut child = redis_server(port, dir.path(), &cluster)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()

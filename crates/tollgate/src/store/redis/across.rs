@@ -70,7 +70,7 @@ pub(super) async fn take(
     let mut takes: Vec<(usize, Reply<'_>)> = (0..parts.len())
         .filter(|&p| parts[p].gives_back)
         .map(|p| {
-            let take = store.run(&parts[p].take, parts[p].node.as_deref());
+            let take = store.run(&parts[p].take, parts[p].node.as_deref(), now);
             (p, Box::pin(take) as Reply<'_>)
         })
         .collect();
@@ -109,11 +109,13 @@ pub(super) async fn take(
     for p in (0..parts.len()).filter(|&p| !parts[p].gives_back) {
         if denied {
             let look = parts[p].take.in_mode(Mode::Look);
-            let looked = store.run(&look, parts[p].node.as_deref()).await;
+            let looked = store.run(&look, parts[p].node.as_deref(), now).await;
             outcomes[p] = Some(looked.map(|b| (b.verdicts, b.source)));
             continue;
         }
-        let took = store.run(&parts[p].take, parts[p].node.as_deref()).await;
+        let took = store
+            .run(&parts[p].take, parts[p].node.as_deref(), now)
+            .await;
         let (outcome, took) = read(&parts[p], took);
         denied |= took.is_none();
         outcomes[p] = Some(outcome);
@@ -199,6 +201,7 @@ async fn give_back(store: &RedisStore, now: u64, part: &Part, took: Taken) {
             "TOLLGATE.SETTLE",
             &give,
             part.node.as_deref(),
+            now,
         )
         .await
         .map(drop)

@@ -825,10 +825,13 @@ impl RedisStore {
         if let [group] = &groups[..] {
             let call = self.batch_call(items, group, now, max_delay, Mode::Decide);
             let node = route.get(place(group));
-            let batched = self.run(&call, Some(node)).await.map_err(|error| Failure {
-                error,
-                backend: Some(place(group)),
-            })?;
+            let batched = self
+                .run(&call, Some(node), now)
+                .await
+                .map_err(|error| Failure {
+                    error,
+                    backend: Some(place(group)),
+                })?;
             route.answered(place(group));
             let (reply, source) = (&batched.verdicts, batched.source);
             read_batch(items, group, reply, source, &mut decisions)?;
@@ -953,8 +956,8 @@ impl RedisStore {
             call.args[0] = self.header_of(now, 0, None, Some(settle));
             async move {
                 let node = route.get(place(group));
-                let settled =
-                    self.of_items(&script::SETTLE_ENTRY, "TOLLGATE.SETTLE", &call, Some(node));
+                let entry = &script::SETTLE_ENTRY;
+                let settled = self.of_items(entry, "TOLLGATE.SETTLE", &call, Some(node), now);
                 let reply = settled.await.map_err(|error| Failure {
                     error: store_error(error),
                     backend: Some(place(group)),
@@ -1043,7 +1046,7 @@ impl RedisStore {
         let keys = plan.keys(item.key);
         let tier_args = plan.tier_args_at(item.rule, now);
         if let Some(rule_args) = &plan.module
-            && node.module.worth_asking()
+            && node.module.worth_asking(now)
             && module::quotable(&keys[0])
         {
             let call = module::check(&keys[0], &header, rule_args, &tier_args);
@@ -1061,7 +1064,7 @@ impl RedisStore {
                     let mut verdicts = Verdicts::new(&reply, plan.tiers)?;
                     return Ok(verdicts.decision(item.rule, Source::RedisModule));
                 }
-                Err(err) if module::missing(&err) => node.module.absent(node.name(), &err),
+                Err(err) if module::missing(&err) => node.module.absent(now, node.name(), &err),
                 Err(err) => return Err(store_error(err)),
             }
         }
@@ -1125,10 +1128,11 @@ impl RedisStore {
         command: &'static str,
         call: &Call,
         node: Option<&Backend>,
+        now: u64,
     ) -> Result<(Vec<u8>, Source), RedisError> {
         let args: Vec<&[u8]> = call.args.iter().map(Vec::as_slice).collect();
         if let (Some(rules), Some(node)) = (&call.module, node)
-            && node.module.worth_asking()
+            && node.module.worth_asking(now)
             && module::quotable_all(&call.keys)
         {
             let items = module::items(command, &call.keys, &args, rules);
@@ -1138,7 +1142,7 @@ impl RedisStore {
                     node.module.present();
                     return Ok((reply, Source::RedisModule));
                 }
-                Err(err) if module::missing(&err) => node.module.absent(node.name(), &err),
+                Err(err) if module::missing(&err) => node.module.absent(now, node.name(), &err),
                 Err(err) => return Err(err),
             }
         }
@@ -1147,11 +1151,11 @@ impl RedisStore {
     }
 
     /// Runs a call of the batch function, or of the module's batch where `node` has it
-    /// ([`module`]): its verdicts, the time it decided at (µs, on the clock it read), and
-    /// which decided.
-    async fn run(&self, call: &Call, node: Option<&Backend>) -> Result<Batched, Error> {
+    /// ([`module`]), for a check at `now`: its verdicts, the time it decided at (µs, on the
+    /// clock it read), and which decided.
+    async fn run(&self, call: &Call, node: Option<&Backend>, now: u64) -> Result<Batched, Error> {
         let (mut reply, source) = self
-            .of_items(&script::BATCH_ENTRY, "TOLLGATE.BATCH", call, node)
+            .of_items(&script::BATCH_ENTRY, "TOLLGATE.BATCH", call, node, now)
             .await
             .map_err(store_error)?;
         let Some(end) = reply.len().checked_sub(8) else {
@@ -1797,7 +1801,7 @@ impl RedisPlan {
         let name = format!("tg:{}:{:08x}:", rule.name(), rule.fingerprint());
         Self {
             entry,
-            algorithm: script::index(algorithm),
+            algorithm: crate::inside::index(algorithm),
             gives_back: algorithm.gives_back(),
             prefix: [key_prefix, name.as_bytes()].concat(),
             tiers: rule.tiers().len(),

@@ -12,7 +12,7 @@
 //! that loses it costs one more round trip to the first check that meets it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redis::RedisError;
 
@@ -21,29 +21,20 @@ use crate::inside::OTHER_VERSION;
 /// How long a node found without the module is not asked again.
 pub(crate) const ASK_AGAIN: Duration = Duration::from_secs(60);
 
-/// Whether a node has the module, as last found.
-#[derive(Debug)]
+/// Whether a node has the module, as last found. Times are the checks' own (µs since the
+/// Unix epoch), so that asking costs no clock read.
+#[derive(Debug, Default)]
 pub(crate) struct Presence {
-    since: Instant,
-    /// Until when (ms after `since`) the node is taken to lack it; 0 while it has it.
+    /// Until when the node is taken to lack it; 0 while it has it.
     absent_until: AtomicU64,
 }
 
-impl Default for Presence {
-    fn default() -> Self {
-        Self {
-            since: Instant::now(),
-            absent_until: AtomicU64::new(0),
-        }
-    }
-}
-
 impl Presence {
-    /// Whether to call the module: it answered last time, or its absence is old news.
+    /// Whether to call the module at `now`: it answered last time, or its absence is old news.
     #[inline]
-    pub(crate) fn worth_asking(&self) -> bool {
+    pub(crate) fn worth_asking(&self, now: u64) -> bool {
         let until = self.absent_until.load(Ordering::Relaxed);
-        until == 0 || self.elapsed_ms() >= until
+        until == 0 || now >= until
     }
 
     /// The module answered.
@@ -56,9 +47,10 @@ impl Presence {
         }
     }
 
-    /// The node answered `err`, which [`missing`] says means no module.
-    pub(crate) fn absent(&self, node: &str, err: &RedisError) {
-        let until = (self.elapsed_ms() + ASK_AGAIN.as_millis() as u64).max(1);
+    /// The node answered `err` at `now`, which [`missing`] says means no module.
+    pub(crate) fn absent(&self, now: u64, node: &str, err: &RedisError) {
+        let again = u64::try_from(ASK_AGAIN.as_micros()).unwrap_or(u64::MAX);
+        let until = now.saturating_add(again).max(1);
         if self.absent_until.swap(until, Ordering::Relaxed) == 0 {
             tracing::info!(
                 node, error = %err,
@@ -66,10 +58,6 @@ impl Presence {
                 ASK_AGAIN.as_secs()
             );
         }
-    }
-
-    fn elapsed_ms(&self) -> u64 {
-        u64::try_from(self.since.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 }
 

@@ -290,14 +290,9 @@ fn reservations(function: &str) -> Entry {
     }
 }
 
-/// The index of `algorithm` in [`ALGORITHMS`], as batches name it (from 1).
-pub(crate) fn index(algorithm: &Algorithm) -> usize {
-    crate::inside::index(algorithm)
-}
-
 /// How checks of `algorithm` alone are sent.
 pub(crate) fn entry(algorithm: &Algorithm) -> &'static Entry {
-    &ENTRIES[index(algorithm) - 1]
+    &ENTRIES[crate::inside::index(algorithm) - 1]
 }
 
 #[cfg(test)]
