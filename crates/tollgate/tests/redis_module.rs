@@ -288,7 +288,8 @@ async fn the_modules_command_declares_its_key() {
 async fn at_the_servers_time_the_module_writes_what_the_functions_write() {
     let server = module_server(&[]);
     let stores = [("m:", true), ("f:", false)];
-    let rule = Rule::new("clock", Algorithm::FixedWindow, [Tier::per_hour(100)]).unwrap();
+    // A day: a window that ends between the two stores' checks would tell them apart.
+    let rule = Rule::new("clock", Algorithm::FixedWindow, [Tier::per_day(100)]).unwrap();
     let mut limiters = Vec::new();
     for (prefix, module) in stores {
         let store = RedisStore::builder(&server.url())
