@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
 """What Redis spends per check, by algorithm, side by side with the floors, in one run.
 
+A system may also name a pattern other than the admitted check of one tier (see the
+`redis_cost` example): `gcra:denied`, `module_sub_windows:tiers8`,
+`module_concurrency:slots1000`, beside `floor_8k`, the floor writing as much as 1,000 words.
+
 For each system (every algorithm by the Lua functions and, as `module_<algorithm>`, by
 tollgate's Redis module, built here in release; two rules in one call; and the floors: a script of TIME,
 GET and SET PX deciding nothing, for one key and for two, and `return 1`; and the peer that

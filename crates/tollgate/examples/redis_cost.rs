@@ -1,14 +1,21 @@
 //! The load of `benches/redis/cost.py`, which measures what Redis spends per check, by
 //! algorithm: `CHECKS` checks from `CALLERS` concurrent callers of one limiter on one
 //! connection, keys cycling over 10,000, every check admitted (limits of a billion an hour;
-//! the concurrency rule's 1,000 slots a key, leased for a minute, are more than a run takes).
+//! the concurrency rule's 10 slots a key, leased for a minute, are more than a run takes).
 //!
 //! `SYSTEM` is an algorithm's name, `two_rules` (a fixed window and a GCRA of the same key,
 //! one call of the batch function), or a floor sent the same way with redis-rs: `floor` (a
 //! script that reads `TIME`, `GET`s the key and `SET`s it back with `PX`, deciding nothing:
 //! what any exact check on the server's clock does at least), `floor_two` (the same for two
-//! keys of one slot) or `one` (`return 1`); or `redis_cell`, the peer that decides inside
-//! Redis: redis-cell's `CL.THROTTLE` (GCRA), on a server that loaded its module.
+//! keys of one slot), `floor_8k` (the floor with an argument of 8,000 bytes, which it writes:
+//! as much as a state of 1,000 words) or `one` (`return 1`); or `redis_cell`, the peer that
+//! decides inside Redis: redis-cell's `CL.THROTTLE` (GCRA), on a server that loaded its
+//! module.
+//!
+//! An algorithm's name may end in a pattern other than the admitted check of one tier:
+//! `:denied` (one permit an hour, keys cycling over 100: after the first checks, every check
+//! is denied), `:tiers8` (eight tiers, of a second to a week, every check admitted) or, for
+//! the concurrency rule, `:slots1000` (1,000 slots a key: a state of 1,000 words).
 //!
 //! Run: `cargo run --release -p tollgate --features redis --example redis_cost -- URL SYSTEM
 //! CHECKS [CALLERS]`
@@ -23,12 +30,49 @@ use tollgate::{
 const KEYS: usize = 10_000;
 
 fn rule(name: &str, algorithm: Algorithm) -> Rule {
-    let tier = match algorithm {
-        Algorithm::Concurrency => Tier::new(10, Duration::from_secs(60)),
-        Algorithm::SlidingLog => Tier::per_hour(100_000),
+    rule_of(name, algorithm, Pattern::Admitted)
+}
+
+/// What a system's checks meet; see the module's documentation.
+#[derive(Clone, Copy, PartialEq)]
+enum Pattern {
+    Admitted,
+    Denied,
+    Tiers8,
+    Slots1000,
+}
+
+impl Pattern {
+    fn of(suffix: Option<&str>) -> Option<Self> {
+        Some(match suffix {
+            None => Self::Admitted,
+            Some("denied") => Self::Denied,
+            Some("tiers8") => Self::Tiers8,
+            Some("slots1000") => Self::Slots1000,
+            Some(_) => return None,
+        })
+    }
+
+    /// How many keys the checks cycle over.
+    fn keys(self) -> usize {
+        if self == Self::Denied { 100 } else { KEYS }
+    }
+}
+
+fn rule_of(name: &str, algorithm: Algorithm, pattern: Pattern) -> Rule {
+    let tier = match (&algorithm, pattern) {
+        (_, Pattern::Denied) => Tier::per_hour(1),
+        (Algorithm::Concurrency, Pattern::Slots1000) => Tier::new(1_000, Duration::from_secs(60)),
+        (Algorithm::Concurrency, _) => Tier::new(10, Duration::from_secs(60)),
+        (Algorithm::SlidingLog, _) => Tier::per_hour(100_000),
         _ => Tier::per_hour(1_000_000_000),
     };
-    Rule::new(name, algorithm, [tier]).expect("a valid rule")
+    if pattern != Pattern::Tiers8 {
+        return Rule::new(name, algorithm, [tier]).expect("a valid rule");
+    }
+    let tiers = [1, 10, 60, 600, 3_600, 21_600, 86_400, 604_800]
+        .map(|seconds| Tier::new(1_000_000_000, Duration::from_secs(seconds)));
+    Rule::new(name, algorithm, tiers).expect("a valid rule")
 }
 
 fn algorithm(name: &str) -> Option<Algorithm> {
@@ -50,22 +94,36 @@ fn algorithm(name: &str) -> Option<Algorithm> {
 
 /// What one caller sends: its `n`th check.
 enum Load {
-    Limiter(Arc<Limiter<RedisStore>>, bool),
-    /// A script of `usize` keys.
-    Script(redis::aio::MultiplexedConnection, Arc<redis::Script>, usize),
+    /// A limiter; whether it checks two rules; the pattern its checks meet.
+    Limiter(Arc<Limiter<RedisStore>>, bool, Pattern),
+    /// A script of `usize` keys, and the length its argument is padded to (with zeros).
+    Script(
+        redis::aio::MultiplexedConnection,
+        Arc<redis::Script>,
+        usize,
+        usize,
+    ),
     /// redis-cell's `CL.THROTTLE`.
     Cell(redis::aio::MultiplexedConnection),
 }
 
 impl Load {
     async fn send(&mut self, n: usize) {
-        let key = format!("key-{}", n % KEYS);
+        let keys = match self {
+            Self::Limiter(_, _, pattern) => pattern.keys(),
+            _ => KEYS,
+        };
+        let key = format!("key-{}", n % keys);
         match self {
-            Self::Limiter(limiter, false) => {
+            Self::Limiter(limiter, false, pattern) => {
                 let decision = limiter.check(&key, 1).await.expect("a decision");
-                assert!(decision.allowed(), "every check is admitted");
+                if *pattern != Pattern::Denied {
+                    assert!(decision.allowed(), "every check is admitted");
+                } else if n >= keys {
+                    assert!(!decision.allowed(), "every check after the first is denied");
+                }
             }
-            Self::Limiter(limiter, true) => {
+            Self::Limiter(limiter, true, _) => {
                 let items = [Item::new("fixed", &key, 1), Item::new("gcra", &key, 1)];
                 let decisions = limiter.check_batch(&items).await.expect("decisions");
                 assert!(decisions.allowed(), "every check is admitted");
@@ -83,13 +141,13 @@ impl Load {
                     .expect("redis-cell's answer");
                 assert_eq!(throttled[0], 0, "every check is admitted");
             }
-            Self::Script(connection, script, keys) => {
+            Self::Script(connection, script, keys, padded) => {
                 let mut invocation = script.prepare_invoke();
                 for k in 0..*keys {
                     invocation.key(format!("{{{key}}}{k}"));
                 }
                 let _: i64 = invocation
-                    .arg(n)
+                    .arg(format!("{n:0>padded$}"))
                     .invoke_async(connection)
                     .await
                     .expect("the script's answer");
@@ -118,9 +176,9 @@ async fn main() {
                 .expect("a connection");
             Load::Cell(connection)
         }
-        "floor" | "floor_two" | "one" => {
+        "floor" | "floor_two" | "floor_8k" | "one" => {
             let code = match system.as_str() {
-                "floor" => {
+                "floor" | "floor_8k" => {
                     "local t = redis.call('TIME') local v = redis.call('GET', KEYS[1]) \
                      redis.call('SET', KEYS[1], ARGV[1], 'PX', 60000) return 1"
                 }
@@ -138,7 +196,8 @@ async fn main() {
                 .await
                 .expect("a connection");
             let keys = if system == "floor_two" { 2 } else { 1 };
-            Load::Script(connection, Arc::new(redis::Script::new(code)), keys)
+            let padded = if system == "floor_8k" { 8_000 } else { 0 };
+            Load::Script(connection, Arc::new(redis::Script::new(code)), keys, padded)
         }
         name => {
             // `module_<algorithm>`: the same checks, through tollgate's Redis module, which the
@@ -146,6 +205,14 @@ async fn main() {
             let (name, module) = match name.strip_prefix("module_") {
                 Some(name) => (name, true),
                 None => (name, false),
+            };
+            let (name, suffix) = match name.split_once(':') {
+                Some((name, suffix)) => (name, Some(suffix)),
+                None => (name, None),
+            };
+            let Some(pattern) = Pattern::of(suffix) else {
+                eprintln!("unknown pattern {suffix:?}");
+                std::process::exit(2);
             };
             let store = RedisStore::builder(url)
                 .timeout(Duration::from_secs(10))
@@ -156,22 +223,24 @@ async fn main() {
             let builder = match (name, algorithm(name)) {
                 ("two_rules", _) => Limiter::builder(rule("fixed", Algorithm::FixedWindow))
                     .rule(rule("gcra", Algorithm::Gcra)),
-                (_, Some(algorithm)) => Limiter::builder(rule(name, algorithm)),
+                (_, Some(algorithm)) => Limiter::builder(rule_of(name, algorithm, pattern)),
                 (_, None) => {
                     eprintln!("unknown system {name}");
                     std::process::exit(2);
                 }
             };
             let limiter = builder.store(store).build().expect("a limiter");
-            Load::Limiter(Arc::new(limiter), name == "two_rules")
+            Load::Limiter(Arc::new(limiter), name == "two_rules", pattern)
         }
     };
     let tasks: Vec<_> = (0..callers)
         .map(|caller| {
             let mut load = match &load {
-                Load::Limiter(limiter, two) => Load::Limiter(limiter.clone(), *two),
-                Load::Script(connection, script, keys) => {
-                    Load::Script(connection.clone(), script.clone(), *keys)
+                Load::Limiter(limiter, two, pattern) => {
+                    Load::Limiter(limiter.clone(), *two, *pattern)
+                }
+                Load::Script(connection, script, keys, padded) => {
+                    Load::Script(connection.clone(), script.clone(), *keys, *padded)
                 }
                 Load::Cell(connection) => Load::Cell(connection.clone()),
             };

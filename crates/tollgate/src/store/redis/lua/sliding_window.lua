@@ -2,41 +2,43 @@
 -- previous window's count, current window's count. The estimate is computed in the same order
 -- of operations as the Rust code.
 
+-- The windows at `at`: the current window's start, the previous window's count and the
+-- current window's count (three values, not a table: every check runs this).
 local function windows(t, w, at)
   local o, period = t.offset, t.period
   local aligned = at - at % period
   local s = w[o + 1]
-  if s >= aligned then return {start = s, previous = w[o + 2], current = w[o + 3]} end
-  if s + period == aligned then return {start = aligned, previous = w[o + 3], current = 0} end
-  return {start = aligned, previous = 0, current = 0}
+  if s >= aligned then return s, w[o + 2], w[o + 3] end
+  if s + period == aligned then return aligned, w[o + 3], 0 end
+  return aligned, 0, 0
 end
 
-local function estimate(win, period, at)
-  local elapsed = max(at - win.start, 0)
+local function estimate(start, previous, current, period, at)
+  local elapsed = max(at - start, 0)
   if elapsed < period then
-    return win.previous * ((period - elapsed) / period) + win.current
+    return previous * ((period - elapsed) / period) + current
   elseif elapsed < 2 * period then
-    return win.current * ((period - (elapsed - period)) / period)
+    return current * ((period - (elapsed - period)) / period)
   end
   return 0
 end
 
-local function earliest(win, period, cost, limit)
-  local room = limit - win.current - cost
+local function earliest(start, previous, current, period, cost, limit)
+  local room = limit - current - cost
   local at
   if room >= 0 then
-    at = win.start + period - floor(room * period / win.previous)
+    at = start + period - floor(room * period / previous)
   else
     room = limit - cost
-    at = win.start + 2 * period - floor(room * period / win.current)
+    at = start + 2 * period - floor(room * period / current)
   end
-  while estimate(win, period, at) + cost > limit do at = at + 1 end
+  while estimate(start, previous, current, period, at) + cost > limit do at = at + 1 end
   return at
 end
 
-local function reset_at(win, period)
-  if win.current > 0 then return win.start + 2 * period end
-  if win.previous > 0 then return win.start + period end
+local function reset_at(start, previous, current, period)
+  if current > 0 then return start + 2 * period end
+  if previous > 0 then return start + period end
   return 0
 end
 
@@ -45,41 +47,43 @@ local function remaining(limit, estimated)
 end
 
 local function decide(t, w, a)
-  local o, limit, period, now = t.offset, t.limit, t.period, a.now
-  local win = windows(t, w, now)
-  if estimate(win, period, now) + a.cost <= limit then
-    win.current = win.current + a.cost
-    if a.writes then w[o + 1], w[o + 2], w[o + 3] = win.start, win.previous, win.current end
-    return allow(limit, remaining(limit, estimate(win, period, now)),
-      max(reset_at(win, period) - now, 0))
+  local o, limit, period, now, cost = t.offset, t.limit, t.period, a.now, a.cost
+  local start, previous, current = windows(t, w, now)
+  if estimate(start, previous, current, period, now) + cost <= limit then
+    current = current + cost
+    if a.writes then w[o + 1], w[o + 2], w[o + 3] = start, previous, current end
+    return allow(limit, remaining(limit, estimate(start, previous, current, period, now)),
+      max(reset_at(start, previous, current, period) - now, 0))
   end
-  return deny(limit, remaining(limit, estimate(win, period, now)),
-    max(reset_at(win, period) - now, 0), earliest(win, period, a.cost, limit) - now)
+  return deny(limit, remaining(limit, estimate(start, previous, current, period, now)),
+    max(reset_at(start, previous, current, period) - now, 0),
+    earliest(start, previous, current, period, cost, limit) - now)
 end
 
 local function denied(t, w, a) end
 
 local function debit(t, w, a)
   local o = t.offset
-  local win = windows(t, w, a.now)
-  w[o + 1], w[o + 2], w[o + 3] = win.start, win.previous, min(win.current + a.cost, MAX_EXACT)
+  local start, previous, current = windows(t, w, a.now)
+  w[o + 1], w[o + 2], w[o + 3] = start, previous, min(current + a.cost, MAX_EXACT)
 end
 
 -- In the current window, or the previous one while it still weighs.
 local function credit(t, w, a)
   local o, period, at = t.offset, t.period, a.credit_at
-  local win = windows(t, w, a.now)
+  local start, previous, current = windows(t, w, a.now)
   local window = at - at % period
-  if window == win.start then
-    win.current = max(win.current - a.cost, 0)
-  elseif window + period == win.start then
-    win.previous = max(win.previous - a.cost, 0)
+  if window == start then
+    current = max(current - a.cost, 0)
+  elseif window + period == start then
+    previous = max(previous - a.cost, 0)
   else
     return
   end
-  w[o + 1], w[o + 2], w[o + 3] = win.start, win.previous, win.current
+  w[o + 1], w[o + 2], w[o + 3] = start, previous, current
 end
 
 local function expires_at(t, w)
-  return reset_at(windows(t, w, w[t.offset + 1]), t.period)
+  local start, previous, current = windows(t, w, w[t.offset + 1])
+  return reset_at(start, previous, current, t.period)
 end

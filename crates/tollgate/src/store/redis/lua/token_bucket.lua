@@ -4,10 +4,14 @@
 -- its burst expires once it has stayed full for a whole period; a key whose every tier has
 -- expired is then read as a key never seen (`forgets`).
 
+-- (units() and micros() written out here and in refilled() and decide(): every check runs
+-- them, and a Lua call costs Redis more than the arithmetic.)
 local function expires_at(t, w)
   local o = t.offset
-  if w[o + 2] == 0 then return 0 end
-  local full = w[o + 2] + micros(t, max(units(t, t.burst) - w[o + 1], 0))
+  local last = w[o + 2]
+  if last == 0 then return 0 end
+  local per_micro = t.per_micro
+  local full = last + floor((max(t.burst * t.per_permit - w[o + 1], 0) + per_micro - 1) / per_micro)
   if t.p1 >= 0 and t.p1 < t.burst then return full + t.period end
   return full
 end
@@ -23,18 +27,17 @@ local function refilled(t, w, now)
     if initial < 0 then initial = t.burst end
     return units(t, initial), 0
   end
-  return min(tokens + drained(t, max(now - last, 0)), units(t, t.burst)), last
+  return min(tokens + max(now - last, 0) * t.per_micro, t.burst * t.per_permit), last
 end
 
 local function decide(t, w, a)
-  local o, burst = t.offset, t.burst
-  local capacity = units(t, burst)
-  local tokens, last = refilled(t, w, a.now)
-  local debt = drained(t, max(last - a.now, 0))
+  local o, burst, now, cost = t.offset, t.burst, a.now, a.cost
+  local tokens, last = refilled(t, w, now)
+  local debt = max(last - now, 0) * t.per_micro
   local allowed, limit, remaining, reset_after, retry_after =
-    bucket(t, burst, capacity - tokens + debt, a.cost)
+    bucket(t, burst, burst * t.per_permit - tokens + debt, cost)
   if allowed == 1 and a.writes then
-    w[o + 1], w[o + 2] = tokens - units(t, a.cost), max(a.now, last)
+    w[o + 1], w[o + 2] = tokens - cost * t.per_permit, max(now, last)
   end
   return allowed, limit, remaining, reset_after, retry_after, 0
 end
