@@ -146,6 +146,9 @@ end
 -- now, cost (a batch's items set their own) and writes change, set again at each call, and the
 -- library runs one call at a time.
 local attempts, attempts_count = {}, 0
+-- The seconds of the last TIME as Redis wrote them, and as microseconds: converted from text
+-- once a second, not at every call.
+local time_seconds, time_micros
 local function attempt_of(packed)
   local a = attempts[packed]
   if not a then
@@ -160,7 +163,9 @@ local function attempt_of(packed)
   end
   if a.server_time then
     local time = call('TIME')
-    a.now = time[1] * 1000000 + time[2]
+    local seconds = time[1]
+    if seconds ~= time_seconds then time_seconds, time_micros = seconds, seconds * 1000000 end
+    a.now = time_micros + time[2]
   else
     a.now = a.at
   end

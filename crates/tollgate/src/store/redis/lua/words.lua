@@ -59,18 +59,13 @@ local function latest(tiers, w, expires_at)
   return at
 end
 
--- A state to read as new: expired, of an algorithm whose expired state differs from a key
--- never seen (`forgets`, see Decide::forgets).
-local function forgotten(tiers, w, a, expires_at, forgets)
-  return forgets and forgets(tiers) and latest(tiers, w, expires_at) <= a.now
-end
-
 -- The state of a key as the words of every tier, and the string they were read from: the
--- stored one, or a key never seen's (for a state `forgotten` too).
+-- stored one, or a key never seen's. An expired state of an algorithm whose expired state
+-- differs from a key never seen's (`forgets`, see Decide::forgets) reads as new too.
 local function read_state(tiers, stored, a, expires_at, forgets)
   local original = stored or tiers.zero_state
   local w = {unpack_packed(tiers.state_format, original)}
-  if stored and forgotten(tiers, w, a, expires_at, forgets) then
+  if stored and forgets and forgets(tiers) and latest(tiers, w, expires_at) <= a.now then
     original = tiers.zero_state
     w = {unpack_packed(tiers.state_format, original)}
   end
@@ -78,7 +73,7 @@ local function read_state(tiers, stored, a, expires_at, forgets)
 end
 
 local function words(keys, args, decide, denied, expires_at, forgets)
-  local a, tiers = attempt_of(args[1]), tiers_of(args[2])
+  local a, tiers = attempt_of(args[1]), parsed[args[2]] or tiers_of(args[2])
   local key = keys[1]
   local stored = call('GET', key)
   local w, original = read_state(tiers, stored, a, expires_at, forgets)
