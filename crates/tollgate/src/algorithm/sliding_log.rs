@@ -31,9 +31,20 @@ impl Log<'_> {
             .then(|| self.state[1 + ((self.logged() - k) % self.limit) as usize])
     }
 
-    /// Permits logged in the window `(now - period, now]`.
+    /// Permits logged in the window `(now - period, now]`. The ends are looked at first: an
+    /// idle key (its newest permit out of the window) and a full one (its oldest held permit
+    /// in it) need no search.
     fn in_window(&self, now: u64, period: u64) -> u64 {
-        let (mut inside, mut outside) = (0, self.logged().min(self.limit) + 1);
+        let held = self.logged().min(self.limit);
+        let within = |k| self.recent(k).is_some_and(|t| t + period > now);
+        if !within(1) {
+            return 0;
+        }
+        if within(held) {
+            return held;
+        }
+        // The newest is in the window and the oldest held is not: search between them.
+        let (mut inside, mut outside) = (1, held);
         while outside - inside > 1 {
             let mid = (inside + outside) / 2;
             match self.recent(mid) {

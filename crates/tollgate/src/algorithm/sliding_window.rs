@@ -47,6 +47,17 @@ impl Windows {
         }
     }
 
+    /// The previous window's weighted count at `now`, the time these windows were found for
+    /// (so `now` is in the current window, or before a later one): the estimate at `now` is
+    /// this plus the current count, computed as [`estimate`](Self::estimate) does.
+    #[inline]
+    fn weighted_previous(&self, now: u64) -> f64 {
+        let period = self.period as f64;
+        let elapsed = now.saturating_sub(self.start);
+        debug_assert!(elapsed < self.period);
+        self.previous as f64 * ((period - elapsed as f64) / period)
+    }
+
     /// The weighted count at time `t` (no earlier than the window start), if nothing arrives.
     fn estimate(&self, t: u64) -> f64 {
         let period = self.period as f64;
@@ -110,14 +121,17 @@ impl Decide for SlidingWindow {
     fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
         let (limit, now, cost) = (tier.limit(), attempt.now, attempt.cost);
         let mut windows = Windows::at(state, now, tier.period_micros());
-        let estimate = windows.estimate(now);
+        // The previous window's weight is worked out once for both estimates at `now`.
+        let weighted = windows.weighted_previous(now);
+        let estimate = weighted + windows.current as f64;
         if estimate + cost as f64 <= limit as f64 {
             windows.current += cost;
             if attempt.writes() {
                 state.copy_from_slice(&[windows.start, windows.previous, windows.current]);
             }
             let reset_after = windows.reset_at().saturating_sub(now);
-            Verdict::allow(limit, remaining(limit, windows.estimate(now)), reset_after)
+            let estimate = weighted + windows.current as f64;
+            Verdict::allow(limit, remaining(limit, estimate), reset_after)
         } else {
             Verdict::deny(
                 limit,

@@ -49,13 +49,18 @@ end
 local function decide(t, w, a)
   local o, limit, period, now, cost = t.offset, t.limit, t.period, a.now, a.cost
   local start, previous, current = windows(t, w, now)
-  if estimate(start, previous, current, period, now) + cost <= limit then
+  -- As estimate() at now, which is in the current window (or before a later one): the
+  -- previous window's weight worked out once for both estimates.
+  local elapsed = now - start
+  if elapsed < 0 then elapsed = 0 end
+  local weighted = previous * ((period - elapsed) / period)
+  if weighted + current + cost <= limit then
     current = current + cost
     if a.writes then w[o + 1], w[o + 2], w[o + 3] = start, previous, current end
-    return allow(limit, remaining(limit, estimate(start, previous, current, period, now)),
+    return allow(limit, remaining(limit, weighted + current),
       max(reset_at(start, previous, current, period) - now, 0))
   end
-  return deny(limit, remaining(limit, estimate(start, previous, current, period, now)),
+  return deny(limit, remaining(limit, weighted + current),
     max(reset_at(start, previous, current, period) - now, 0),
     earliest(start, previous, current, period, cost, limit) - now)
 end
