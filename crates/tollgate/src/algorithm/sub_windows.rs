@@ -49,6 +49,26 @@ impl Ring<'_> {
         first.iter().sum::<u64>() + second.iter().sum::<u64>()
     }
 
+    /// The first sub-window after `current` (whose window holds `used`) at which `cost` is
+    /// admitted if nothing arrives: the window's count as its oldest sub-windows leave it, one
+    /// at a time, so one pass over the ring rather than a sum per sub-window.
+    fn next_admitting(&self, current: u64, used: u64, cost: u64, limit: u64) -> u64 {
+        let mut total = used;
+        for at in current + 1..=current + self.count {
+            // The sub-window leaving as `at` becomes the newest, if it was counted.
+            if let Some(left) = at
+                .checked_sub(self.count)
+                .filter(|&left| left <= self.newest)
+            {
+                total -= self.state[1 + (left % self.count) as usize];
+            }
+            if total + cost <= limit {
+                return at;
+            }
+        }
+        unreachable!("a whole period later every counted permit has left")
+    }
+
     /// When every permit counted at `at` has left the window, if nothing arrives.
     fn reset_at(&self, at: u64, length: u64) -> u64 {
         let oldest = (at + 1).saturating_sub(self.count);
@@ -122,9 +142,7 @@ impl Decide for SubWindows {
         };
         let used = ring.sum(current);
         if used + cost > limit {
-            let next = (current + 1..=current + count)
-                .find(|&at| ring.sum(at) + cost <= limit)
-                .expect("a whole period later every counted permit has left");
+            let next = ring.next_admitting(current, used, cost, limit);
             return Verdict::deny(
                 limit,
                 limit.saturating_sub(used),
@@ -171,7 +189,7 @@ impl Decide for SubWindows {
 
 #[cfg(test)]
 mod tests {
-    use super::SubWindows;
+    use super::{Ring, SubWindows};
     use crate::algorithm::Algorithm;
     use crate::algorithm::Tier;
     use crate::algorithm::testing::{Key, SECOND, START};
@@ -232,5 +250,31 @@ mod tests {
         let look = key.check(0);
         assert_eq!((look.allowed(), look.remaining()), (true, 6));
         assert_eq!(look.reset_after().as_secs(), 60);
+    }
+
+    proptest::proptest! {
+        /// The one pass finds the sub-window a sum per sub-window finds, for any ring.
+        #[test]
+        fn the_next_admitting_sub_window_is_the_first_whose_sum_admits(
+            counts in proptest::collection::vec(0u64..50, 1..12),
+            newest in 0u64..40,
+            ahead in 0u64..15,
+            cost in 1u64..20,
+            slack in 0u64..200,
+        ) {
+            let count = counts.len() as u64;
+            let mut state = vec![newest];
+            state.extend(&counts);
+            let ring = Ring { state: &state, count, newest };
+            let current = newest + ahead;
+            let used = ring.sum(current);
+            proptest::prop_assume!(used > 0);
+            // A limit the window is over for the cost, which the cost alone is not.
+            let limit = cost + slack % used;
+            let expected = (current + 1..=current + count)
+                .find(|&at| ring.sum(at) + cost <= limit)
+                .unwrap();
+            proptest::prop_assert_eq!(ring.next_admitting(current, used, cost, limit), expected);
+        }
     }
 }

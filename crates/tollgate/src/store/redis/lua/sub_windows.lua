@@ -23,9 +23,12 @@ local function decide(t, w, a)
   local used = sum(w, o, count, newest, current)
   local reset_after = max(reset_at(w, o, count, newest, current, length) - now, 0)
   if used + cost > limit then
-    local next_at
+    -- The window's count as its oldest sub-windows leave it, one at a time: one pass.
+    local next_at, total = nil, used
     for at = current + 1, current + count do
-      if sum(w, o, count, newest, at) + cost <= limit then next_at = at; break end
+      local left = at - count
+      if left >= 0 and left <= newest then total = total - w[o + 2 + left % count] end
+      if total + cost <= limit then next_at = at; break end
     end
     return deny(limit, max(limit - used, 0), reset_after, next_at * length - now)
   end
