@@ -375,7 +375,8 @@ impl Check {
     /// caller's time or, when it sends none, at `server_now()`.
     ///
     /// # Errors
-    /// [`Refused`] for an argument of the wrong shape.
+    /// [`Refused`] for an argument of the wrong shape, and on the server's time when
+    /// `server_now()` is 0 (no clock read): never a decision at the epoch.
     pub fn new(args: &[u8], server_now: impl FnOnce() -> u64) -> Result<Self, Refused> {
         let mut a = [0.0; 6];
         let given = doubles(args)
@@ -391,7 +392,10 @@ impl Check {
         };
         let server_time = a[0] < 0.0;
         let now = if server_time {
-            server_now().max(1)
+            match server_now() {
+                0 => return Err(Refused("the server's clock could not be read")),
+                now => now,
+            }
         } else {
             whole(a[0])?.max(1)
         };

@@ -204,6 +204,22 @@ mod tests {
         assert_eq!(refused, Refused(OTHER_VERSION));
     }
 
+    /// A check on the server's time whose clock reads 0 is refused (an error the store
+    /// reports), never decided at the epoch, where every window would be new.
+    #[test]
+    fn a_clock_that_reads_nothing_refuses_the_check() {
+        let rule = &rules()[0];
+        let prepared = Prepared::new(&rule_args(rule.algorithm()), &tier_args(rule)).unwrap();
+        let server_time = [-1.0f64, 1.0, -1.0, 0.0, 0.0, 0.0];
+        let check: Vec<u8> = server_time.iter().flat_map(|d| d.to_le_bytes()).collect();
+        assert!(prepared.check(&check, None, || 0).is_err());
+        assert!(
+            prepared
+                .check(&check, None, || 1_700_000_000_000_000)
+                .is_ok()
+        );
+    }
+
     proptest! {
         /// Inside Redis a panic would take the server down: arguments of any bytes are
         /// refused or decided, never a panic.
