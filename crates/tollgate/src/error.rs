@@ -18,6 +18,10 @@ pub struct RuleError {
 }
 
 /// Why a check could not produce a decision.
+///
+/// Large variants are boxed, so that `Result<Decision, Error>` is no larger than a
+/// [`Decision`]: a check's result is moved by value on every call, and a wider enum costs
+/// every check its copies.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -60,7 +64,7 @@ pub enum Error {
     },
     /// A rule that cannot be enforced as defined, or not on this store.
     #[error(transparent)]
-    Rule(#[from] RuleError),
+    Rule(Box<RuleError>),
     /// A batch names a rule the limiter does not have.
     #[error("unknown rule `{rule}`")]
     UnknownRule {
@@ -107,6 +111,25 @@ pub enum Error {
         /// The timeout given.
         timeout: Duration,
         /// The last denial.
-        decision: Decision,
+        decision: Box<Decision>,
     },
+}
+
+impl From<RuleError> for Error {
+    fn from(error: RuleError) -> Self {
+        Error::Rule(Box::new(error))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_result_is_no_larger_than_its_decision() {
+        assert_eq!(
+            std::mem::size_of::<Result<Decision, Error>>(),
+            std::mem::size_of::<Decision>()
+        );
+    }
 }

@@ -760,7 +760,10 @@ where
             return Ok(decision);
         }
         if decision.retry_after_micros() > patience {
-            return Err(Error::Timeout { timeout, decision });
+            return Err(Error::Timeout {
+                timeout,
+                decision: Box::new(decision),
+            });
         }
         clock
             .sleep(Duration::from_micros(decision.retry_after_micros()))
@@ -810,7 +813,7 @@ impl<S: Store, C: Clock> LimiterBuilder<S, C> {
         let mut rules = Vec::with_capacity(self.rules.len());
         for rule in self.rules {
             if by_name.insert(rule.name(), rules.len()).is_some() {
-                return Err(Error::Rule(RuleError {
+                return Err(Error::from(RuleError {
                     rule: rule.name().into(),
                     field: "name".into(),
                     reason: "two rules of one limiter have this name".into(),

@@ -97,7 +97,7 @@ fn seen(result: &Result<Decision, Error>) -> String {
             d.delay(),
             d.tier()
         ),
-        Err(Error::Timeout { decision, .. }) => format!("timeout: {}", seen(&Ok(*decision))),
+        Err(Error::Timeout { decision, .. }) => format!("timeout: {}", seen(&Ok(**decision))),
         Err(e) => format!("error: {e}"),
     }
 }

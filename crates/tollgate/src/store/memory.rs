@@ -495,7 +495,7 @@ impl LocalStore for MemoryStore {
             commit: true,
             settle: None,
         };
-        self.check_one(item, attempt).shadow(item.rule.is_shadow())
+        self.check_one(item, attempt)
     }
 
     fn check_now(
@@ -532,7 +532,7 @@ impl MemoryStore {
                 commit: true,
                 settle: Some(settle),
             };
-            self.check_one(item, attempt).shadow(item.rule.is_shadow())
+            self.check_one(item, attempt)
         });
         Decisions::many(decided.collect())
     }
@@ -542,7 +542,7 @@ impl MemoryStore {
 pub(crate) fn fits(rule: &Rule, max_bytes: usize) -> Result<(), Error> {
     let largest = Table::entry_bytes(rule.words(), MAX_KEY_LEN);
     if largest > max_bytes {
-        return Err(Error::Rule(RuleError {
+        return Err(Error::from(RuleError {
             rule: rule.name().into(),
             field: "tiers".into(),
             reason: format!(
@@ -609,15 +609,18 @@ impl<'a, W: Words> Visit<'a> for Check<'_, '_, W> {
         let (rule, words) = (item.rule, item.plan.words);
         let mut shard = shard.lock();
         if let Some(state) = store.entry(&mut shard, hash, item) {
-            return rule.evaluate(algorithm, &mut state.as_mut()[..words], attempt);
+            return rule
+                .evaluate(algorithm, &mut state.as_mut()[..words], attempt)
+                .shadow(rule.is_shadow());
         }
         let mut state = W::zeroed(words);
         let decision = rule.evaluate(algorithm, &mut state.as_mut()[..words], attempt);
-        if store.keep(&mut shard, hash, item, state, attempt.now) {
+        let decision = if store.keep(&mut shard, hash, item, state, attempt.now) {
             decision
         } else {
             unkept(item, decision)
-        }
+        };
+        decision.shadow(rule.is_shadow())
     }
 }
 

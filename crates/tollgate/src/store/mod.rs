@@ -71,7 +71,7 @@ fn unsupported(rule: &Rule, store: &str, why: &str) -> Error {
     if other.1.contains(&name) {
         elsewhere.push(&alternative);
     }
-    Error::Rule(RuleError {
+    Error::from(RuleError {
         rule: rule.name().into(),
         field: "algorithm".into(),
         reason: format!(
@@ -210,7 +210,7 @@ fn no_calendar(rule: &Rule, store: &str) -> Result<(), Error> {
         .position(|t| t.calendar_period().is_some())
     {
         None => Ok(()),
-        Some(i) => Err(Error::Rule(RuleError {
+        Some(i) => Err(Error::from(RuleError {
             rule: rule.name().into(),
             field: format!("tiers[{i}].period"),
             reason: format!(

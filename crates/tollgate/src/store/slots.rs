@@ -47,7 +47,7 @@ impl Slots {
             Some(&slot) => slot,
             None => {
                 let slot = u32::try_from(inner.versions.len()).map_err(|_| {
-                    Error::Rule(RuleError {
+                    Error::from(RuleError {
                         rule: rule.name().into(),
                         field: "name".into(),
                         reason: "the store holds 2^32 rule layouts already".into(),
