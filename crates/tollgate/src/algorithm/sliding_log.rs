@@ -18,24 +18,58 @@ const MAX_LIMIT: u64 = 100_000;
 struct Log<'a> {
     state: &'a [u64],
     limit: u64,
+    /// Permits held in the ring: those logged, at most `limit`.
+    held: u64,
+    /// Ring position of the most recent permit (0 when none was logged).
+    newest: u64,
 }
 
-impl Log<'_> {
+impl<'a> Log<'a> {
+    /// The log of `state` for a tier of `limit`: its one division, finding the most recent
+    /// permit's position; every other position is counted from it.
+    #[inline]
+    fn new(state: &'a [u64], limit: u64) -> Self {
+        let logged = state[0];
+        Self {
+            state,
+            limit,
+            held: logged.min(limit),
+            newest: logged.checked_sub(1).map_or(0, |l| l % limit),
+        }
+    }
+
     fn logged(&self) -> u64 {
         self.state[0]
     }
 
-    /// The timestamp of the `k`-th most recent permit (1-based), if that many were logged.
+    /// The timestamp of the `k`-th most recent permit (1-based), if that many are held.
+    #[inline]
     fn recent(&self, k: u64) -> Option<u64> {
-        (k >= 1 && k <= self.logged().min(self.limit))
-            .then(|| self.state[1 + ((self.logged() - k) % self.limit) as usize])
+        (k >= 1 && k <= self.held).then(|| {
+            let back = k - 1;
+            let at = match self.newest.checked_sub(back) {
+                Some(at) => at,
+                None => self.newest + self.limit - back,
+            };
+            self.state[1 + at as usize]
+        })
+    }
+
+    /// Ring position of the next permit logged.
+    #[inline]
+    fn next(&self) -> u64 {
+        match self.logged() {
+            0 => 0,
+            _ if self.newest + 1 == self.limit => 0,
+            _ => self.newest + 1,
+        }
     }
 
     /// Permits logged in the window `(now - period, now]`. The ends are looked at first: an
     /// idle key (its newest permit out of the window) and a full one (its oldest held permit
     /// in it) need no search.
     fn in_window(&self, now: u64, period: u64) -> u64 {
-        let held = self.logged().min(self.limit);
+        let held = self.held;
         let within = |k| self.recent(k).is_some_and(|t| t + period > now);
         if !within(1) {
             return 0;
@@ -54,6 +88,15 @@ impl Log<'_> {
         }
         inside
     }
+}
+
+/// Logs `count` permits at `at` from ring position `next` on (`count` at most `limit`).
+fn log_permits(state: &mut [u64], limit: u64, mut next: u64, count: u64, at: u64) {
+    for _ in 0..count {
+        state[1 + next as usize] = at;
+        next = if next + 1 == limit { 0 } else { next + 1 };
+    }
+    state[0] += count;
 }
 
 impl Decide for SlidingLog {
@@ -86,7 +129,7 @@ impl Decide for SlidingLog {
             attempt.now,
             attempt.cost,
         );
-        let log = Log { state, limit };
+        let log = Log::new(state, limit);
         let newest = log.recent(1).unwrap_or(0);
         let used = log.in_window(now, period);
         let reset_after = if used > 0 { newest + period - now } else { 0 };
@@ -101,11 +144,8 @@ impl Decide for SlidingLog {
         }
         if attempt.writes() {
             // A clock behind the newest entry logs at the newest time, keeping the ring sorted.
-            let at = now.max(newest);
-            for _ in 0..cost {
-                state[1 + (state[0] % limit) as usize] = at;
-                state[0] += 1;
-            }
+            let next = log.next();
+            log_permits(state, limit, next, cost, now.max(newest));
         }
         let reset_after = if cost > 0 {
             now.max(newest) + period - now
@@ -117,21 +157,18 @@ impl Decide for SlidingLog {
 
     fn debit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64) {
         let limit = tier.limit();
-        let log = Log { state, limit };
-        let at = now.max(log.recent(1).unwrap_or(0));
+        let log = Log::new(state, limit);
+        let (at, next) = (now.max(log.recent(1).unwrap_or(0)), log.next());
         // More than `limit` entries would overwrite each other: the debt is one full log.
-        for _ in 0..cost.min(limit) {
-            state[1 + (state[0] % limit) as usize] = at;
-            state[0] += 1;
-        }
+        log_permits(state, limit, next, cost.min(limit), at);
     }
 
     fn credit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64, at: u64) {
         let (limit, period) = (tier.limit(), tier.period_micros());
-        let log = Log { state, limit };
+        let log = Log::new(state, limit);
         // The entries held, oldest first; up to `cost` of those still in the window and
         // logged at or after `at` go, the oldest of them first.
-        let held = log.logged().min(limit);
+        let held = log.held;
         let mut entries: Vec<u64> = (1..=held).rev().filter_map(|k| log.recent(k)).collect();
         let mut left = cost;
         entries.retain(|&t| {
@@ -153,11 +190,8 @@ impl Decide for SlidingLog {
     }
 
     fn adopt(&self, old: &Tier, from: &[u64], new: &Tier, to: &mut [u64]) {
-        let log = Log {
-            state: from,
-            limit: old.limit(),
-        };
-        let kept = log.logged().min(old.limit()).min(new.limit());
+        let log = Log::new(from, old.limit());
+        let kept = log.held.min(new.limit());
         to.fill(0);
         to[0] = kept;
         for (i, k) in (1..=kept).rev().enumerate() {
@@ -166,10 +200,7 @@ impl Decide for SlidingLog {
     }
 
     fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {
-        let log = Log {
-            state,
-            limit: tier.limit(),
-        };
+        let log = Log::new(state, tier.limit());
         log.recent(1)
             .map_or(0, |newest| newest + tier.period_micros())
     }

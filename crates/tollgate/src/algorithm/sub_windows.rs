@@ -43,8 +43,14 @@ impl Ring<'_> {
     }
 
     /// Permits in the window whose newest sub-window is `at` (at or after the newest written,
-    /// so no slot read belongs to an overwritten sub-window).
+    /// so no slot read belongs to an overwritten sub-window). When `at` is the newest written
+    /// (and a whole ring after the epoch), the window is the whole ring, summed without
+    /// finding where it starts.
+    #[inline]
     fn sum(&self, at: u64) -> u64 {
+        if at == self.newest && at >= self.count - 1 {
+            return self.state[1..=self.count as usize].iter().sum();
+        }
         let (first, second) = self.runs((at + 1).saturating_sub(self.count));
         first.iter().sum::<u64>() + second.iter().sum::<u64>()
     }
@@ -133,12 +139,17 @@ impl Decide for SubWindows {
         let count = u64::from(self.count);
         let length = tier.period_micros() / count;
         let (limit, now, cost) = (tier.limit(), attempt.now, attempt.cost);
-        // A sub-window written by a clock ahead of ours is treated as the current one.
-        let current = (now / length).max(state[0]);
+        // Under load the newest sub-window written is now's: found without a division. A
+        // sub-window written by a clock ahead of ours is treated as the current one.
+        let newest = state[0];
+        let current = match now.checked_sub(newest.wrapping_mul(length)) {
+            Some(into) if into < length => newest,
+            _ => (now / length).max(newest),
+        };
         let ring = Ring {
             state,
             count,
-            newest: state[0],
+            newest,
         };
         let used = ring.sum(current);
         if used + cost > limit {
