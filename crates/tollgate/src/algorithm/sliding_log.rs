@@ -68,6 +68,7 @@ impl<'a> Log<'a> {
     /// Permits logged in the window `(now - period, now]`. The ends are looked at first: an
     /// idle key (its newest permit out of the window) and a full one (its oldest held permit
     /// in it) need no search.
+    #[inline]
     fn in_window(&self, now: u64, period: u64) -> u64 {
         let held = self.held;
         let within = |k| self.recent(k).is_some_and(|t| t + period > now);

@@ -89,6 +89,7 @@ impl Ring<'_> {
 
 /// Moves a state's newest sub-window on to `current` (not earlier than the newest), emptying
 /// the sub-windows it passes; the position of `current`'s counter.
+#[inline]
 fn advance(state: &mut [u64], count: u64, current: u64) -> usize {
     let stale = (state[0] + 1).max(current.saturating_sub(count - 1));
     let slot = (current % count) as usize;

@@ -20,6 +20,7 @@ pub struct TokenBucket {
 impl TokenBucket {
     /// The tokens at `now` and the time of the last admission: a key never seen holds its
     /// initial tokens; a bucket refills from its last admission, none while in debt.
+    #[inline]
     fn refilled(&self, tier: &Tier, state: &[u64], now: u64) -> (u64, u64) {
         let (rate, burst) = (tier.rate(), tier.burst());
         match [state[0], state[1]] {
