@@ -52,10 +52,10 @@ impl Windows {
     /// this plus the current count, computed as [`estimate`](Self::estimate) does.
     #[inline]
     fn weighted_previous(&self, now: u64) -> f64 {
-        let period = self.period as f64;
+        let period = double(self.period);
         let elapsed = now.saturating_sub(self.start);
         debug_assert!(elapsed < self.period);
-        self.previous as f64 * ((period - elapsed as f64) / period)
+        double(self.previous) * ((period - double(elapsed)) / period)
     }
 
     /// The weighted count at time `t` (no earlier than the window start), if nothing arrives.
@@ -104,8 +104,17 @@ impl Windows {
 }
 
 fn remaining(limit: u64, estimate: f64) -> u64 {
-    // Truncation is the floor of what is not negative, and the cast saturates at 0 below.
-    (limit as f64 - estimate) as u64
+    // Truncation is the floor of what is not negative; below, 0.
+    ((double(limit) - estimate) as i64).max(0) as u64
+}
+
+/// `x` as a double, exactly: every count, limit and time here is below 2^53 (rules are
+/// validated so, counts stop there, and the Redis module refuses a stored word that is not),
+/// so it converts through `i64`, one instruction on x86-64 where a `u64` takes several.
+#[inline]
+fn double(x: u64) -> f64 {
+    debug_assert!(x <= MAX_EXACT);
+    x as i64 as f64
 }
 
 impl Decide for SlidingWindow {
@@ -123,14 +132,14 @@ impl Decide for SlidingWindow {
         let mut windows = Windows::at(state, now, tier.period_micros());
         // The previous window's weight is worked out once for both estimates at `now`.
         let weighted = windows.weighted_previous(now);
-        let estimate = weighted + windows.current as f64;
-        if estimate + cost as f64 <= limit as f64 {
+        let estimate = weighted + double(windows.current);
+        if estimate + double(cost) <= double(limit) {
             windows.current += cost;
             if attempt.writes() {
                 state.copy_from_slice(&[windows.start, windows.previous, windows.current]);
             }
             let reset_after = windows.reset_at().saturating_sub(now);
-            let estimate = weighted + windows.current as f64;
+            let estimate = weighted + double(windows.current);
             Verdict::allow(limit, remaining(limit, estimate), reset_after)
         } else {
             Verdict::deny(
