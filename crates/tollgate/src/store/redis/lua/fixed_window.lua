@@ -4,12 +4,21 @@
 -- by a clock ahead of this one) keeps counting, until that window's end.
 local function window(t, w, now)
   local o = t.offset
-  local start, finish = window_of(t, now)
-  if w[o + 1] > start then
-    local _, later = window_of(t, w[o + 1])
-    return w[o + 1], later, w[o + 2]
+  local start, finish
+  if t.p5 ~= 1 then
+    -- window_of's aligned window written out: every check asks for it.
+    local period = t.period
+    start = now - now % period
+    finish = start + period
+  else
+    start, finish = window_of(t, now)
   end
-  if w[o + 1] == start then return start, finish, w[o + 2] end
+  local written = w[o + 1]
+  if written == start then return start, finish, w[o + 2] end
+  if written > start then
+    local _, later = window_of(t, written)
+    return written, later, w[o + 2]
+  end
   return start, finish, 0
 end
 
@@ -20,7 +29,7 @@ local function decide(t, w, a)
   local after = count + a.cost
   if after <= limit then
     if a.writes then w[o + 1], w[o + 2] = start, after end
-    return allow(limit, limit - after, reset_after)
+    return 1, limit, limit - after, reset_after, 0, 0
   end
   return deny(limit, max(limit - count, 0), reset_after, reset_after)
 end
@@ -40,6 +49,8 @@ local function credit(t, w, a)
 end
 
 local function expires_at(t, w)
-  local _, finish = window_of(t, w[t.offset + 1])
+  local start = w[t.offset + 1]
+  if t.p5 ~= 1 then return start - start % t.period + t.period end
+  local _, finish = window_of(t, start)
   return finish
 end

@@ -3,12 +3,21 @@
 -- As the fixed window's: start, end and count of the window of now.
 local function window(t, w, now)
   local o = t.offset
-  local start, finish = window_of(t, now)
-  if w[o + 1] > start then
-    local _, later = window_of(t, w[o + 1])
-    return w[o + 1], later, w[o + 2]
+  local start, finish
+  if t.p5 ~= 1 then
+    -- window_of's aligned window written out: every check asks for it.
+    local period = t.period
+    start = now - now % period
+    finish = start + period
+  else
+    start, finish = window_of(t, now)
   end
-  if w[o + 1] == start then return start, finish, w[o + 2] end
+  local written = w[o + 1]
+  if written == start then return start, finish, w[o + 2] end
+  if written > start then
+    local _, later = window_of(t, written)
+    return written, later, w[o + 2]
+  end
   return start, finish, 0
 end
 
@@ -16,10 +25,11 @@ local function decide(t, w, a)
   local o, limit = t.offset, t.limit
   local start, finish, count = window(t, w, a.now)
   local reset_after = finish - a.now
-  local after = min(count + a.cost, 9007199254740991)
+  local after = count + a.cost
+  if after > 9007199254740991 then after = 9007199254740991 end
   if after <= limit then
     if a.writes then w[o + 1], w[o + 2] = start, after end
-    return allow(limit, limit - after, reset_after)
+    return 1, limit, limit - after, reset_after, 0, 0
   end
   return deny(limit, 0, reset_after, reset_after)
 end
@@ -42,6 +52,8 @@ local function credit(t, w, a)
 end
 
 local function expires_at(t, w)
-  local _, finish = window_of(t, w[t.offset + 1])
+  local start = w[t.offset + 1]
+  if t.p5 ~= 1 then return start - start % t.period + t.period end
+  local _, finish = window_of(t, start)
   return finish
 end

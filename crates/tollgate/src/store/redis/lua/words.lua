@@ -35,7 +35,18 @@ end
 -- is no earlier, the key keeps its TTL. (`x + (-x) % s` rounds x up to a multiple of s,
 -- exactly for integers below 2^53, without a call.)
 local function write(key, stored, tiers, w, a, expires, kept)
-  local state = pack(tiers.state_format, unpack(w, 1, tiers.words))
+  local n = tiers.words
+  local state
+  -- States of up to three words, the most common, packed without a call to unpack.
+  if n == 2 then
+    state = pack(tiers.state_format, w[1], w[2])
+  elseif n == 3 then
+    state = pack(tiers.state_format, w[1], w[2], w[3])
+  elseif n == 1 then
+    state = pack(tiers.state_format, w[1])
+  else
+    state = pack(tiers.state_format, unpack(w, 1, n))
+  end
   if state == (stored or tiers.zero_state) then return end
   if expires > a.now then
     local at = expires + (-expires) % 1000000
