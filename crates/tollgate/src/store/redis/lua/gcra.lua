@@ -10,8 +10,10 @@ local function decide(t, w, a)
   local allowed, limit, remaining, reset_after, retry_after =
     bucket(t, t.burst, (tat - now) * n + fraction, a.cost)
   if allowed == 1 and a.writes then
-    local ticks = fraction + units(t, a.cost)
-    w[o + 1] = tat + floor(ticks / n)
+    -- units() and floor() written out: every admitted check runs them.
+    local ticks = fraction + a.cost * t.per_permit
+    local whole = ticks / n
+    w[o + 1] = tat + (whole - whole % 1)
     if t.words > 1 then w[o + 2] = ticks % n end
   end
   return allowed, limit, remaining, reset_after, retry_after, 0

@@ -2,8 +2,12 @@
 -- shaper. Words: water level (rate units), time of the last admission.
 
 local function decide(t, w, a)
-  local o, last = t.offset, w[t.offset + 2]
-  local level = max(w[o + 1] - drained(t, max(a.now - last, 0)), 0)
+  local o, last, now = t.offset, w[t.offset + 2], a.now
+  -- drained(), min() and max() written out: every check runs them.
+  local elapsed = now - last
+  if elapsed < 0 then elapsed = 0 end
+  local level = w[o + 1] - elapsed * t.per_micro
+  if level < 0 then level = 0 end
   local allowed, limit, remaining, reset_after, retry_after = bucket(t, t.burst, level, a.cost)
   local delay = 0
   if t.p1 == 1 and allowed == 1 then
@@ -13,7 +17,8 @@ local function decide(t, w, a)
     end
   end
   if allowed == 1 and a.writes then
-    w[o + 1], w[o + 2] = level + units(t, a.cost), max(a.now, last)
+    if last > now then now = last end
+    w[o + 1], w[o + 2] = level + a.cost * t.per_permit, now
   end
   return allowed, limit, remaining, reset_after, retry_after, delay
 end

@@ -64,14 +64,16 @@ local function micros(t, u) return ceil_div(u, t.per_micro) end
 local function drained(t, elapsed) return elapsed * t.per_micro end
 
 -- The verdict of a bucket holding `level` units of `burst` permits, asked for `cost` permits:
--- units(), permits() and micros() written out, as this is the hottest path.
+-- units(), permits() and micros() written out, as this is the hottest path, and floor(x) as
+-- x - x % 1 (the same double, without a call).
 local function bucket(t, burst, level, cost)
   local per_permit, per_micro = t.per_permit, t.per_micro
   local capacity = burst * per_permit
   local after = level + cost * per_permit
   if after <= capacity then
-    return 1, burst, floor((capacity - after) / per_permit),
-      floor((after + per_micro - 1) / per_micro), 0, 0
+    local remaining, reset_after = (capacity - after) / per_permit,
+      (after + per_micro - 1) / per_micro
+    return 1, burst, remaining - remaining % 1, reset_after - reset_after % 1, 0, 0
   end
   return deny(burst, floor(max(capacity - level, 0) / per_permit), ceil_div(level, per_micro),
     ceil_div(after - capacity, per_micro))

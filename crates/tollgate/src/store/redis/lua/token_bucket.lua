@@ -27,17 +27,24 @@ local function refilled(t, w, now)
     if initial < 0 then initial = t.burst end
     return units(t, initial), 0
   end
-  return min(tokens + max(now - last, 0) * t.per_micro, t.burst * t.per_permit), last
+  -- min() and max() written out: every check runs them.
+  local elapsed, capacity = now - last, t.burst * t.per_permit
+  if elapsed < 0 then elapsed = 0 end
+  tokens = tokens + elapsed * t.per_micro
+  if tokens > capacity then tokens = capacity end
+  return tokens, last
 end
 
 local function decide(t, w, a)
   local o, burst, now, cost = t.offset, t.burst, a.now, a.cost
   local tokens, last = refilled(t, w, now)
-  local debt = max(last - now, 0) * t.per_micro
+  local debt = 0
+  if last > now then debt = (last - now) * t.per_micro end
   local allowed, limit, remaining, reset_after, retry_after =
     bucket(t, burst, burst * t.per_permit - tokens + debt, cost)
   if allowed == 1 and a.writes then
-    w[o + 1], w[o + 2] = tokens - cost * t.per_permit, max(now, last)
+    if last > now then now = last end
+    w[o + 1], w[o + 2] = tokens - cost * t.per_permit, now
   end
   return allowed, limit, remaining, reset_after, retry_after, 0
 end

@@ -27,14 +27,18 @@ local function at_now(t, w, now)
 end
 
 local function decide(t, w, a)
-  local o, limit, now = t.offset, t.limit, a.now
+  local o, limit, now, cost = t.offset, t.limit, a.now, a.cost
   local stored, next_free = at_now(t, w, now)
   local delay = next_free - now
   local patience = a.max_delay or 0
   if delay > patience then return deny(limit, 0, delay, delay - patience) end
-  local spent = min(a.cost, stored)
-  local wait = ramp_cost(t, stored, spent) + (a.cost - spent) * t.p1
-  local next_after = next_free + ceil(wait)
+  -- min() and ceil() written out: every check runs them.
+  local spent = stored
+  if cost < spent then spent = cost end
+  local wait = ramp_cost(t, stored, spent) + (cost - spent) * t.p1
+  local whole = wait - wait % 1
+  if whole < wait then whole = whole + 1 end
+  local next_after = next_free + whole
   if a.writes then w[o + 1], w[o + 2] = stored - spent, next_after end
   local remaining = 0
   if next_after <= now then remaining = limit end
