@@ -1,29 +1,8 @@
 -- Hit counter (src/algorithm/hit_counter.rs). Words: window start, hits counted in it.
 
--- As the fixed window's: start, end and count of the window of now.
-local function window(t, w, now)
-  local o = t.offset
-  local start, finish
-  if t.p5 ~= 1 then
-    -- window_of's aligned window written out: every check asks for it.
-    local period = t.period
-    start = now - now % period
-    finish = start + period
-  else
-    start, finish = window_of(t, now)
-  end
-  local written = w[o + 1]
-  if written == start then return start, finish, w[o + 2] end
-  if written > start then
-    local _, later = window_of(t, written)
-    return written, later, w[o + 2]
-  end
-  return start, finish, 0
-end
-
 local function decide(t, w, a)
   local o, limit = t.offset, t.limit
-  local start, finish, count = window(t, w, a.now)
+  local start, finish, count = counted_window(t, w, a.now)
   local reset_after = finish - a.now
   local after = count + a.cost
   if after > 9007199254740991 then after = 9007199254740991 end
@@ -36,13 +15,13 @@ end
 
 -- A denied check counts its hits when this tier itself is over.
 local function denied(t, w, a)
-  local start, _, count = window(t, w, a.now)
+  local start, _, count = counted_window(t, w, a.now)
   local after = min(count + a.cost, 9007199254740991)
   if after > t.limit then w[t.offset + 1], w[t.offset + 2] = start, after end
 end
 
 local function debit(t, w, a)
-  local start, _, count = window(t, w, a.now)
+  local start, _, count = counted_window(t, w, a.now)
   w[t.offset + 1], w[t.offset + 2] = start, min(count + a.cost, MAX_EXACT)
 end
 

@@ -93,6 +93,29 @@ local function window_of(t, now)
   return t.p3, t.p4
 end
 
+-- The window of now of a tier whose words are a window's start and the count in it (the
+-- fixed window's, the hit counter's): its start, its end and its count; a count from a later
+-- window (written by a clock ahead of this one) keeps counting, until that window's end.
+local function counted_window(t, w, now)
+  local o = t.offset
+  local start, finish
+  if t.p5 ~= 1 then
+    -- window_of's aligned window written out: every check asks for it.
+    local period = t.period
+    start = now - now % period
+    finish = start + period
+  else
+    start, finish = window_of(t, now)
+  end
+  local written = w[o + 1]
+  if written == start then return start, finish, w[o + 2] end
+  if written > start then
+    local _, later = window_of(t, written)
+    return written, later, w[o + 2]
+  end
+  return start, finish, 0
+end
+
 -- The format of `n` little-endian doubles, made once per count.
 local formats = {}
 local function doubles(n)
