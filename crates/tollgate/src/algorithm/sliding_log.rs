@@ -267,4 +267,23 @@ mod tests {
         // At t = 1 s, the permit logged at t = 0 has just left.
         assert_eq!(key.check(0).remaining(), 1);
     }
+
+    proptest::proptest! {
+        /// Positions counted from the newest permit's are those of one division each: the
+        /// k-th most recent at `(logged - k) % limit`, the next at `logged % limit`.
+        #[test]
+        fn ring_positions_are_those_of_a_division_each(
+            limit in 1u64..40,
+            logged in 0u64..200,
+            k in 0u64..45,
+        ) {
+            let mut state = vec![logged];
+            state.extend((0..limit).map(|i| 1_000 + i));
+            let log = super::Log::new(&state, limit);
+            let expected = (k >= 1 && k <= logged.min(limit))
+                .then(|| state[1 + ((logged - k) % limit) as usize]);
+            proptest::prop_assert_eq!(log.recent(k), expected);
+            proptest::prop_assert_eq!(log.next(), logged % limit);
+        }
+    }
 }
