@@ -47,9 +47,8 @@ impl Windows {
         }
     }
 
-    /// The previous window's weighted count at `now`, the time these windows were found for
-    /// (so `now` is in the current window, or before a later one): the estimate at `now` is
-    /// this plus the current count, computed as [`estimate`](Self::estimate) does.
+    /// The previous window's weighted count at `now`, in the current window (or before a
+    /// later one): the estimate there is this plus the current count.
     #[inline]
     fn weighted_previous(&self, now: u64) -> f64 {
         let period = double(self.period);
@@ -60,19 +59,19 @@ impl Windows {
 
     /// The weighted count at time `t` (no earlier than the window start), if nothing arrives.
     fn estimate(&self, t: u64) -> f64 {
-        let period = self.period as f64;
+        let period = double(self.period);
         let elapsed = t.saturating_sub(self.start);
         if elapsed < self.period {
-            self.previous as f64 * ((period - elapsed as f64) / period) + self.current as f64
+            self.weighted_previous(t) + double(self.current)
         } else if elapsed < 2 * self.period {
-            self.current as f64 * ((period - (elapsed - self.period) as f64) / period)
+            double(self.current) * ((period - double(elapsed - self.period)) / period)
         } else {
             0.0
         }
     }
 
     fn admits(&self, t: u64, cost: u64, limit: u64) -> bool {
-        self.estimate(t) + cost as f64 <= limit as f64
+        self.estimate(t) + double(cost) <= double(limit)
     }
 
     /// The earliest time at which `cost` is admitted if nothing arrives.

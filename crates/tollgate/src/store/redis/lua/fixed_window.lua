@@ -26,9 +26,4 @@ local function credit(t, w, a)
   if w[o + 1] == window_of(t, a.credit_at) then w[o + 2] = max(w[o + 2] - a.cost, 0) end
 end
 
-local function expires_at(t, w)
-  local start = w[t.offset + 1]
-  if t.p5 ~= 1 then return start - start % t.period + t.period end
-  local _, finish = window_of(t, start)
-  return finish
-end
+local expires_at = counted_window_end

@@ -59,13 +59,12 @@ end
 
 -- Exact rates (src/algorithm/rate.rs): a permit is per_permit units, a microsecond per_micro.
 local function units(t, permits) return permits * t.per_permit end
-local function permits(t, u) return floor(u / t.per_permit) end
 local function micros(t, u) return ceil_div(u, t.per_micro) end
 local function drained(t, elapsed) return elapsed * t.per_micro end
 
 -- The verdict of a bucket holding `level` units of `burst` permits, asked for `cost` permits:
--- units(), permits() and micros() written out, as this is the hottest path, and floor(x) as
--- x - x % 1 (the same double, without a call).
+-- units() and micros() written out, and the permits left (floor(u / per_permit)), as this is
+-- the hottest path; floor(x) as x - x % 1 (the same double, without a call).
 local function bucket(t, burst, level, cost)
   local per_permit, per_micro = t.per_permit, t.per_micro
   local capacity = burst * per_permit
@@ -114,6 +113,14 @@ local function counted_window(t, w, now)
     return written, later, w[o + 2]
   end
   return start, finish, 0
+end
+
+-- When the words `w` of such a tier are as good as new: the end of their window.
+local function counted_window_end(t, w)
+  local start = w[t.offset + 1]
+  if t.p5 ~= 1 then return start - start % t.period + t.period end
+  local _, finish = window_of(t, start)
+  return finish
 end
 
 -- The format of `n` little-endian doubles, made once per count.
