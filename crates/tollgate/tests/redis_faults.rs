@@ -169,6 +169,49 @@ async fn frozen_fails_closed_within_the_timeout_then_thaws() {
     assert_strict(&limiter, "after").await;
 }
 
+/// Checks written in one pipeline with a command that has no deadline (a ping) each time
+/// out by their own deadline, counted as timeouts, while the ping waits for its answer until
+/// the server thaws.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_in_a_pipeline_time_out_by_their_own_deadline() {
+    let server = RedisServer::start();
+    let limiter = limiter(&server.url(), FailurePolicy::Closed).await;
+    assert_eq!(wait_for_redis(&limiter, "warm").await, Source::Redis);
+    let before = limiter.store().failures();
+    server.pause();
+    let check = |key: &'static str| {
+        let limiter = limiter.clone();
+        async move {
+            let decision = limiter.check(key, 1).await.unwrap();
+            ((decision.allowed(), decision.source()), Instant::now())
+        }
+    };
+    let store = limiter.store().clone();
+    // Polled in this order in one pass: the first check goes alone, the ping and the other
+    // checks wait for it, so they are queued and written together.
+    let (first, ping, second, third, resumed) = tokio::join!(
+        check("first"),
+        async move { (store.ping().await, Instant::now()) },
+        check("second"),
+        check("third"),
+        async {
+            tokio::time::sleep(TIMEOUT + MARGIN).await;
+            server.resume();
+            Instant::now()
+        },
+    );
+    for (decision, answered) in [first, second, third] {
+        assert_eq!(decision, (false, Source::FailClosed));
+        assert!(answered < resumed, "a check waited for the thaw");
+    }
+    let (pong, answered) = ping;
+    assert!(pong.is_ok(), "{pong:?}");
+    assert!(answered >= resumed, "the ping did not wait for its answer");
+    let failed = limiter.store().failures();
+    assert_eq!(failed.timeouts, before.timeouts + 3, "{failed:?}");
+    assert_eq!(failed.errors, before.errors, "{failed:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn falls_back_to_a_local_share_of_the_limit() {
     let mut server = RedisServer::start();

@@ -128,8 +128,32 @@ impl AnyStore {
 fn narrow<'a, P>(
     items: &[Planned<'a, AnyPlan>],
     arm: impl Fn(&'a AnyPlan) -> Option<&'a P>,
-) -> Option<Vec<Planned<'a, P>>> {
-    items.iter().map(|i| narrow_one(i, &arm)).collect()
+) -> Option<Narrowed<'a, P>> {
+    match items {
+        [item] => Some(Narrowed::One([narrow_one(item, arm)?])),
+        items => items
+            .iter()
+            .map(|i| narrow_one(i, &arm))
+            .collect::<Option<_>>()
+            .map(Narrowed::Many),
+    }
+}
+
+/// Items of one arm: a single item (most checks) without a list of its own.
+enum Narrowed<'a, P> {
+    One([Planned<'a, P>; 1]),
+    Many(Vec<Planned<'a, P>>),
+}
+
+impl<'a, P> std::ops::Deref for Narrowed<'a, P> {
+    type Target = [Planned<'a, P>];
+
+    fn deref(&self) -> &Self::Target {
+        match self {
+            Self::One(one) => one,
+            Self::Many(many) => many,
+        }
+    }
 }
 
 /// One item of an arm; `None` when its plan belongs to another arm.

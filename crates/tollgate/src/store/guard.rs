@@ -19,6 +19,9 @@ use crate::decision::{Decision, Decisions, Source};
 use crate::error::Error;
 use crate::rule::{FailurePolicy, Rule};
 
+/// When a bounded remote call must have answered (on Tokio's clock, which tests can pause).
+pub(crate) type Deadline = tokio::time::Instant;
+
 /// Settings of a guard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct GuardConfig {
@@ -166,6 +169,9 @@ impl Backend {
 #[derive(Debug)]
 pub(crate) struct Route<'a> {
     backends: Backends<'a>,
+    /// Whether the remote call answers by the deadline the guard gives it, so that the guard
+    /// sets no timer of its own (see [`Route::bounded`]).
+    bounded: bool,
     /// Bit `i`: backend `i` answered.
     answered: AtomicU64,
     /// The decisions, once they are known while writes are still under way: a timeout after
@@ -184,6 +190,7 @@ impl<'a> Route<'a> {
     pub(crate) fn one(backend: &'a Backend) -> Self {
         Self {
             backends: Backends::One(backend),
+            bounded: false,
             answered: AtomicU64::new(0),
             settled: std::sync::OnceLock::new(),
         }
@@ -193,9 +200,17 @@ impl<'a> Route<'a> {
     pub(crate) fn many(backends: Vec<Arc<Backend>>) -> Self {
         Self {
             backends: Backends::Many(backends),
+            bounded: false,
             answered: AtomicU64::new(0),
             settled: std::sync::OnceLock::new(),
         }
+    }
+
+    /// This route, for a remote call that answers by the deadline it is given (a timeout
+    /// error once it passes): one timer for many calls (a pipeline's) rather than one each.
+    pub(crate) fn bounded(mut self) -> Self {
+        self.bounded = true;
+        self
     }
 
     fn len(&self) -> usize {
@@ -244,14 +259,24 @@ enum Unanswered {
 pub(crate) struct Failure {
     pub(crate) error: Error,
     pub(crate) backend: Option<usize>,
+    /// Whether the backend did not answer by the deadline (a bounded call's).
+    pub(crate) timed_out: bool,
+}
+
+impl Failure {
+    /// `error`, the fault of the route's `backend` (`None`: each one that did not answer).
+    pub(crate) fn of(error: Error, backend: Option<usize>) -> Self {
+        Self {
+            error,
+            backend,
+            timed_out: false,
+        }
+    }
 }
 
 impl From<Error> for Failure {
     fn from(error: Error) -> Self {
-        Self {
-            error,
-            backend: None,
-        }
+        Self::of(error, None)
     }
 }
 
@@ -360,7 +385,7 @@ impl Guard {
         Ok(GuardPlan { local })
     }
 
-    /// Decides `items` by `remote()`, the backends' answer, unless a breaker of `route` keeps
+    /// Decides `items` by `remote(deadline)`, the backends' answer, unless a breaker of `route` keeps
     /// its backend away; when a backend fails or does not answer within the timeout (longer
     /// within a backend's start-up allowance), by each rule's failure policy. Each backend's
     /// breaker counts its own outcome: one that answered is not blamed for another's failure.
@@ -374,7 +399,7 @@ impl Guard {
         remote: F,
     ) -> Decisions
     where
-        F: FnOnce() -> Fut,
+        F: FnOnce(Option<Deadline>) -> Fut,
         Fut: Future<Output = Result<Decisions, Failure>>,
     {
         match self.call(now, route, remote).await {
@@ -403,7 +428,7 @@ impl Guard {
         remote: F,
     ) -> Result<T, Error>
     where
-        F: FnOnce() -> Fut,
+        F: FnOnce(Option<Deadline>) -> Fut,
         Fut: Future<Output = Result<T, Failure>>,
     {
         self.call(now, route, remote).await.map_err(|unanswered| {
@@ -422,10 +447,12 @@ impl Guard {
     }
 
     /// Calls `remote()` unless a breaker of `route` keeps its backend away, within the
-    /// timeout; records each backend's outcome in its breaker.
+    /// timeout: on a timer of the guard's, or, on a [bounded](Route::bounded) route, by the
+    /// deadline it is given (`None` on other routes). Records each backend's outcome in its
+    /// breaker.
     async fn call<T, F, Fut>(&self, now: u64, route: &Route<'_>, remote: F) -> Result<T, Unanswered>
     where
-        F: FnOnce() -> Fut,
+        F: FnOnce(Option<Deadline>) -> Fut,
         Fut: Future<Output = Result<T, Failure>>,
     {
         let mut probes = match &route.backends {
@@ -452,15 +479,21 @@ impl Guard {
             true => self.config.timeout.max(startup),
             false => self.config.timeout,
         };
-        let (blamed, why, timed_out) = match tokio::time::timeout(timeout, remote()).await {
+        let outcome = match route.bounded {
+            true => Ok(remote(Some(Deadline::now() + timeout)).await),
+            false => tokio::time::timeout(timeout, remote(None)).await,
+        };
+        let unanswered = || format!("no answer within {timeout:?}");
+        let (blamed, why, timed_out) = match outcome {
             Ok(Ok(decisions)) => {
                 for i in 0..route.len() {
                     route.get(i).success(probes.take(i));
                 }
                 return Ok(decisions);
             }
+            Ok(Err(failure)) if failure.timed_out => (failure.backend, unanswered(), true),
             Ok(Err(failure)) => (failure.backend, failure.error.to_string(), false),
-            Err(_) => (None, format!("no answer within {timeout:?}"), true),
+            Err(_) => (None, unanswered(), true),
         };
         for i in 0..route.len() {
             let backend = route.get(i);

@@ -690,7 +690,7 @@ impl Store for LeaseStore {
         if let Ok(decisions) = inner.spend(items, at, false) {
             return Ok(decisions);
         }
-        let remote = || async {
+        let remote = |_| async {
             // One lease at a time per key (the wait within the store's timeout): a lease
             // asked for meanwhile may be enough.
             let _leasing = inner.leasing(items).await;

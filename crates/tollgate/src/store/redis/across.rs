@@ -189,7 +189,9 @@ async fn give_back(store: &RedisStore, now: u64, part: &Part, took: Taken) {
         args: part.take.args.clone(),
         module: part.take.module.clone(),
     };
-    give.args[0] = store.header_of(now, 0, None, Some(Settle::Credit { at: took.at }));
+    give.args[0] = store
+        .header_of(now, 0, None, Some(Settle::Credit { at: took.at }))
+        .to_vec();
     for (i, written) in took.written.iter().enumerate() {
         if !written {
             give.args[1][cost_at(i)].copy_from_slice(&packed([0.0]));

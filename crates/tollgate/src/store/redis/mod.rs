@@ -39,13 +39,13 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 
 pub(crate) use self::module::Presence;
-use self::queue::Queue;
+use self::queue::{Queue, within};
 pub(crate) use self::script::Entry;
 pub use self::topology::NodeHealth;
 use self::topology::Topology;
 use super::book::ReservationRecord;
 use super::guard::{
-    Backend, Failure, Guard, GuardConfig, GuardPlan, Guarded, Route, StoreFailures,
+    Backend, Deadline, Failure, Guard, GuardConfig, GuardPlan, Guarded, Route, StoreFailures,
 };
 use super::{Planned, Settle};
 use crate::algorithm::Verdict;
@@ -164,6 +164,9 @@ impl fmt::Debug for RedisStore {
 
 /// Added to every TTL when functions decide at the caller's time (see [`StoreTime::Local`]).
 const CALLER_TIME_TTL_PADDING_MS: u64 = 60_000;
+
+/// Bytes of a call's header: six little-endian doubles (see `lua/prelude.lua`).
+const HEADER: usize = 48;
 
 /// Pipelined connections to one server: one, whose batches of checks Redis decides with the
 /// fewest reads and writes; more split the batches (measured in BENCHMARKS.md).
@@ -690,7 +693,7 @@ impl RedisStore {
 
     /// The caller's time and TTL padding as the functions read them: `None` for the server's
     /// `TIME`.
-    fn header(&self, now: u64, cost: u64, max_delay: Option<u64>) -> Vec<u8> {
+    fn header(&self, now: u64, cost: u64, max_delay: Option<u64>) -> [u8; HEADER] {
         self.header_of(now, cost, max_delay, None)
     }
 
@@ -701,7 +704,7 @@ impl RedisStore {
         cost: u64,
         max_delay: Option<u64>,
         settle: Option<Settle>,
-    ) -> Vec<u8> {
+    ) -> [u8; HEADER] {
         let (at, padding) = match self.time {
             StoreTime::Server => (-1.0, 0),
             StoreTime::Local => (now as f64, CALLER_TIME_TTL_PADDING_MS),
@@ -713,14 +716,19 @@ impl RedisStore {
             Some(Settle::Credit { at }) => (2.0, at as f64),
             Some(Settle::Renew) => (3.0, 0.0),
         };
-        packed([
+        let fields = [
             at,
             cost as f64,
             max_delay.map_or(-1.0, |d| d as f64),
             padding,
             mode,
             credit_at,
-        ])
+        ];
+        let mut header = [0; HEADER];
+        for (bytes, field) in header.chunks_exact_mut(8).zip(fields) {
+            bytes.copy_from_slice(&field.to_le_bytes());
+        }
+        header
     }
 
     /// This check's share of the expiry jitter (ms): one of 16 steps up to the jitter, in
@@ -787,19 +795,22 @@ impl RedisStore {
         max_delay: Option<u64>,
         route: &Route<'_>,
         places: &[usize],
+        deadline: Option<Deadline>,
     ) -> Result<Decisions, Failure> {
         let place = |i: usize| places.get(i).copied().unwrap_or(0);
         if let [item] = items {
             let decision = self
-                .check_one(item, now, max_delay, route.get(place(0)))
+                .check_one(item, now, max_delay, route.get(place(0)), deadline)
                 .await
-                .map_err(|error| Failure {
-                    error,
+                .map_err(|failure| Failure {
                     backend: Some(place(0)),
+                    ..failure
                 })?;
             route.answered(place(0));
             return Ok(Decisions::one(decision.shadow(item.rule.is_shadow())));
         }
+        // Only a check of one item is bounded (see `check`).
+        debug_assert!(deadline.is_none());
         // Boxed: inline, it would make the future of every check larger.
         Box::pin(self.check_many(items, now, max_delay, route, places)).await
     }
@@ -828,10 +839,7 @@ impl RedisStore {
             let batched = self
                 .run(&call, Some(node), now)
                 .await
-                .map_err(|error| Failure {
-                    error,
-                    backend: Some(place(group)),
-                })?;
+                .map_err(|error| Failure::of(error, Some(place(group))))?;
             route.answered(place(group));
             let (reply, source) = (&batched.verdicts, batched.source);
             read_batch(items, group, reply, source, &mut decisions)?;
@@ -875,10 +883,7 @@ impl RedisStore {
                         read_batch(items, group, &reply, source, &mut decisions)?;
                     }
                     Err(error) => {
-                        failure.get_or_insert(Failure {
-                            error,
-                            backend: Some(place(group)),
-                        });
+                        failure.get_or_insert(Failure::of(error, Some(place(group))));
                     }
                 }
             }
@@ -922,14 +927,11 @@ impl RedisStore {
             None => self.guard.single_shared(),
         };
         let route = Route::many(vec![backend]);
-        let remote = || async {
+        let remote = |_| async {
             let reply = self
                 .invoke(entry, keys, args)
                 .await
-                .map_err(|error| Failure {
-                    error: store_error(error),
-                    backend: Some(0),
-                })?;
+                .map_err(|error| Failure::of(store_error(error), Some(0)))?;
             route.answered(0);
             Ok::<_, Failure>(reply)
         };
@@ -953,15 +955,14 @@ impl RedisStore {
         let place = |group: &[usize]| places.get(group[0]).copied().unwrap_or(0);
         let calls = groups.iter().map(|group| {
             let mut call = self.batch_call(items, group, now, None, Mode::Decide);
-            call.args[0] = self.header_of(now, 0, None, Some(settle));
+            call.args[0] = self.header_of(now, 0, None, Some(settle)).to_vec();
             async move {
                 let node = route.get(place(group));
                 let entry = &script::SETTLE_ENTRY;
                 let settled = self.of_items(entry, "TOLLGATE.SETTLE", &call, Some(node), now);
-                let reply = settled.await.map_err(|error| Failure {
-                    error: store_error(error),
-                    backend: Some(place(group)),
-                })?;
+                let reply = settled
+                    .await
+                    .map_err(|error| Failure::of(store_error(error), Some(place(group))))?;
                 route.answered(place(group));
                 Ok::<_, Failure>(reply)
             }
@@ -989,10 +990,7 @@ impl RedisStore {
         route: &Route<'_>,
         outcome: &AtomicU8,
     ) -> Result<Decisions, Failure> {
-        let failed = |error| Failure {
-            error,
-            backend: Some(0),
-        };
+        let failed = |error| Failure::of(error, Some(0));
         let group: Vec<usize> = (0..items.len()).collect();
         let call = self.batch_call(items, &group, now, None, Mode::Decide);
         let mut keys = vec![self.book_key(None), self.book_key(Some(&record.id))];
@@ -1040,10 +1038,25 @@ impl RedisStore {
         now: u64,
         max_delay: Option<u64>,
         node: &Backend,
-    ) -> Result<Decision, Error> {
+        deadline: Option<Deadline>,
+    ) -> Result<Decision, Failure> {
+        // A timeout error once the deadline has passed is the deadline's.
+        let failure = |err: RedisError| Failure {
+            timed_out: err.is_timeout() && deadline.is_some_and(|d| Deadline::now() >= d),
+            error: store_error(err),
+            backend: None,
+        };
         let plan = item.plan;
         let header = self.header(now, item.cost, max_delay);
-        let keys = plan.keys(item.key);
+        // One key for word states: named without a list around it.
+        let (one, many);
+        let keys: &[Vec<u8>] = if plan.entry.key_per_tier {
+            many = plan.keys(item.key);
+            &many
+        } else {
+            one = [plan.name(item.key)];
+            &one
+        };
         let tier_args = plan.tier_args_at(item.rule, now);
         if let Some(rule_args) = &plan.module
             && node.module.worth_asking(now)
@@ -1055,7 +1068,7 @@ impl RedisStore {
                     "TOLLGATE.CHECK",
                     "TOLLGATE.CHECK",
                     1,
-                    self.query::<Vec<u8>>(call),
+                    self.query_until::<Vec<u8>>(call, deadline),
                 )
                 .await
             {
@@ -1065,14 +1078,14 @@ impl RedisStore {
                     return Ok(verdicts.decision(item.rule, Source::RedisModule));
                 }
                 Err(err) if module::missing(&err) => node.module.absent(now, node.name(), &err),
-                Err(err) => return Err(store_error(err)),
+                Err(err) => return Err(failure(err)),
             }
         }
         let args: [&[u8]; 2] = [&header, &tier_args];
         let reply = self
-            .invoke(plan.entry, &keys, &args)
+            .invoke_until(plan.entry, keys, &args, deadline)
             .await
-            .map_err(store_error)?;
+            .map_err(failure)?;
         let mut verdicts = Verdicts::new(&reply, plan.tiers)?;
         Ok(verdicts.decision(item.rule, Source::Redis))
     }
@@ -1105,7 +1118,7 @@ impl RedisStore {
             ]));
             keys.extend(names);
         }
-        let mut args = vec![header, described];
+        let mut args = vec![header.to_vec(), described];
         args.extend(
             group
                 .iter()
@@ -1185,11 +1198,22 @@ impl RedisStore {
         keys: &[Vec<u8>],
         args: &[&[u8]],
     ) -> Result<Vec<u8>, RedisError> {
+        self.invoke_until(entry, keys, args, None).await
+    }
+
+    /// [`invoke`](Self::invoke), answered by `deadline` (a timeout error once it passes).
+    async fn invoke_until(
+        &self,
+        entry: &Entry,
+        keys: &[Vec<u8>],
+        args: &[&[u8]],
+        deadline: Option<Deadline>,
+    ) -> Result<Vec<u8>, RedisError> {
         self.traced(
             "FCALL",
             &entry.function,
             keys.len(),
-            self.call(entry, keys, args),
+            self.call(entry, keys, args, deadline),
         )
         .await
     }
@@ -1198,53 +1222,55 @@ impl RedisStore {
     /// `trace` span of target `tollgate::redis` when it is part of a traced check (a span of
     /// target `tollgate::traces`, the service's): the store's own calls, and those of checks
     /// not sampled, make no trace of their own. With no subscriber interested, it costs one
-    /// check of a cached flag.
-    async fn traced<T>(
+    /// check of a cached flag. Not an `async fn`, which would hold `call` twice: as its
+    /// argument, and as what it awaits.
+    fn traced<T>(
         &self,
         name: &'static str,
         operation: &str,
         keys: usize,
         call: impl Future<Output = Result<T, RedisError>>,
-    ) -> Result<T, RedisError> {
+    ) -> impl Future<Output = Result<T, RedisError>> {
         let traced = tracing::enabled!(target: "tollgate::redis", tracing::Level::TRACE)
             && tracing::Span::current()
                 .metadata()
                 .is_some_and(|m| m.target() == "tollgate::traces");
-        if !traced {
-            return call.await;
-        }
-        let span = tracing::trace_span!(
-            target: "tollgate::redis",
-            "redis",
-            otel.name = name,
-            otel.kind = "client",
-            db.system = "redis",
-            db.operation = %operation,
-            db.redis.keys = keys,
-        );
-        // Boxed: only traced checks pay for the larger future.
-        Box::pin(tracing::Instrument::instrument(call, span)).await
+        let span = match traced {
+            true => tracing::trace_span!(
+                target: "tollgate::redis",
+                "redis",
+                otel.name = name,
+                otel.kind = "client",
+                db.system = "redis",
+                db.operation = %operation,
+                db.redis.keys = keys,
+            ),
+            false => tracing::Span::none(),
+        };
+        tracing::Instrument::instrument(call, span)
     }
 
-    /// [`invoke`](Self::invoke), without its span.
+    /// [`invoke_until`](Self::invoke_until), without its span.
     async fn call(
         &self,
         entry: &Entry,
         keys: &[Vec<u8>],
         args: &[&[u8]],
+        deadline: Option<Deadline>,
     ) -> Result<Vec<u8>, RedisError> {
         // Servers without functions are rare, and their path is boxed, as are the rare paths
         // below: inline, they would make every check's future larger.
         if self.scripts_only.load(Ordering::Relaxed) {
-            return Box::pin(self.script(entry, keys, args)).await;
+            return within(deadline, Box::pin(self.script(entry, keys, args))).await;
         }
         let loads = self.library.loads.load(Ordering::Acquire);
-        match self.query(fcall(entry, keys, args)).await {
+        match self.query_until(fcall(entry, keys, args), deadline).await {
             Err(err) if function_not_found(&err) => {
-                Box::pin(self.load_library(entry, keys, args, loads)).await
+                let load = Box::pin(self.load_library(entry, keys, args, loads));
+                within(deadline, load).await
             }
             Err(err) if functions_refused(&err) => {
-                Box::pin(self.to_scripts(err, entry, keys, args)).await
+                within(deadline, Box::pin(self.to_scripts(err, entry, keys, args))).await
             }
             reply => reply,
         }
@@ -1341,12 +1367,22 @@ impl RedisStore {
     }
 
     async fn query<T: redis::FromRedisValue>(&self, command: redis::Cmd) -> Result<T, RedisError> {
+        self.query_until(command, None).await
+    }
+
+    /// [`query`](Self::query), answered by `deadline` (a timeout error once it passes): on
+    /// one server by the timer of the command's pipeline (see [`Queue`]).
+    async fn query_until<T: redis::FromRedisValue>(
+        &self,
+        command: redis::Cmd,
+        deadline: Option<Deadline>,
+    ) -> Result<T, RedisError> {
         match &self.connection {
             Connection::Single(pool) => {
-                let reply = pool.pick().query(command).await?;
+                let reply = pool.pick().query(command, deadline).await?;
                 Ok(redis::from_redis_value(reply)?)
             }
-            Connection::Cluster(c) => command.query_async(&mut c.clone()).await,
+            Connection::Cluster(c) => within(deadline, command.query_async(&mut c.clone())).await,
         }
     }
 }
@@ -1369,8 +1405,13 @@ impl super::Store for RedisStore {
         now: u64,
         max_delay: Option<u64>,
     ) -> Result<Decisions, Error> {
-        let (route, places) = self.route(items);
-        let remote = || self.remote(items, now, max_delay, &route, &places);
+        let (mut route, places) = self.route(items);
+        // One item on one server: its command answers by the deadline, on the timer of its
+        // pipeline rather than one of its own.
+        if let (Connection::Single(_), [_]) = (&self.connection, items) {
+            route = route.bounded();
+        }
+        let remote = |deadline| self.remote(items, now, max_delay, &route, &places, deadline);
         Ok(self
             .guard
             .decide(items, now, max_delay, &route, remote)
@@ -1388,7 +1429,7 @@ impl super::Store for RedisStore {
         settle: Settle,
     ) -> Result<Decisions, Error> {
         let (route, places) = self.route(items);
-        let remote = || self.remote_settle(items, now, settle, &route, &places);
+        let remote = |_| self.remote_settle(items, now, settle, &route, &places);
         self.guard.settle(now, &route, remote).await
     }
 
@@ -1404,7 +1445,7 @@ impl super::Store for RedisStore {
         }
         let outcome = AtomicU8::new(Reserved::Unanswered as u8);
         let (route, _) = self.route(items);
-        let remote = || self.remote_reserve(items, now, record, &route, &outcome);
+        let remote = |_| self.remote_reserve(items, now, record, &route, &outcome);
         let decisions = self.guard.decide(items, now, None, &route, remote).await;
         match outcome.load(Ordering::Relaxed) {
             o if o == Reserved::Full as u8 => Err(super::book::full(self.max_reservations)),
@@ -1830,14 +1871,32 @@ impl RedisPlan {
         Cow::Owned(args)
     }
 
+    /// The Redis key of `key`'s state, or the part its tiers' keys share when each tier has
+    /// its own: `<prefix>tg:<rule>:<fingerprint>:<key length>:{k<key>}`.
+    fn name(&self, key: &[u8]) -> Vec<u8> {
+        let mut digits = [0; 20];
+        let mut at = digits.len();
+        let mut length = key.len();
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (length % 10) as u8;
+            length /= 10;
+            if length == 0 {
+                break;
+            }
+        }
+        let mut name = Vec::with_capacity(self.prefix.len() + key.len() + 32);
+        name.extend_from_slice(&self.prefix);
+        name.extend_from_slice(&digits[at..]);
+        name.extend_from_slice(b":{k");
+        name.extend_from_slice(key);
+        name.push(b'}');
+        name
+    }
+
     /// The Redis keys that hold `key`'s state, all with the same hash tag.
     pub fn keys(&self, key: &[u8]) -> Vec<Vec<u8>> {
-        let mut base = Vec::with_capacity(self.prefix.len() + key.len() + 32);
-        base.extend_from_slice(&self.prefix);
-        // Writing to a Vec cannot fail.
-        let _ = write!(base, "{}:{{k", key.len());
-        base.extend_from_slice(key);
-        base.push(b'}');
+        let base = self.name(key);
         if !self.entry.key_per_tier {
             return vec![base];
         }

@@ -120,7 +120,9 @@ pub(crate) fn quotable_all<K: AsRef<[u8]>>(keys: &[K]) -> bool {
         let key = key.as_ref();
         key.split(|&b| b == 0).next().unwrap_or(key)
     }
-    keys.iter().all(|k| shown(k).is_ascii())
+    // A NUL is ASCII: an ASCII key's quote is too, found without looking for the NUL.
+    keys.iter().all(|k| k.as_ref().is_ascii())
+        || keys.iter().all(|k| shown(k).is_ascii())
         || (keys.iter().map(|k| shown(k).len() + 3).sum::<usize>() < 100
             && keys.iter().all(|k| std::str::from_utf8(shown(k)).is_ok()))
 }

@@ -9,6 +9,9 @@
 //! check ready to run in this pass queues its command before the flush takes them all. A
 //! command sent while none waits goes at once: alone, it has nothing to wait for. Flushes do
 //! not wait for each other's replies: the connection keeps pipelining.
+//!
+//! A command may carry a deadline: its caller gets a timeout error once it passes, from one
+//! timer per flush (at its earliest deadline), not one per command.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,6 +21,8 @@ use std::task::{Context, Poll};
 use redis::aio::{ConnectionLike as _, ConnectionManager};
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, Value};
 use tokio::sync::oneshot;
+
+use crate::store::guard::Deadline;
 
 /// The most commands one pipeline carries; a flush splits more into several.
 const MAX_BATCH: usize = 256;
@@ -32,8 +37,8 @@ pub(super) struct Queue {
     in_flight: AtomicUsize,
 }
 
-/// A queued command, and where its reply goes.
-type Queued = (Cmd, oneshot::Sender<RedisResult<Value>>);
+/// A queued command, where its reply goes, and by when.
+type Queued = (Cmd, oneshot::Sender<RedisResult<Value>>, Option<Deadline>);
 
 impl Queue {
     pub(super) fn new(connection: ConnectionManager) -> Arc<Self> {
@@ -51,19 +56,25 @@ impl Queue {
 
     /// Sends `command`, at once when no other command waits for its reply (nothing to write
     /// it with), else with the others queued in this pass; its reply, a server error as an
-    /// `Err`. Must be called within a Tokio runtime. If the caller stops waiting, the command
-    /// is still sent.
-    pub(super) async fn query(self: &Arc<Self>, command: Cmd) -> RedisResult<Value> {
+    /// `Err`, or a timeout error ([`passed`]) once `deadline` passes. Must be called within a
+    /// Tokio runtime. If the caller stops waiting, the command is still sent.
+    pub(super) async fn query(
+        self: &Arc<Self>,
+        command: Cmd,
+        deadline: Option<Deadline>,
+    ) -> RedisResult<Value> {
         let in_flight = InFlight::new(&self.in_flight);
         if in_flight.alone {
+            // Boxed: the connection's future is large, and every queued command would carry
+            // it too.
             let mut connection = self.connection.clone();
-            let reply = connection.req_packed_command(&command).await;
-            return reply.and_then(Value::extract_error);
+            let reply = Box::pin(within(deadline, connection.req_packed_command(&command)));
+            return reply.await.and_then(Value::extract_error);
         }
         let (reply, replied) = oneshot::channel();
         let spawn = {
             let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
-            waiting.push((command, reply));
+            waiting.push((command, reply, deadline));
             waiting.len() == 1
         };
         if spawn {
@@ -156,38 +167,82 @@ impl Future for BackOfTheQueue {
     }
 }
 
-/// Writes `batch` as one pipeline and hands out the replies.
+/// Writes `batch` as one pipeline and hands out the replies; a caller whose deadline passes
+/// first gets a timeout error then, and the others still wait.
 async fn send(mut connection: ConnectionManager, batch: Vec<Queued>) {
     let mut pipeline = redis::Pipeline::with_capacity(batch.len());
+    // Where each reply goes, until it has gone.
     let mut replies = Vec::with_capacity(batch.len());
-    for (command, reply) in batch {
+    for (command, reply, deadline) in batch {
         pipeline.add_command(command);
-        replies.push(reply);
+        replies.push((Some(reply), deadline));
     }
-    match connection
-        .req_packed_commands(&pipeline, 0, replies.len())
-        .await
-    {
-        Ok(values) if values.len() == replies.len() => {
-            for (reply, value) in replies.into_iter().zip(values) {
+    let count = replies.len();
+    let mut answer = std::pin::pin!(connection.req_packed_commands(&pipeline, 0, count));
+    let outcome = loop {
+        let waiting = replies.iter().filter(|(reply, _)| reply.is_some());
+        let Some(deadline) = waiting.filter_map(|&(_, deadline)| deadline).min() else {
+            break answer.await;
+        };
+        if let Ok(outcome) = tokio::time::timeout_at(deadline, &mut answer).await {
+            break outcome;
+        }
+        for (reply, by) in &mut replies {
+            if by.is_some_and(|by| by <= deadline)
+                && let Some(reply) = reply.take()
+            {
+                let _ = reply.send(Err(passed()));
+            }
+        }
+        if replies.iter().all(|(reply, _)| reply.is_none()) {
+            return;
+        }
+    };
+    let waiting = replies.into_iter().map(|(reply, _)| reply);
+    match outcome {
+        Ok(values) if values.len() == count => {
+            for (reply, value) in waiting.zip(values) {
                 // A caller that stopped waiting dropped its receiver: nothing to tell.
-                let _ = reply.send(Ok(value));
+                if let Some(reply) = reply {
+                    let _ = reply.send(Ok(value));
+                }
             }
         }
         Ok(values) => {
             let err = RedisError::from((
                 ErrorKind::Parse,
                 "a pipeline's replies did not match its commands",
-                format!("{} replies for {} commands", values.len(), replies.len()),
+                format!("{} replies for {count} commands", values.len()),
             ));
-            for reply in replies {
+            for reply in waiting.flatten() {
                 let _ = reply.send(Err(err.clone()));
             }
         }
         Err(err) => {
-            for reply in replies {
+            for reply in waiting.flatten() {
                 let _ = reply.send(Err(err.clone()));
             }
         }
+    }
+}
+
+/// The error of a command whose deadline passed before its reply came.
+pub(super) fn passed() -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "no reply by the check's deadline",
+    ))
+}
+
+/// `call`, or a timeout error ([`passed`]) once `deadline` passes.
+pub(super) async fn within<T>(
+    deadline: Option<Deadline>,
+    call: impl Future<Output = RedisResult<T>>,
+) -> RedisResult<T> {
+    match deadline {
+        None => call.await,
+        Some(deadline) => tokio::time::timeout_at(deadline, call)
+            .await
+            .unwrap_or_else(|_| Err(passed())),
     }
 }
