@@ -1201,21 +1201,21 @@ impl RedisStore {
         self.invoke_until(entry, keys, args, None).await
     }
 
-    /// [`invoke`](Self::invoke), answered by `deadline` (a timeout error once it passes).
-    async fn invoke_until(
-        &self,
-        entry: &Entry,
-        keys: &[Vec<u8>],
-        args: &[&[u8]],
+    /// [`invoke`](Self::invoke), answered by `deadline` (a timeout error once it passes). Not
+    /// an `async fn`, a layer more of the check's future.
+    fn invoke_until<'a>(
+        &'a self,
+        entry: &'a Entry,
+        keys: &'a [Vec<u8>],
+        args: &'a [&'a [u8]],
         deadline: Option<Deadline>,
-    ) -> Result<Vec<u8>, RedisError> {
+    ) -> impl Future<Output = Result<Vec<u8>, RedisError>> + 'a {
         self.traced(
             "FCALL",
             &entry.function,
             keys.len(),
             self.call(entry, keys, args, deadline),
         )
-        .await
     }
 
     /// Runs `call`, a command `name` (`operation`: what it runs, on `keys` keys), within a
