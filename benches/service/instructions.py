@@ -119,15 +119,19 @@ def main():
     parser.add_argument("--without-traces", action="store_true", help="no row exporting traces (a build without them)")
     args = parser.parse_args()
     workdir = tempfile.mkdtemp()
-    redis_port = bench.free_port()
-    redis = subprocess.Popen(["redis-server", "--bind", "127.0.0.1", "--port", str(redis_port), "--save", "",
-                              "--appendonly", "no", "--dir", workdir],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    redis_port, module_port = bench.free_port(), bench.free_port()
+    argv = ["redis-server", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", workdir]
+    redis = subprocess.Popen(argv + ["--port", str(redis_port)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    # Another, beside it, with tollgate's Redis module, for the rows that use it.
+    with_module = subprocess.Popen(argv + ["--port", str(module_port), "--loadmodule", bench.MODULE],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rows = []
     try:
         bench.wait_port(redis_port)
+        bench.wait_port(module_port)
         if not args.grpc_only:
-            rows += http_rows(args, redis_port, workdir)
+            rows += http_rows(args, redis_port, module_port, workdir)
         port, grpc = bench.free_port(), bench.free_port()
         grpc_rows = count_grpc([bench.TRIVIAL, f"127.0.0.1:{port}", f"127.0.0.1:{grpc}"], port, grpc,
                                "ceiling: tonic answering OK", args.seconds, workdir)
@@ -135,7 +139,8 @@ def main():
         sink = otlp_sink()
         traced = dict(env, TRACING_ENABLED="true", TRACING_SAMPLING_RATE="0.01", TRACING_EXPORTER_PROTOCOL="http",
                       OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=f"http://127.0.0.1:{sink}/v1/traces")
-        systems = [(name, store, extra, env) for name, store, extra in bench.tollgate_systems(redis_port)]
+        systems = [(name, store, extra, env)
+                   for name, store, extra in bench.tollgate_systems(redis_port, module_port)]
         if not args.without_traces:
             systems.insert(1, ("tollgate, memory store, traces on (1% sampled, OTLP/HTTP)", "{ kind: memory }", [],
                                traced))
@@ -151,6 +156,7 @@ def main():
                                     args.seconds, workdir, environment)
     finally:
         redis.terminate()
+        with_module.terminate()
     if rows:
         ceiling, peer = rows[0][1], rows[-1][1]
         print(f"User-space instructions per request (callgrind, wrk at 16 connections, {args.seconds} s)\n")
@@ -166,7 +172,7 @@ def main():
         print(f"| {name} | {n:,.0f} | {n / grpc_rows[0][1]:.2f}x |")
 
 
-def http_rows(args, redis_port, workdir):
+def http_rows(args, redis_port, module_port, workdir):
     """The HTTP rows: the ceilings, tollgate's systems, the peer."""
     rows = []
     port, wrapped = bench.free_port(), bench.free_port()
@@ -185,7 +191,7 @@ def http_rows(args, redis_port, workdir):
                   bare, [("the ceiling's handler without axum's router", "/v1/check", bench.CEILING_BODY)],
                   args.seconds, workdir)
     env = dict(os.environ, RUST_LOG="warn")
-    for name, store, extra in bench.tollgate_systems(redis_port):
+    for name, store, extra in bench.tollgate_systems(redis_port, module_port):
         port, grpc = bench.free_port(), bench.free_port()
         config = os.path.join(workdir, f"{port}.yaml")
         with open(config, "w") as f:
