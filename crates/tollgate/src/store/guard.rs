@@ -385,10 +385,11 @@ impl Guard {
         Ok(GuardPlan { local })
     }
 
-    /// Decides `items` by `remote(deadline)`, the backends' answer, unless a breaker of `route` keeps
-    /// its backend away; when a backend fails or does not answer within the timeout (longer
-    /// within a backend's start-up allowance), by each rule's failure policy. Each backend's
-    /// breaker counts its own outcome: one that answered is not blamed for another's failure.
+    /// Decides `items` by `remote(deadline)`, the backends' answer (see [`call`](Self::call)
+    /// for the deadline), unless a breaker of `route` keeps its backend away; when a backend
+    /// fails or does not answer within the timeout (longer within a backend's start-up
+    /// allowance), by each rule's failure policy. Each backend's breaker counts its own
+    /// outcome: one that answered is not blamed for another's failure.
     /// Cancelling the returned future is safe at any point.
     pub(crate) async fn decide<P: Guarded, F, Fut>(
         &self,
