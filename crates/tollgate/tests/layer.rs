@@ -2,6 +2,8 @@
 //! address taken from X-Forwarded-For only behind a trusted proxy, shadow mode, and Redis down
 //! under each failure policy.
 
+mod support;
+
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
@@ -398,12 +400,8 @@ async fn a_shadow_rule_never_denies() {
 #[tokio::test]
 async fn redis_down_follows_each_rules_policy() {
     // Nothing listens on this port: every check fails within the timeout.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let url = format!("redis://127.0.0.1:{port}");
+    let unused = support::UnusedPort::new();
+    let url = format!("redis://127.0.0.1:{}", unused.port);
     let store = RedisStore::builder(&url)
         .timeout(Duration::from_millis(50))
         .build()

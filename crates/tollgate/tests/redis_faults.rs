@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use support::RedisServer;
+use support::{RedisServer, UnusedPort};
 use tollgate::{Algorithm, FailurePolicy, Limiter, RedisStore, Rule, Source, StoreFailures, Tier};
 
 const TIMEOUT: Duration = Duration::from_millis(20);
@@ -234,12 +234,9 @@ async fn falls_back_to_a_local_share_of_the_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_that_never_started_is_a_policy_decision_not_an_error() {
     // A port with nothing listening: the store opens lazily and checks are decided by policy.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let limiter = limiter(&format!("redis://127.0.0.1:{port}"), FailurePolicy::Closed).await;
+    let unused = UnusedPort::new();
+    let url = format!("redis://127.0.0.1:{}", unused.port);
+    let limiter = limiter(&url, FailurePolicy::Closed).await;
     assert_eq!(limiter.store().failures(), StoreFailures::default());
     for _ in 0..10 {
         let started = Instant::now();
@@ -285,13 +282,8 @@ async fn a_probe_cancelled_by_its_caller_does_not_keep_the_breaker_open() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cost_above_the_local_share_is_denied_until_redis_returns_never_a_panic() {
-    // Nothing listens on this port.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let url = format!("redis://127.0.0.1:{port}");
+    let unused = UnusedPort::new();
+    let url = format!("redis://127.0.0.1:{}", unused.port);
     let algorithms = [
         Algorithm::FixedWindow,
         Algorithm::SlidingWindow,

@@ -20,6 +20,23 @@ pub struct RedisServer {
     child: Option<Child>,
 }
 
+/// A loopback port that nothing listens on: connecting to it is refused. Held (bound, not
+/// listening) while this lives, so that no server another test starts can take it, as it
+/// could a port only found free.
+pub struct UnusedPort {
+    pub port: u16,
+    _held: tokio::net::TcpSocket,
+}
+
+impl UnusedPort {
+    pub fn new() -> Self {
+        let held = tokio::net::TcpSocket::new_v4().unwrap();
+        held.bind(([127, 0, 0, 1], 0).into()).unwrap();
+        let port = held.local_addr().unwrap().port();
+        Self { port, _held: held }
+    }
+}
+
 /// A free port whose cluster bus port (port + 10000) is free too.
 fn free_port() -> u16 {
     static NEXT: AtomicU16 = AtomicU16::new(0);
