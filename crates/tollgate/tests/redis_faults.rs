@@ -171,7 +171,8 @@ async fn frozen_fails_closed_within_the_timeout_then_thaws() {
 
 /// Checks written in one pipeline with a command that has no deadline (a ping) each time
 /// out by their own deadline, counted as timeouts, while the ping waits for its answer until
-/// the server thaws.
+/// the server thaws. The server thaws only once every check has answered: a check that
+/// waited for the thaw would never answer (the test gives up after 10 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checks_in_a_pipeline_time_out_by_their_own_deadline() {
     let server = RedisServer::start();
@@ -179,34 +180,49 @@ async fn checks_in_a_pipeline_time_out_by_their_own_deadline() {
     assert_eq!(wait_for_redis(&limiter, "warm").await, Source::Redis);
     let before = limiter.store().failures();
     server.pause();
+    let (answered, mut answers) = tokio::sync::mpsc::unbounded_channel();
     let check = |key: &'static str| {
-        let limiter = limiter.clone();
+        let (limiter, answered) = (limiter.clone(), answered.clone());
         async move {
             let decision = limiter.check(key, 1).await.unwrap();
-            ((decision.allowed(), decision.source()), Instant::now())
+            let _ = answered.send(());
+            (decision.allowed(), decision.source())
         }
     };
+    let pinged = AtomicBool::new(false);
     let store = limiter.store().clone();
     // Polled in this order in one pass: the first check goes alone, the ping and the other
     // checks wait for it, so they are queued and written together.
-    let (first, ping, second, third, resumed) = tokio::join!(
+    let (first, pong, second, third, pinged_before_the_thaw) = tokio::join!(
         check("first"),
-        async move { (store.ping().await, Instant::now()) },
+        async {
+            let pong = store.ping().await;
+            pinged.store(true, Ordering::SeqCst);
+            pong
+        },
         check("second"),
         check("third"),
         async {
-            tokio::time::sleep(TIMEOUT + MARGIN).await;
+            let three = async {
+                for _ in 0..3 {
+                    answers.recv().await;
+                }
+            };
+            let waited = tokio::time::timeout(Duration::from_secs(10), three).await;
+            assert!(waited.is_ok(), "a check waited for the thaw");
+            let pinged = pinged.load(Ordering::SeqCst);
             server.resume();
-            Instant::now()
+            pinged
         },
     );
-    for (decision, answered) in [first, second, third] {
+    for decision in [first, second, third] {
         assert_eq!(decision, (false, Source::FailClosed));
-        assert!(answered < resumed, "a check waited for the thaw");
     }
-    let (pong, answered) = ping;
+    assert!(
+        !pinged_before_the_thaw,
+        "the ping did not wait for its answer"
+    );
     assert!(pong.is_ok(), "{pong:?}");
-    assert!(answered >= resumed, "the ping did not wait for its answer");
     let failed = limiter.store().failures();
     assert_eq!(failed.timeouts, before.timeouts + 3, "{failed:?}");
     assert_eq!(failed.errors, before.errors, "{failed:?}");

@@ -725,9 +725,7 @@ impl RedisStore {
             credit_at,
         ];
         let mut header = [0; HEADER];
-        for (bytes, field) in header.chunks_exact_mut(8).zip(fields) {
-            bytes.copy_from_slice(&field.to_le_bytes());
-        }
+        pack_into(&mut header, &fields);
         header
     }
 
@@ -1736,12 +1734,20 @@ fn by_slot(slots: impl Iterator<Item = u16>) -> Vec<Vec<usize>> {
 /// A window counter's name: `<prefix><key length>:{k<key>}:<tier>:<window>`, the window being
 /// its start over the period; the braces keep every counter of a key in one slot.
 pub(crate) fn counter_key(prefix: &[u8], key: &[u8], tier: usize, window: u64) -> Vec<u8> {
-    let mut name = Vec::with_capacity(prefix.len() + key.len() + 40);
-    name.extend_from_slice(prefix);
+    let mut name = tagged(prefix, key, 40);
     // Writing to a Vec cannot fail.
-    let _ = write!(name, "{}:{{k", key.len());
+    let _ = write!(name, ":{tier}:{window}");
+    name
+}
+
+/// `<prefix><key length>:{k<key>}`, the key's bytes its hash tag, with room for `more` bytes.
+fn tagged(prefix: &[u8], key: &[u8], more: usize) -> Vec<u8> {
+    let mut name = Vec::with_capacity(prefix.len() + key.len() + 24 + more);
+    name.extend_from_slice(prefix);
+    name.extend_from_slice(itoa::Buffer::new().format(key.len()).as_bytes());
+    name.extend_from_slice(b":{k");
     name.extend_from_slice(key);
-    let _ = write!(name, "}}:{tier}:{window}");
+    name.push(b'}');
     name
 }
 
@@ -1874,24 +1880,8 @@ impl RedisPlan {
     /// The Redis key of `key`'s state, or the part its tiers' keys share when each tier has
     /// its own: `<prefix>tg:<rule>:<fingerprint>:<key length>:{k<key>}`.
     fn name(&self, key: &[u8]) -> Vec<u8> {
-        let mut digits = [0; 20];
-        let mut at = digits.len();
-        let mut length = key.len();
-        loop {
-            at -= 1;
-            digits[at] = b'0' + (length % 10) as u8;
-            length /= 10;
-            if length == 0 {
-                break;
-            }
-        }
-        let mut name = Vec::with_capacity(self.prefix.len() + key.len() + 32);
-        name.extend_from_slice(&self.prefix);
-        name.extend_from_slice(&digits[at..]);
-        name.extend_from_slice(b":{k");
-        name.extend_from_slice(key);
-        name.push(b'}');
-        name
+        // Room for a tier's suffix.
+        tagged(&self.prefix, key, 8)
     }
 
     /// The Redis keys that hold `key`'s state, all with the same hash tag.
@@ -1936,7 +1926,16 @@ pub(crate) fn tier_args(rule: &Rule) -> Vec<u8> {
 
 /// Doubles as the functions unpack them: little-endian, eight bytes each.
 pub(crate) fn packed<const N: usize>(values: [f64; N]) -> Vec<u8> {
-    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    let mut bytes = vec![0; 8 * N];
+    pack_into(&mut bytes, &values);
+    bytes
+}
+
+/// Writes `values` into `bytes` as [`packed`] does, eight bytes each from the start.
+fn pack_into(bytes: &mut [u8], values: &[f64]) {
+    for (at, value) in bytes.chunks_exact_mut(8).zip(values) {
+        at.copy_from_slice(&value.to_le_bytes());
+    }
 }
 
 /// A store error, saying whether retrying may help.
