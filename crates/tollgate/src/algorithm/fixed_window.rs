@@ -12,6 +12,13 @@ use super::{MAX_EXACT, Tier};
 /// window (written by a clock ahead of ours) keeps counting, until that window's end.
 #[inline]
 pub(super) fn window(tier: &Tier, state: &[u64], now: u64) -> (u64, u64, u64) {
+    // Under load the window counted is now's: found without a division. (A state's start is
+    // a multiple of its period, as now's window's is: a new period is a new layout. Not so
+    // for a calendar's windows, which differ in length.)
+    let (written, period) = (state[0], tier.period_micros());
+    if written <= now && now - written < period && tier.calendar_period().is_none() {
+        return (written, written + period, state[1]);
+    }
     let (start, end) = tier.window(now);
     if state[0] > start {
         (state[0], tier.window(state[0]).1, state[1])

@@ -144,7 +144,22 @@ impl Decide for SubWindows {
         // sub-window written by a clock ahead of ours is treated as the current one.
         let newest = state[0];
         let current = match now.checked_sub(newest.wrapping_mul(length)) {
-            Some(into) if into < length => newest,
+            Some(into) if into < length => {
+                // The hottest path: the window is the whole ring, and an admitted cost goes
+                // into the newest sub-window's counter, which it already holds.
+                if newest >= count - 1 && cost > 0 {
+                    let ring = &mut state[1..=count as usize];
+                    let used: u64 = ring.iter().sum();
+                    if used + cost <= limit {
+                        if attempt.writes() {
+                            ring[(newest % count) as usize] += cost;
+                        }
+                        let reset_after = (newest + count) * length - now;
+                        return Verdict::allow(limit, limit - used - cost, reset_after);
+                    }
+                }
+                newest
+            }
             _ => (now / length).max(newest),
         };
         let ring = Ring {
