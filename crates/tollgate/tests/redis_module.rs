@@ -315,6 +315,70 @@ async fn at_the_servers_time_the_module_writes_what_the_functions_write() {
     }
 }
 
+/// The module's writes are seen as the functions' are: the keyspace events `SET` fires
+/// (`set`, and `expire` where it sets the expiry) and a `WATCH` of the key broken.
+#[tokio::test]
+async fn the_modules_writes_fire_the_events_and_break_the_watches_of_a_set() {
+    let server = module_server(&["--notify-keyspace-events", "E$g"]);
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut listening = client.get_connection().unwrap();
+    listening
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut events = listening.as_pubsub();
+    events.psubscribe("__keyevent@0__:*").unwrap();
+    let rule = Rule::new("seen", Algorithm::FixedWindow, [Tier::per_day(100)]).unwrap();
+    for (prefix, module) in [("m:", true), ("f:", false)] {
+        let store = RedisStore::builder(&server.url())
+            .key_prefix(prefix)
+            .module(module)
+            .build()
+            .await
+            .unwrap();
+        let limiter = Limiter::builder(rule.clone()).store(store).build().unwrap();
+        // A new key (its expiry set), then the same key again (its expiry kept).
+        for _ in 0..2 {
+            let decision = limiter.check("key", 1).await.unwrap();
+            let source = [Source::Redis, Source::RedisModule][usize::from(module)];
+            assert_eq!(decision.source(), source);
+        }
+        // A transaction watching the key is aborted by the next check's write.
+        let mut watching = client.get_connection().unwrap();
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{prefix}*"))
+            .query(&mut watching)
+            .unwrap();
+        let [key] = keys.as_slice() else {
+            panic!("one key under {prefix}: {keys:?}")
+        };
+        redis::cmd("WATCH").arg(key).exec(&mut watching).unwrap();
+        limiter.check("key", 1).await.unwrap();
+        let transaction: Option<(String,)> = redis::pipe()
+            .atomic()
+            .cmd("PING")
+            .query(&mut watching)
+            .unwrap();
+        assert_eq!(transaction, None, "{prefix}: the watch was broken");
+    }
+    // Each store's events, by event and key without its prefix, in order.
+    let mut seen: [Vec<(String, String)>; 2] = Default::default();
+    while let Ok(message) = events.get_message() {
+        let event = message
+            .get_channel_name()
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .to_owned();
+        let key: String = message.get_payload().unwrap();
+        let which = usize::from(key.starts_with("f:"));
+        seen[which].push((event, key[2..].to_owned()));
+    }
+    let [module, functions] = seen;
+    let names: Vec<&str> = module.iter().map(|(event, _)| event.as_str()).collect();
+    assert_eq!(names, ["set", "expire", "set", "set"]);
+    assert_eq!(module, functions);
+}
+
 /// A key is any bytes, but a server without the module quotes a key in the error it answers,
 /// and a client cannot read a quote that is not UTF-8: such keys go to the functions, even
 /// where the module is, and every other key to the module.
