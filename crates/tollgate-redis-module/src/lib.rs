@@ -252,6 +252,7 @@ fn written(
             Some(after),
             Some(notify),
             Some(replicate),
+            Some(expires),
         ) = (
             raw::RedisModule_OpenKey,
             raw::RedisModule_CloseKey,
@@ -261,6 +262,7 @@ fn written(
             raw::RedisModule_SetExpire,
             raw::RedisModule_NotifyKeyspaceEvent,
             raw::RedisModule_Replicate,
+            raw::RedisModule_GetAbsExpire,
         )
         else {
             return None;
@@ -327,6 +329,8 @@ fn written(
             );
         }
         // The key as it is ("s"), the value's bytes ("b"), the option ("c"), the time ("l").
+        // An expiry in some milliseconds goes as the time it came to, as Redis 7 replicates
+        // `SET ... PX`: a replica, or the AOF read back later, would count from its own now.
         let (set, value, len) = (
             c"SET".as_ptr(),
             value.as_ptr().cast::<std::os::raw::c_char>(),
@@ -342,7 +346,7 @@ fn written(
                 len,
                 c"KEEPTTL".as_ptr(),
             ),
-            Ttl::At(ms) => replicate(
+            Ttl::At(_) | Ttl::In(_) => replicate(
                 ctx.ctx,
                 set,
                 c"sbcl".as_ptr(),
@@ -350,17 +354,7 @@ fn written(
                 value,
                 len,
                 c"PXAT".as_ptr(),
-                ms,
-            ),
-            Ttl::In(ms) => replicate(
-                ctx.ctx,
-                set,
-                c"sbcl".as_ptr(),
-                key.inner,
-                value,
-                len,
-                c"PX".as_ptr(),
-                ms,
+                expires(handle),
             ),
         };
         if status != raw::REDISMODULE_OK as c_int {

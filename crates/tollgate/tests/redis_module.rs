@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 use support::RedisServer;
 use tollgate::{
-    Algorithm, Limiter, RedisStore, Rule, Source, SubWindows, Tier, TokenBucket, WarmUp,
+    Algorithm, Limiter, RedisStore, Rule, Source, StoreTime, SubWindows, Tier, TokenBucket, WarmUp,
 };
 
 fn module_server(extra: &[&str]) -> RedisServer {
@@ -110,7 +110,8 @@ async fn check_every_rule(store: &RedisStore, count: u64, source: Source) -> u64
 }
 
 /// A replica without the module, after `WAIT`, holds exactly the primary's keys, values and
-/// expiry times: the module replicates the `SET ... PXAT` it decided on, never its command.
+/// expiry times: the module replicates the `SET ... PXAT` it decided on, never its command,
+/// on the server's time and on the caller's (where the expiry it sets is relative).
 #[tokio::test]
 async fn a_replica_without_the_module_holds_what_the_primary_decided() {
     let primary = module_server(&[]);
@@ -127,10 +128,17 @@ async fn a_replica_without_the_module_holds_what_the_primary_decided() {
     let store = store(&primary, true).await;
     let admitted = check_every_rule(&store, 120, Source::RedisModule).await;
     assert!(admitted > 0);
+    let local = RedisStore::builder(&primary.url())
+        .key_prefix("local:")
+        .store_time(StoreTime::Local)
+        .build()
+        .await
+        .unwrap();
+    assert!(check_every_rule(&local, 120, Source::RedisModule).await > 0);
     assert_eq!(primary.cli(&["wait", "1", "5000"]), "1");
     let on_primary = contents(&mut connection(&primary).await).await;
     let on_replica = contents(&mut connection(&replica).await).await;
-    assert_eq!(on_primary.len(), rules().len() * 3, "{on_primary:?}");
+    assert_eq!(on_primary.len(), rules().len() * 3 * 2, "{on_primary:?}");
     assert_eq!(on_primary, on_replica);
     let stats = replica.cli(&["info", "commandstats"]);
     assert!(!stats.contains("tollgate"), "{stats}");
