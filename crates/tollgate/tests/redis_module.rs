@@ -31,6 +31,22 @@ async fn store(server: &RedisServer, module: bool) -> RedisStore {
         .unwrap()
 }
 
+/// A limiter of `rule` whose keys are named under `prefix`, with or without the module.
+async fn prefixed(
+    server: &RedisServer,
+    prefix: &str,
+    module: bool,
+    rule: &Rule,
+) -> Limiter<RedisStore> {
+    let store = RedisStore::builder(&server.url())
+        .key_prefix(prefix)
+        .module(module)
+        .build()
+        .await
+        .unwrap();
+    Limiter::builder(rule.clone()).store(store).build().unwrap()
+}
+
 async fn connection(server: &RedisServer) -> MultiplexedConnection {
     redis::Client::open(server.url())
         .unwrap()
@@ -300,13 +316,7 @@ async fn at_the_servers_time_the_module_writes_what_the_functions_write() {
     let rule = Rule::new("clock", Algorithm::FixedWindow, [Tier::per_day(100)]).unwrap();
     let mut limiters = Vec::new();
     for (prefix, module) in stores {
-        let store = RedisStore::builder(&server.url())
-            .key_prefix(prefix)
-            .module(module)
-            .build()
-            .await
-            .unwrap();
-        limiters.push(Limiter::builder(rule.clone()).store(store).build().unwrap());
+        limiters.push(prefixed(&server, prefix, module, &rule).await);
     }
     for i in 0..40 {
         for limiter in &limiters {
@@ -337,13 +347,7 @@ async fn the_modules_writes_fire_the_events_and_break_the_watches_of_a_set() {
     events.psubscribe("__keyevent@0__:*").unwrap();
     let rule = Rule::new("seen", Algorithm::FixedWindow, [Tier::per_day(100)]).unwrap();
     for (prefix, module) in [("m:", true), ("f:", false)] {
-        let store = RedisStore::builder(&server.url())
-            .key_prefix(prefix)
-            .module(module)
-            .build()
-            .await
-            .unwrap();
-        let limiter = Limiter::builder(rule.clone()).store(store).build().unwrap();
+        let limiter = prefixed(&server, prefix, module, &rule).await;
         // A new key (its expiry set), then the same key again (its expiry kept).
         for _ in 0..2 {
             let decision = limiter.check("key", 1).await.unwrap();
