@@ -56,28 +56,31 @@ async fn connection(server: &RedisServer) -> MultiplexedConnection {
 }
 
 /// One rule of each kind of state the module keeps: counts, a bucket level, a time, a
-/// double (warm-up), sub-windows and slots.
+/// double (warm-up), sub-windows and slots. Their keys outlive any test by minutes, so that
+/// none expires between two reads of one server: every period is an hour or more (a warm-up
+/// key lives the stable interval times the permits it took), and the fixed window, which
+/// ends on a multiple of its period, is 30 days long, not an hour that may end mid-test.
 fn rules() -> Vec<Rule> {
     let day = Duration::from_secs(86_400);
     [
-        ("fixed", Algorithm::FixedWindow, Tier::per_hour(50)),
+        ("fixed", Algorithm::FixedWindow, Tier::new(50, 30 * day)),
         (
             "bucket",
             Algorithm::TokenBucket(TokenBucket::default()),
-            Tier::per_minute(50),
+            Tier::per_hour(50),
         ),
-        ("gcra", Algorithm::Gcra, Tier::per_minute(50).with_burst(20)),
+        ("gcra", Algorithm::Gcra, Tier::per_hour(50).with_burst(20)),
         (
             "warm",
-            Algorithm::WarmUp(WarmUp::new(Duration::from_secs(10))),
-            Tier::per_second(20),
+            Algorithm::WarmUp(WarmUp::new(Duration::from_secs(600))),
+            Tier::per_hour(50),
         ),
         (
             "windows",
             Algorithm::SubWindows(SubWindows { count: 4 }),
             Tier::new(50, day),
         ),
-        ("slots", Algorithm::Concurrency, Tier::per_minute(30)),
+        ("slots", Algorithm::Concurrency, Tier::per_hour(30)),
     ]
     .into_iter()
     .map(|(name, algorithm, tier)| Rule::new(name, algorithm, [tier]).unwrap())
