@@ -195,8 +195,10 @@ async fn checks_by_the_module_follow_slots_as_they_migrate() {
 }
 
 /// Moves the slot of a busy key 40 times while checks run; every check decided by `source`.
+/// The store's timeout is long (2 s) for a machine loaded by other tests: what is held here
+/// is that redirections are followed, not how fast.
 async fn follow_migrations(cluster: RedisCluster, source: Source) {
-    let store = store(&cluster, Duration::from_millis(500)).await;
+    let store = store(&cluster, Duration::from_secs(2)).await;
     const LIMIT: u64 = 1 << 30;
     let rule = Rule::new("moving", Algorithm::FixedWindow, [Tier::per_hour(LIMIT)]).unwrap();
     let limiter = Arc::new(Limiter::builder(rule).store(store).build().unwrap());
@@ -246,10 +248,11 @@ async fn follow_migrations(cluster: RedisCluster, source: Source) {
     running.store(false, std::sync::atomic::Ordering::Relaxed);
     let (admitted, by_policy) = checker.await.unwrap();
     let look = limiter.check(key, 0).await.unwrap();
+    let failures = limiter.store().failures();
     println!("{admitted} admitted while the slot moved 40 times; {by_policy} by policy");
     assert_eq!(
         by_policy, 0,
-        "checks answered by policy (or not by {source:?}) while the slot moved"
+        "checks answered by policy (or not by {source:?}) while the slot moved: {failures:?}"
     );
     assert!(admitted > 0);
     assert_eq!(
@@ -524,11 +527,22 @@ async fn a_master_frozen_mid_check_leaves_no_permit_taken_or_lost() {
             })
         })
         .collect();
+    // A look at the tenant's master, which is never frozen; on a loaded machine a look too
+    // can outlast the store's 50 ms and be answered by policy: it is asked again.
     let tenant_left = || async {
         let look = [Item::new("tenant", &tenant, 0)];
-        let look = limiter.check_batch(&look).await.unwrap();
-        assert_eq!(look[0].source(), Source::Redis);
-        look[0].remaining()
+        let give_up = Instant::now() + Duration::from_secs(2);
+        loop {
+            let answer = limiter.check_batch(&look).await.unwrap();
+            if answer[0].source() == Source::Redis {
+                return answer[0].remaining();
+            }
+            assert!(
+                Instant::now() < give_up,
+                "the tenant's master never answered"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     cluster.nodes[2].pause();
