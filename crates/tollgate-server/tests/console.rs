@@ -193,7 +193,8 @@ async fn the_console_in_a_browser() {
     assert_eq!(marked, json!(true), "the limit's field is marked");
     browser.screenshot("05-editor-error").await;
 
-    // Fixed: its impact on the traffic recorded (acme sent 40 in a minute; 5 pass).
+    // Fixed: its impact on the traffic recorded (acme sent 40 in a few seconds; 5 pass in a
+    // minute's window, or 10 when those seconds straddle the turn of a minute).
     browser.fill("#f-tier-0-limit", "5").await;
     browser.click("#preview").await;
     let denied = browser
@@ -201,8 +202,8 @@ async fn the_console_in_a_browser() {
         .await;
     let denied: u64 = denied.replace(',', "").parse().unwrap();
     assert!(
-        denied >= 35,
-        "the preview denies what acme sent past 5: {denied}"
+        denied >= 30,
+        "the preview denies what acme sent past 5 a window: {denied}"
     );
     browser.find("#preview-keys").await;
     browser.screenshot("06-preview").await;
