@@ -173,7 +173,11 @@ async fn warm_up_keeps_what_a_reservation_took() {
 async fn a_full_book_refuses_a_reservation_and_takes_nothing() {
     let store = MemoryStore::builder().max_reservations(2).build().unwrap();
     let rule = Rule::new("full", Algorithm::FixedWindow, [Tier::per_minute(100)]).unwrap();
-    let limiter = Limiter::builder(rule).store(store.clone()).build().unwrap();
+    let limiter = Limiter::builder(rule)
+        .store(store.clone())
+        .clock(ManualClock::new())
+        .build()
+        .unwrap();
     let item = [Item::new("full", "k", 10)];
     limiter.reserve(&item, None).await.unwrap();
     limiter.reserve(&item, None).await.unwrap();

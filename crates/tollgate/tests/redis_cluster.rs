@@ -200,7 +200,7 @@ async fn checks_by_the_module_follow_slots_as_they_migrate() {
 async fn follow_migrations(cluster: RedisCluster, source: Source) {
     let store = store(&cluster, Duration::from_secs(2)).await;
     const LIMIT: u64 = 1 << 30;
-    let rule = Rule::new("moving", Algorithm::FixedWindow, [Tier::per_hour(LIMIT)]).unwrap();
+    let rule = Rule::new("moving", Algorithm::FixedWindow, [Tier::per_day(LIMIT)]).unwrap();
     let limiter = Arc::new(Limiter::builder(rule).store(store).build().unwrap());
     let key = "mover";
     let name = String::from_utf8(support::redis_keys(&limiter, key).remove(0)).unwrap();
@@ -269,7 +269,7 @@ async fn a_check_across_slots_takes_nothing_unless_admitted() {
     let cluster = RedisCluster::start();
     let store = store(&cluster, Duration::from_millis(200)).await;
     let rule = |name: &str| {
-        Rule::new(name, Algorithm::FixedWindow, [Tier::per_hour(10)])
+        Rule::new(name, Algorithm::FixedWindow, [Tier::per_day(10)])
             .unwrap()
             .on_failure(FailurePolicy::Closed)
             .unwrap()
@@ -311,7 +311,7 @@ async fn same_slot_and_cross_slot_checks_side_by_side() {
     let cluster = RedisCluster::start();
     let store = store(&cluster, Duration::from_millis(20)).await;
     let rule =
-        |name: &str| Rule::new(name, Algorithm::FixedWindow, [Tier::per_hour(1 << 40)]).unwrap();
+        |name: &str| Rule::new(name, Algorithm::FixedWindow, [Tier::per_day(1 << 40)]).unwrap();
     let limiter = tenant_and_ip(store, rule);
     let keys = keys_by_master(&cluster, &limiter);
     let mut report = Vec::new();
@@ -388,7 +388,7 @@ async fn a_cluster_with_no_slots_known_is_down_once_its_breaker_opens() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let store = built.expect("a store on a node with no slots");
-    let rule = Rule::new("tenants", Algorithm::FixedWindow, [Tier::per_hour(10)])
+    let rule = Rule::new("tenants", Algorithm::FixedWindow, [Tier::per_day(10)])
         .unwrap()
         .on_failure(FailurePolicy::Closed)
         .unwrap();
@@ -495,7 +495,7 @@ async fn a_master_frozen_mid_check_leaves_no_permit_taken_or_lost() {
     let cluster = RedisCluster::start();
     let store = store(&cluster, Duration::from_millis(50)).await;
     let rule = |name: &str| {
-        Rule::new(name, Algorithm::FixedWindow, [Tier::per_hour(LIMIT)])
+        Rule::new(name, Algorithm::FixedWindow, [Tier::per_day(LIMIT)])
             .unwrap()
             .on_failure(FailurePolicy::Closed)
             .unwrap()
