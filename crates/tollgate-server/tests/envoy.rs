@@ -89,6 +89,7 @@ async fn each_descriptor_counts_its_hits_whatever_the_others_outcome() {
     let mut c = client(&server).await;
     let login = descriptor(&[("tenant", "t1"), ("path", "/login")]);
     let ip = descriptor(&[("remote_address", "10.0.0.2")]);
+    support::clear_of_a_minutes_turn().await;
     fresh_second().await;
     for _ in 0..5 {
         assert_eq!(

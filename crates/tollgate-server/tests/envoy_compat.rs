@@ -353,6 +353,7 @@ async fn every_hit_counts_and_each_descriptor_counts_its_own_on(store: Store) {
 /// to its limit (20 per minute) and past it, every hit counted, resets in whole seconds; then
 /// two descriptors, the one over its limit (10 per hour) not stopping the other's count.
 async fn integration_sequence(clients: &mut [Rls]) {
+    support::clear_of_a_minutes_turn().await;
     let turns = clients.len();
     let cart = fresh("cart");
     for i in 0..25u32 {
@@ -406,6 +407,7 @@ async fn the_switch_on(store: Store) {
     let server = &shop.server;
     let mut rls = Rls::connect(server).await;
     let (cart, checkout) = (fresh("cart"), fresh("checkout"));
+    support::clear_of_a_minutes_turn().await;
     for i in 0..15u32 {
         let both = vec![
             descriptor(&[("cart", &cart)]),

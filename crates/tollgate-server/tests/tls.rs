@@ -148,6 +148,7 @@ async fn checks_over_https() {
     let server = Server::start(&[("rules.yaml", RULES), ("server.yaml", &section)], &[]);
     assert!(server.logged("tls=true").is_some());
     let connector = certificates.connector(false);
+    support::clear_of_a_minutes_turn().await;
     for status in ["200", "200", "429"] {
         let answer = over_tls(&server, &connector, &check("/api/items"))
             .await

@@ -332,6 +332,21 @@ where
     }
 }
 
+/// Returns once the wall clock is at least 5 s before the turn of a minute, waiting for the
+/// next minute to begin when it is closer: a test that counts a burst of requests (a second
+/// or two) against a fixed window of a minute, which turns at each whole minute as Envoy's
+/// ratelimit aligns it, is then never split across two windows.
+pub async fn clear_of_a_minutes_turn() {
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let into_minute = Duration::from_millis((since_epoch.as_millis() % 60_000) as u64);
+    let left = Duration::from_secs(60) - into_minute;
+    if left < Duration::from_secs(5) {
+        tokio::time::sleep(left + Duration::from_millis(50)).await;
+    }
+}
+
 /// What `/metrics` of `server` says now.
 pub async fn metrics(server: &str) -> String {
     reqwest::get(format!("{server}/metrics"))
