@@ -229,6 +229,7 @@ impl MemoryStore {
         match item.plan.class {
             Class::One => self.check_in(&table.one[shard], item, hash, attempt),
             Class::Two => self.check_in(&table.two[shard], item, hash, attempt),
+            Class::Three => self.check_in(&table.three[shard], item, hash, attempt),
             Class::Four => self.check_in(&table.four[shard], item, hash, attempt),
             Class::Many => self.check_in(&table.many[shard], item, hash, attempt),
         }
@@ -326,6 +327,7 @@ impl MemoryStore {
             store: self,
             one: Locked::lock(&table.one, wanted(Class::One)),
             two: Locked::lock(&table.two, wanted(Class::Two)),
+            three: Locked::lock(&table.three, wanted(Class::Three)),
             four: Locked::lock(&table.four, wanted(Class::Four)),
             many: Locked::lock(&table.many, wanted(Class::Many)),
         };
@@ -651,6 +653,7 @@ struct Batch<'a> {
     store: &'a MemoryStore,
     one: Locked<'a, [u64; 1]>,
     two: Locked<'a, [u64; 2]>,
+    three: Locked<'a, [u64; 3]>,
     four: Locked<'a, [u64; 4]>,
     many: Locked<'a, Box<[u64]>>,
 }
@@ -689,6 +692,7 @@ impl Batch<'_> {
         match item.plan.class {
             Class::One => on(store, &mut self.one, item, hash, now, f),
             Class::Two => on(store, &mut self.two, item, hash, now, f),
+            Class::Three => on(store, &mut self.three, item, hash, now, f),
             Class::Four => on(store, &mut self.four, item, hash, now, f),
             Class::Many => on(store, &mut self.many, item, hash, now, f),
         }
@@ -709,6 +713,7 @@ impl Batch<'_> {
         match item.plan.class {
             Class::One => on(table, &mut self.one, item, hash),
             Class::Two => on(table, &mut self.two, item, hash),
+            Class::Three => on(table, &mut self.three, item, hash),
             Class::Four => on(table, &mut self.four, item, hash),
             Class::Many => on(table, &mut self.many, item, hash),
         }

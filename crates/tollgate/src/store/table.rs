@@ -3,9 +3,10 @@
 //! rule layout) and the key's bytes.
 //!
 //! A key's operation hashes once, locks one shard (of many; never a global lock) and works on
-//! the entry's words in place. Entries are split in four classes by state size, so that states
-//! of up to four words live inside the table itself: a 16-byte key with one GCRA word takes a
-//! 32-byte bucket plus a control byte.
+//! the entry's words in place. Entries are split in five classes by state size (one, two,
+//! three, four words, and more), so that states of up to four words live inside the table
+//! itself, each in a bucket no larger than it needs: a 16-byte key with one GCRA word takes a
+//! 32-byte bucket plus a control byte, with the sliding window's three words 48.
 //!
 //! Memory is bounded by a key count and by bytes, both exact: the bytes are what the tables
 //! allocate (every bucket, used or not, and its control byte) and what keys and large states
@@ -237,11 +238,15 @@ pub(crate) trait Score {
     fn score(&self, slot: u32, words: &mut [u64], now: u64) -> Option<f64>;
 }
 
+/// Size classes, each with its own shards.
+const CLASSES: usize = 5;
+
 /// The table's size class for a state of `words` words.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Class {
     One,
     Two,
+    Three,
     Four,
     Many,
 }
@@ -251,7 +256,8 @@ impl Class {
         match words {
             0 | 1 => Self::One,
             2 => Self::Two,
-            3 | 4 => Self::Four,
+            3 => Self::Three,
+            4 => Self::Four,
             _ => Self::Many,
         }
     }
@@ -294,6 +300,7 @@ enum Scope {
 pub(crate) struct Table {
     pub(crate) one: Shards<[u64; 1]>,
     pub(crate) two: Shards<[u64; 2]>,
+    pub(crate) three: Shards<[u64; 3]>,
     pub(crate) four: Shards<[u64; 4]>,
     pub(crate) many: Shards<Box<[u64]>>,
     hasher: foldhash::fast::RandomState,
@@ -338,6 +345,7 @@ impl Table {
         Self {
             one: shards(count),
             two: shards(count),
+            three: shards(count),
             four: shards(count),
             many: shards(count),
             hasher: foldhash::fast::RandomState::default(),
@@ -404,6 +412,7 @@ impl Table {
         let (entry, heap_words) = match Class::of(words) {
             Class::One => (std::mem::size_of::<Entry<[u64; 1]>>(), 0),
             Class::Two => (std::mem::size_of::<Entry<[u64; 2]>>(), 0),
+            Class::Three => (std::mem::size_of::<Entry<[u64; 3]>>(), 0),
             Class::Four => (std::mem::size_of::<Entry<[u64; 4]>>(), 0),
             Class::Many => (std::mem::size_of::<Entry<Box<[u64]>>>(), 8 * words),
         };
@@ -557,11 +566,11 @@ impl Table {
         let shards = self.mask + 1;
         let start = next_random(&mut shard.random) as usize;
         let mut tried = 0;
-        while tried < 4 * shards
+        while tried < CLASSES * shards
             && (tried < OTHER_SHARDS || seen < EVICTION_CANDIDATES)
             && chosen.is_none_or(|(s, _, _)| s < f64::INFINITY)
         {
-            let n = (start + tried) % (4 * shards);
+            let n = (start + tried) % (CLASSES * shards);
             let (class, index) = ((n / shards) as u64, n % shards);
             tried += 1;
             let Some(((s, at), count)) = self.best_in(class, index, now, score) else {
@@ -650,7 +659,8 @@ impl Table {
         match class {
             0 => of(&self.one, index, now, score),
             1 => of(&self.two, index, now, score),
-            2 => of(&self.four, index, now, score),
+            2 => of(&self.three, index, now, score),
+            3 => of(&self.four, index, now, score),
             _ => of(&self.many, index, now, score),
         }
     }
@@ -665,7 +675,8 @@ impl Table {
         match class {
             0 => of(self, &self.one, index, at),
             1 => of(self, &self.two, index, at),
-            2 => of(self, &self.four, index, at),
+            2 => of(self, &self.three, index, at),
+            3 => of(self, &self.four, index, at),
             _ => of(self, &self.many, index, at),
         }
     }
@@ -680,6 +691,7 @@ impl Table {
         match class {
             Class::One => of(self, &self.one, hash, slot, key),
             Class::Two => of(self, &self.two, hash, slot, key),
+            Class::Three => of(self, &self.three, hash, slot, key),
             Class::Four => of(self, &self.four, hash, slot, key),
             Class::Many => of(self, &self.many, hash, slot, key),
         }
@@ -814,6 +826,7 @@ impl Table {
         };
         let mut one = Locked::lock(&self.one, wanted(Class::One));
         let mut two = Locked::lock(&self.two, wanted(Class::Two));
+        let mut three = Locked::lock(&self.three, wanted(Class::Three));
         let mut four = Locked::lock(&self.four, wanted(Class::Four));
         let mut many = Locked::lock(&self.many, wanted(Class::Many));
         let mut words: Vec<Vec<u64>> = keys
@@ -822,6 +835,7 @@ impl Table {
             .map(|(k, &hash)| match Class::of(k.words) {
                 Class::One => self.read(&mut one, hash, k),
                 Class::Two => self.read(&mut two, hash, k),
+                Class::Three => self.read(&mut three, hash, k),
                 Class::Four => self.read(&mut four, hash, k),
                 Class::Many => self.read(&mut many, hash, k),
             })
@@ -831,6 +845,7 @@ impl Table {
             match Class::of(k.words) {
                 Class::One => self.write(&mut one, hash, k, words, now, score),
                 Class::Two => self.write(&mut two, hash, k, words, now, score),
+                Class::Three => self.write(&mut three, hash, k, words, now, score),
                 Class::Four => self.write(&mut four, hash, k, words, now, score),
                 Class::Many => self.write(&mut many, hash, k, words, now, score),
             }
@@ -865,5 +880,18 @@ impl Table {
             stored.as_mut()[..k.words].copy_from_slice(words);
             self.insert(shard, hash, Entry::new(k.slot, k.key, stored), now, score);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Table;
+
+    /// A state of one to four words lives in a bucket of just its size: a 24-byte key (16
+    /// bytes inline) and its words, plus a control byte.
+    #[test]
+    fn a_state_takes_a_bucket_of_its_own_size() {
+        let sizes: Vec<usize> = (1..=4).map(|words| Table::entry_bytes(words, 16)).collect();
+        assert_eq!(sizes, [33, 41, 49, 57]);
     }
 }
