@@ -39,6 +39,7 @@ async fn prefixed(
     rule: &Rule,
 ) -> Limiter<RedisStore> {
     let store = RedisStore::builder(&server.url())
+        .timeout(Duration::from_secs(5))
         .key_prefix(prefix)
         .module(module)
         .build()
@@ -148,6 +149,7 @@ async fn a_replica_without_the_module_holds_what_the_primary_decided() {
     let admitted = check_every_rule(&store, 120, Source::RedisModule).await;
     assert!(admitted > 0);
     let local = RedisStore::builder(&primary.url())
+        .timeout(Duration::from_secs(5))
         .key_prefix("local:")
         .store_time(StoreTime::Local)
         .build()
