@@ -41,12 +41,8 @@ async fn check(server: &str, path: &str, tenant: &str, cost: u64) -> (u16, Value
 
 /// Waits for the next 5 s window of the `api` rule to begin.
 async fn window_begins() {
-    let into = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis()
-        % 5_000;
-    tokio::time::sleep(std::time::Duration::from_millis((5_010 - into) as u64)).await;
+    let window = std::time::Duration::from_secs(5);
+    support::clear_of_a_windows_turn(window, window).await;
 }
 
 /// The calls of Redis functions and scripts so far.

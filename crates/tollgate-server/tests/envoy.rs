@@ -5,6 +5,8 @@
 
 mod support;
 
+use std::time::Duration;
+
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -44,15 +46,10 @@ async fn ask(
         .into_inner()
 }
 
-/// Waits for the start of a second, so that checks of a per-second limit share one window.
+/// At least 800 ms left of the current second, so that checks of a per-second limit share
+/// one window.
 async fn fresh_second() {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap();
-    let into = now.subsec_millis();
-    if into > 200 {
-        tokio::time::sleep(std::time::Duration::from_millis(u64::from(1_010 - into))).await;
-    }
+    support::clear_of_a_windows_turn(Duration::from_secs(1), Duration::from_millis(800)).await;
 }
 
 fn codes(response: &RateLimitResponse) -> Vec<i32> {

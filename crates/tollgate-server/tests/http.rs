@@ -255,16 +255,8 @@ async fn the_shipped_example_keeps_one_tenants_flood_from_another() {
     let server = Server::start(&[("multi-tenant.yaml", &example)], &[]);
     let client = reqwest::Client::new();
     let put = |org: &str| json!({ "request": { "method": "PUT", "path": format!("/v1/organizations/{org}/product/1") } });
-    // Align to a fresh 10 s window so the flood stays in one.
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap();
-    if now.as_millis() % 10_000 > 7_000 {
-        tokio::time::sleep(std::time::Duration::from_millis(
-            10_000 - (now.as_millis() % 10_000) as u64 + 50,
-        ))
-        .await;
-    }
+    // 3 s or more of a 10 s window left, so that the flood stays in one.
+    support::clear_of_a_windows_turn(Duration::from_secs(10), Duration::from_secs(3)).await;
     let mut admitted = 0;
     for _ in 0..120 {
         let (status, _, _) = check(&client, &server.http, put("flood")).await;

@@ -77,11 +77,7 @@ async fn counted(server: &str, tenant: &str) -> u64 {
 
 /// Waits for the next second to begin: the `api` rule counts in windows of one second.
 async fn fresh_second() {
-    let into = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_millis();
-    tokio::time::sleep(Duration::from_millis(u64::from(1_010 - into))).await;
+    support::clear_of_a_windows_turn(Duration::from_secs(1), Duration::from_secs(1)).await;
 }
 
 async fn a_key_that_exceeds_a_rule_is_banned(server: &str) {

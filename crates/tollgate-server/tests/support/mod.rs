@@ -332,19 +332,25 @@ where
     }
 }
 
-/// Returns once the wall clock is at least 5 s before the turn of a minute, waiting for the
-/// next minute to begin when it is closer: a test that counts a burst of requests (a second
-/// or two) against a fixed window of a minute, which turns at each whole minute as Envoy's
-/// ratelimit aligns it, is then never split across two windows.
-pub async fn clear_of_a_minutes_turn() {
+/// Returns once at least `needed` is left of the wall clock's current window of `period`
+/// (windows aligned to multiples of `period` since the epoch, as fixed windows are, and
+/// Envoy's ratelimit's), waiting into the next window when less is: a burst of checks that
+/// takes less than `needed` then counts against one window, never two. `needed` equal to
+/// `period` always waits for a window to begin.
+pub async fn clear_of_a_windows_turn(period: Duration, needed: Duration) {
     let since_epoch = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap();
-    let into_minute = Duration::from_millis((since_epoch.as_millis() % 60_000) as u64);
-    let left = Duration::from_secs(60) - into_minute;
-    if left < Duration::from_secs(5) {
-        tokio::time::sleep(left + Duration::from_millis(50)).await;
+    let period_ms = period.as_millis();
+    let left = Duration::from_millis((period_ms - since_epoch.as_millis() % period_ms) as u64);
+    if left < needed {
+        tokio::time::sleep(left + Duration::from_millis(10)).await;
     }
+}
+
+/// At least 5 s left of the current minute, for a burst counted against a fixed minute.
+pub async fn clear_of_a_minutes_turn() {
+    clear_of_a_windows_turn(Duration::from_secs(60), Duration::from_secs(5)).await;
 }
 
 /// What `/metrics` of `server` says now.
