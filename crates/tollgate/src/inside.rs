@@ -407,7 +407,8 @@ impl Check {
             clock: Clock {
                 now,
                 server_time,
-                ttl_padding: a[3],
+                // Whole milliseconds, as a store sends: a TTL is never negative nor NaN.
+                ttl_padding: whole(a[3])? as f64,
             },
         })
     }
@@ -490,6 +491,10 @@ fn decide_items(
     let mut admitted = true;
     for item in items {
         let (rule, algorithm) = (&item.prepared.rule, item.prepared.rule.algorithm());
+        // As the limiter does before any store: a cost no tier can admit is an error, not a
+        // decision (the algorithms are not asked when it would be admitted).
+        rule.check_cost(item.cost)
+            .map_err(|_| Refused("a cost above the rule's capacity"))?;
         let mut state = item.prepared.state(item.stored, check.now)?;
         let kept = item.stored.map(|_| rule.expires_at(algorithm, &state));
         let original = state.clone();

@@ -459,3 +459,73 @@ async fn a_key_no_rule_wrote_never_takes_redis_down() {
     }
     assert_eq!(server.cli(&["ping"]), "PONG");
 }
+
+/// A caller other than the library (the library refuses a cost above a rule's capacity before
+/// calling) that sends the module or the functions a cost no tier can admit gets an error or a
+/// denial at once, every algorithm: a module command runs to its end with Redis waiting (no script
+/// timeout stops it), and the sliding window's search for the time that admits the cost
+/// would never have ended. The calls are the store's own (read back from the slow log, which
+/// keeps every command's arguments), with the cost raised.
+#[tokio::test]
+async fn a_cost_above_the_capacity_from_another_caller_is_refused_at_once() {
+    let server = module_server(&["--slowlog-log-slower-than", "0"]);
+    let mut redis = connection(&server).await;
+    let mut all = rules();
+    all.push(Rule::new("sliding", Algorithm::SlidingWindow, [Tier::per_hour(50)]).unwrap());
+    for module in [true, false] {
+        let store = store(&server, module).await;
+        for rule in &all {
+            let limiter = Limiter::builder(rule.clone())
+                .store(store.clone())
+                .build()
+                .unwrap();
+            let _: () = redis::cmd("SLOWLOG")
+                .arg("RESET")
+                .query_async(&mut redis)
+                .await
+                .unwrap();
+            limiter.check("replayed", 1).await.unwrap();
+            let name = support::redis_keys(&limiter, "replayed").remove(0);
+            // Each entry: its id, time, duration, arguments, client address and name.
+            let entries: Vec<Vec<redis::Value>> = redis::cmd("SLOWLOG")
+                .arg("GET")
+                .arg(-1)
+                .query_async(&mut redis)
+                .await
+                .unwrap();
+            let command = if module { "TOLLGATE.CHECK" } else { "FCALL" };
+            let mut args = entries
+                .into_iter()
+                .filter_map(|mut e| redis::from_redis_value::<Vec<Vec<u8>>>(e.swap_remove(3)).ok())
+                .find(|args| args[0].eq_ignore_ascii_case(command.as_bytes()))
+                .unwrap_or_else(|| panic!("no {command} in the slow log"));
+            // The check's header follows the key: six doubles (the module's led by a NUL
+            // byte), the cost second.
+            let at = args.iter().position(|a| *a == name).expect("the key") + 1;
+            let header = &mut args[at];
+            let cost = header.len() - 48 + 8;
+            header[cost..cost + 8].copy_from_slice(&1e9f64.to_le_bytes());
+            let mut call = redis::cmd(&String::from_utf8_lossy(&args[0]));
+            for arg in &args[1..] {
+                call.arg(arg);
+            }
+            let answer = tokio::time::timeout(
+                Duration::from_secs(3),
+                call.query_async::<redis::Value>(&mut redis),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("{command} of {}: no answer", rule.name()));
+            // The module refuses it; a function denies it (the sliding window's refuses).
+            let denied = match &answer {
+                Ok(redis::Value::BulkString(reply)) => reply[..8] == 0f64.to_le_bytes(),
+                _ => false,
+            };
+            assert!(
+                answer.is_err() || (!module && denied),
+                "{command} of {}: {answer:?}",
+                rule.name()
+            );
+        }
+    }
+    assert_eq!(server.cli(&["ping"]), "PONG");
+}

@@ -74,8 +74,10 @@ impl Windows {
         self.estimate(t) + double(cost) <= double(limit)
     }
 
-    /// The earliest time at which `cost` is admitted if nothing arrives.
+    /// The earliest time at which `cost` (at most `limit`: rules refuse a cost above their
+    /// capacity before any algorithm decides it) is admitted if nothing arrives.
     fn earliest(&self, cost: u64, limit: u64) -> u64 {
+        debug_assert!(cost <= limit);
         let (limit_f, cost_f, period) = (limit as f64, cost as f64, self.period as f64);
         let room = limit_f - self.current as f64 - cost_f;
         let mut t = if room >= 0.0 {

@@ -155,7 +155,7 @@ mod tests {
 
     use proptest::prelude::*;
 
-    use crate::inside::{OTHER_VERSION, Prepared, Refused, rule_args};
+    use crate::inside::{Check, Item, OTHER_VERSION, Prepared, Refused, rule_args};
     use crate::store::redis::tier_args;
     use crate::{Algorithm, LeakyBucket, Rule, SubWindows, Tier, TokenBucket, WarmUp};
 
@@ -240,5 +240,89 @@ mod tests {
                 Prepared::new(&rule_args(valid.algorithm()), &tier_args(valid)).unwrap();
             let _ = prepared.check(&check, stored.as_deref(), || 1_700_000_000_000_000);
         }
+
+        /// Arguments a store would send, and a state the module would write, with doubles
+        /// replaced by hostile ones (NaN, infinities, halves, 2^53 and beyond, negatives):
+        /// refused or decided (checks, batches and settlements), never a panic, here where
+        /// arithmetic overflow panics too.
+        #[test]
+        fn a_stores_arguments_with_hostile_doubles_are_refused_or_decided(
+            which in 0usize..10,
+            swaps in proptest::collection::vec((0usize..4, any::<prop::sample::Index>(), 0usize..HOSTILE.len()), 1..6),
+            attempt in proptest::array::uniform6(0usize..HOSTILE.len()),
+            description in proptest::collection::vec(0usize..HOSTILE.len(), 5),
+        ) {
+            let rules = rules();
+            let valid = &rules[which];
+            let mut args = [
+                rule_args(valid.algorithm()),
+                tier_args(valid),
+                Vec::new(),
+                vec![0; 8 * valid.words()],
+            ];
+            let prepared = Prepared::new(&args[0], &args[1]).unwrap();
+            // A state the module wrote: one admitted check an hour ago.
+            let check = doubles(&[1_700_000_000_000_000.0 - 3.6e9, 1.0, -1.0, 0.0, 0.0, 0.0]);
+            if let Ok(outcome) = prepared.check(&check, None, || 0)
+                && let crate::inside::Write::Set { value, .. } = outcome.write
+            {
+                args[3] = value;
+            }
+            args[2] = doubles(&attempt.map(|i| HOSTILE[i]));
+            for (arg, at, value) in swaps {
+                let words = args[arg].len() / 8;
+                if words > 1 {
+                    // The rule's contract (its first word) stays: another is refused first.
+                    let at = if arg == 0 { 1 + at.index(words - 1) } else { at.index(words) };
+                    args[arg][8 * at..8 * at + 8].copy_from_slice(&HOSTILE[value].to_le_bytes());
+                }
+            }
+            let now = || 1_700_000_000_000_000;
+            let Ok(prepared) = Prepared::new(&args[0], &args[1]) else {
+                return Ok(());
+            };
+            let _ = prepared.check(&args[2], Some(&args[3]), now);
+            let _ = prepared.check(&args[2], None, now);
+            let Ok(check) = Check::new(&args[2], now) else {
+                return Ok(());
+            };
+            let described: Vec<f64> = description.iter().map(|&i| HOSTILE[i]).collect();
+            if let Ok((_, items)) = crate::inside::described(&doubles(&described)) {
+                let items: Vec<Item<'_>> = items
+                    .iter()
+                    .map(|&(cost, shadow)| Item { prepared: &prepared, cost, shadow, stored: Some(&args[3]) })
+                    .collect();
+                let _ = crate::inside::decide(&check, &items, true);
+                let _ = crate::inside::settle(&check, &items);
+            }
+        }
+    }
+
+    /// Doubles a hostile caller sends, and a few a store does.
+    const HOSTILE: [f64; 20] = [
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        0.5,
+        2.0,
+        3.0,
+        1e6,
+        3.6e9,
+        1_700_000_000_000_000.0,
+        9_007_199_254_740_991.0,
+        9_007_199_254_740_992.0,
+        1.8446744073709552e19,
+        1e300,
+        -1e300,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+        f64::MIN_POSITIVE,
+        4_294_967_295.0,
+    ];
+
+    fn doubles(values: &[f64]) -> Vec<u8> {
+        values.iter().flat_map(|d| d.to_le_bytes()).collect()
     }
 }

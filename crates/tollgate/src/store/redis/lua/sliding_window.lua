@@ -24,6 +24,9 @@ local function estimate(start, previous, current, period, at)
 end
 
 local function earliest(start, previous, current, period, cost, limit)
+  -- No time admits a cost above the limit, and the steps below would never end: refused, as
+  -- the library refuses it before calling (this is for callers of the function but the library).
+  if cost > limit then error('tollgate: a cost above the limit') end
   local room = limit - current - cost
   local at
   if room >= 0 then
