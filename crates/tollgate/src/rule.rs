@@ -8,6 +8,11 @@ use crate::algorithm::{Algorithm, Attempt, Decide, Invalid, Settle, Tier, Verdic
 use crate::decision::{Decision, Label, Policy, Source, intern};
 use crate::error::{Error, RuleError};
 
+/// The most state words a rule keeps per key, all tiers together (8 MiB): every check of a
+/// key reads its state and may write it, in process or in one Redis value. The Lua functions
+/// refuse tier arguments beyond it as well (`tiers_of` in `lua/prelude.lua`).
+pub(crate) const MAX_WORDS: usize = 1 << 20;
+
 /// What a rule does when its shared store fails: answers with an error, or not within the
 /// timeout. Stores that keep all their state in this process never fail.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -133,6 +138,16 @@ impl Rule {
                     }
                 })?;
             offsets.push(offsets[i] + algorithm.words(tier));
+            if offsets[i + 1] > MAX_WORDS {
+                return Err(error(
+                    "tiers".into(),
+                    format!(
+                        "a key's state would take more than {MAX_WORDS} words ({} MiB) in these \
+                         tiers: use fewer tiers, or a sliding window for large limits",
+                        (MAX_WORDS * 8) >> 20
+                    ),
+                ));
+            }
         }
         let capacity = tiers
             .iter()
@@ -652,6 +667,17 @@ mod tests {
             .map(|t| (t.limit(), t.burst()))
             .collect();
         assert_eq!(sizes, [(3, 7), (1, 1)]);
+    }
+
+    /// A rule whose key would keep more than MAX_WORDS state words is refused, saying so:
+    /// eleven sliding-log tiers of 100,000 permits (1.1 million words); ten are kept.
+    #[test]
+    fn a_state_of_more_than_the_most_words_is_refused() {
+        let tier = |hours: u64| Tier::new(100_000, Duration::from_secs(3_600 * hours));
+        let refused = Rule::new("big", Algorithm::SlidingLog, (1..=11).map(tier)).unwrap_err();
+        assert_eq!(refused.field, "tiers");
+        assert!(refused.reason.contains("8 MiB"), "{}", refused.reason);
+        assert!(Rule::new("big", Algorithm::SlidingLog, (1..=10).map(tier)).is_ok());
     }
 
     #[test]

@@ -462,7 +462,7 @@ async fn a_key_no_rule_wrote_never_takes_redis_down() {
 
 /// A caller other than the library (the library refuses a cost above a rule's capacity before
 /// calling) that sends the module or the functions a cost no tier can admit gets an error or a
-/// denial at once, every algorithm: a module command runs to its end with Redis waiting (no script
+/// denial at once, every algorithm, and an error for a state of 2^53 words: a module command runs to its end with Redis waiting (no script
 /// timeout stops it), and the sliding window's search for the time that admits the cost
 /// would never have ended. The calls are the store's own (read back from the slow log, which
 /// keeps every command's arguments), with the cost raised.
@@ -502,19 +502,11 @@ async fn a_cost_above_the_capacity_from_another_caller_is_refused_at_once() {
             // The check's header follows the key: six doubles (the module's led by a NUL
             // byte), the cost second.
             let at = args.iter().position(|a| *a == name).expect("the key") + 1;
-            let header = &mut args[at];
+            let mut absurd = args.clone();
+            let header = &mut absurd[at];
             let cost = header.len() - 48 + 8;
             header[cost..cost + 8].copy_from_slice(&1e9f64.to_le_bytes());
-            let mut call = redis::cmd(&String::from_utf8_lossy(&args[0]));
-            for arg in &args[1..] {
-                call.arg(arg);
-            }
-            let answer = tokio::time::timeout(
-                Duration::from_secs(3),
-                call.query_async::<redis::Value>(&mut redis),
-            )
-            .await
-            .unwrap_or_else(|_| panic!("{command} of {}: no answer", rule.name()));
+            let answer = answered(&mut redis, &absurd).await;
             // The module refuses it; a function denies it (the sliding window's refuses).
             let denied = match &answer {
                 Ok(redis::Value::BulkString(reply)) => reply[..8] == 0f64.to_le_bytes(),
@@ -525,7 +517,29 @@ async fn a_cost_above_the_capacity_from_another_caller_is_refused_at_once() {
                 "{command} of {}: {answer:?}",
                 rule.name()
             );
+            // A tier argument whose state would be 2^53 words (the sixth double of its first
+            // tier, after the check's header; the module's follows the rule argument).
+            let mut absurd = args.clone();
+            let tiers = &mut absurd[at + 1 + usize::from(module)];
+            let words = tiers.len() % 88 + 5 * 8;
+            tiers[words..words + 8].copy_from_slice(&(2f64.powi(53) - 1.0).to_le_bytes());
+            let answer = answered(&mut redis, &absurd).await;
+            assert!(answer.is_err(), "{command} of {}: {answer:?}", rule.name());
         }
     }
     assert_eq!(server.cli(&["ping"]), "PONG");
+}
+
+/// The answer to the command `args` (its name first), which must come within 3 s.
+async fn answered(
+    redis: &mut MultiplexedConnection,
+    args: &[Vec<u8>],
+) -> redis::RedisResult<redis::Value> {
+    let mut call = redis::cmd(&String::from_utf8_lossy(&args[0]));
+    for arg in &args[1..] {
+        call.arg(arg);
+    }
+    tokio::time::timeout(Duration::from_secs(3), call.query_async(redis))
+        .await
+        .unwrap_or_else(|_| panic!("{}: no answer", String::from_utf8_lossy(&args[0])))
 }

@@ -326,7 +326,8 @@ pub struct RuleSpec {
     #[schemars(extend("default" = "fixed_window"))]
     pub algorithm: String,
     /// One or more tiers, all of which must admit a check; a check takes from every tier or
-    /// from none.
+    /// from none. A key's state in all of them is at most 2^20 words (8 MiB: a sliding log
+    /// keeps a word per permit, concurrency one per slot, other algorithms one to four).
     pub tiers: Vec<TierSpec>,
     /// Shadow mode: evaluated and counted, never denies (decisions say when it would have).
     #[serde(default)]

@@ -156,6 +156,11 @@ local function tiers_of(packed)
   for i = 1, #packed / 88 do
     local limit, period, burst, per_permit, per_micro, n, p1, p2, p3, p4, p5, next =
       unpack_packed('<ddddddddddd', packed, position)
+    -- A rule's state is at most 2^20 words (rule.rs: MAX_WORDS); more, from a caller other
+    -- than the library, would keep Redis busy making its format. Once per tier argument.
+    if not (n >= 0 and n % 1 == 0 and words + n <= 1048576) then
+      error('tollgate: tier arguments no rule has')
+    end
     tiers[i] = {
       limit = limit, period = period, burst = burst, per_permit = per_permit,
       per_micro = per_micro, words = n, p1 = p1, p2 = p2, p3 = p3, p4 = p4, p5 = p5,

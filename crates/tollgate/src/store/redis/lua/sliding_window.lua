@@ -35,7 +35,10 @@ local function earliest(start, previous, current, period, cost, limit)
     room = limit - cost
     at = start + 2 * period - floor(room * period / current)
   end
-  while estimate(start, previous, current, period, at) + cost > limit do at = at + 1 end
+  -- (Past 2^53, where at + 1 is at, only a caller's absurd times or periods go: it stops.)
+  while estimate(start, previous, current, period, at) + cost > limit and at + 1 > at do
+    at = at + 1
+  end
   return at
 end
 

@@ -1,6 +1,7 @@
 -- Sliding window of sub-windows (src/algorithm/sub_windows.rs). Parameter p1: the number of
--- sub-windows. Words: index of the newest sub-window written, then one count per sub-window,
--- sub-window i at position i % count.
+-- sub-windows, which is the tier's words but one: the count is read from the words, so that
+-- no caller's p1 makes a loop here longer than the state it reads. Words: index of the newest
+-- sub-window written, then one count per sub-window, sub-window i at position i % count.
 
 local function sum(w, o, count, newest, at)
   local total = 0
@@ -16,7 +17,7 @@ local function reset_at(w, o, count, newest, at, length)
 end
 
 local function decide(t, w, a)
-  local o, limit, now, cost, count = t.offset, t.limit, a.now, a.cost, t.p1
+  local o, limit, now, cost, count = t.offset, t.limit, a.now, a.cost, t.words - 1
   local length = t.period / count
   local newest = w[o + 1]
   local current = max(floor(now / length), newest)
@@ -44,7 +45,7 @@ end
 local function denied(t, w, a) end
 
 local function debit(t, w, a)
-  local o, count = t.offset, t.p1
+  local o, count = t.offset, t.words - 1
   local newest = w[o + 1]
   local current = max(floor(a.now / (t.period / count)), newest)
   for i = max(newest + 1, current - (count - 1), 0), current do w[o + 2 + i % count] = 0 end
@@ -55,7 +56,7 @@ end
 
 -- Only a sub-window still held: not overwritten by a later one in its slot.
 local function credit(t, w, a)
-  local o, count = t.offset, t.p1
+  local o, count = t.offset, t.words - 1
   local index = floor(a.credit_at / (t.period / count))
   local newest = w[o + 1]
   if index <= newest and newest - index < count then
@@ -65,5 +66,6 @@ local function credit(t, w, a)
 end
 
 local function expires_at(t, w)
-  return (w[t.offset + 1] + t.p1) * (t.period / t.p1)
+  local count = t.words - 1
+  return (w[t.offset + 1] + count) * (t.period / count)
 end
