@@ -494,7 +494,7 @@ async fn a_cost_above_the_capacity_from_another_caller_is_refused_at_once() {
                 .await
                 .unwrap();
             let command = if module { "TOLLGATE.CHECK" } else { "FCALL" };
-            let mut args = entries
+            let args = entries
                 .into_iter()
                 .filter_map(|mut e| redis::from_redis_value::<Vec<Vec<u8>>>(e.swap_remove(3)).ok())
                 .find(|args| args[0].eq_ignore_ascii_case(command.as_bytes()))
