@@ -462,7 +462,7 @@ async fn a_key_no_rule_wrote_never_takes_redis_down() {
 
 /// A caller other than the library (the library refuses a cost above a rule's capacity before
 /// calling) that sends the module or the functions a cost no tier can admit gets an error or a
-/// denial at once, every algorithm, and an error for a state of 2^53 words: a module command runs to its end with Redis waiting (no script
+/// denial at once, every algorithm, and an error for a state of 2^53 words or a time of 1e300: a module command runs to its end with Redis waiting (no script
 /// timeout stops it), and the sliding window's search for the time that admits the cost
 /// would never have ended. The calls are the store's own (read back from the slow log, which
 /// keeps every command's arguments), with the cost raised.
@@ -523,6 +523,13 @@ async fn a_cost_above_the_capacity_from_another_caller_is_refused_at_once() {
             let tiers = &mut absurd[at + 1 + usize::from(module)];
             let words = tiers.len() % 88 + 5 * 8;
             tiers[words..words + 8].copy_from_slice(&(2f64.powi(53) - 1.0).to_le_bytes());
+            let answer = answered(&mut redis, &absurd).await;
+            assert!(answer.is_err(), "{command} of {}: {answer:?}", rule.name());
+            // A caller's time of 1e300 (the header's first double).
+            let mut absurd = args.clone();
+            let header = &mut absurd[at];
+            let time = header.len() - 48;
+            header[time..time + 8].copy_from_slice(&1e300f64.to_le_bytes());
             let answer = answered(&mut redis, &absurd).await;
             assert!(answer.is_err(), "{command} of {}: {answer:?}", rule.name());
         }

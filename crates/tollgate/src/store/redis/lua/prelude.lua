@@ -192,6 +192,12 @@ local function attempt_of(packed)
     if not floor then bind() end
     local now, cost, max_delay, ttl_padding, settle, credit_at =
       unpack_packed('<dddddd', packed)
+    -- Times and costs below 2^53, as the library sends: a time of 1e300 from another caller
+    -- made loops whose step no longer moved it (x + 1 == x) run for good.
+    if not (now < MAX_EXACT and cost >= 0 and cost <= MAX_EXACT and max_delay < MAX_EXACT
+        and ttl_padding >= 0 and ttl_padding < MAX_EXACT) then
+      error('tollgate: a check argument no library call has')
+    end
     if max_delay < 0 then max_delay = nil end
     a = {server_time = now < 0, at = max(now, 1), given = cost, max_delay = max_delay,
       ttl_padding = ttl_padding, settle = settle, credit_at = credit_at}
