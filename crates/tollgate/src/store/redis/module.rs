@@ -156,7 +156,7 @@ mod tests {
     use proptest::prelude::*;
 
     use crate::inside::{Check, Item, OTHER_VERSION, Prepared, Refused, rule_args};
-    use crate::store::redis::tier_args;
+    use crate::store::redis::{packed, tier_args};
     use crate::{Algorithm, LeakyBucket, Rule, SubWindows, Tier, TokenBucket, WarmUp};
 
     fn rules() -> Vec<Rule> {
@@ -250,7 +250,7 @@ mod tests {
             which in 0usize..10,
             swaps in proptest::collection::vec((0usize..4, any::<prop::sample::Index>(), 0usize..HOSTILE.len()), 1..6),
             attempt in proptest::array::uniform6(0usize..HOSTILE.len()),
-            description in proptest::collection::vec(0usize..HOSTILE.len(), 5),
+            description in proptest::array::uniform5(0usize..HOSTILE.len()),
         ) {
             let rules = rules();
             let valid = &rules[which];
@@ -262,13 +262,13 @@ mod tests {
             ];
             let prepared = Prepared::new(&args[0], &args[1]).unwrap();
             // A state the module wrote: one admitted check an hour ago.
-            let check = doubles(&[1_700_000_000_000_000.0 - 3.6e9, 1.0, -1.0, 0.0, 0.0, 0.0]);
+            let check = packed([1_700_000_000_000_000.0 - 3.6e9, 1.0, -1.0, 0.0, 0.0, 0.0]);
             if let Ok(outcome) = prepared.check(&check, None, || 0)
                 && let crate::inside::Write::Set { value, .. } = outcome.write
             {
                 args[3] = value;
             }
-            args[2] = doubles(&attempt.map(|i| HOSTILE[i]));
+            args[2] = packed(attempt.map(|i| HOSTILE[i]));
             for (arg, at, value) in swaps {
                 let words = args[arg].len() / 8;
                 if words > 1 {
@@ -286,8 +286,8 @@ mod tests {
             let Ok(check) = Check::new(&args[2], now) else {
                 return Ok(());
             };
-            let described: Vec<f64> = description.iter().map(|&i| HOSTILE[i]).collect();
-            if let Ok((_, items)) = crate::inside::described(&doubles(&described)) {
+            let described = packed(description.map(|i| HOSTILE[i]));
+            if let Ok((_, items)) = crate::inside::described(&described) {
                 let items: Vec<Item<'_>> = items
                     .iter()
                     .map(|&(cost, shadow)| Item { prepared: &prepared, cost, shadow, stored: Some(&args[3]) })
@@ -321,8 +321,4 @@ mod tests {
         f64::MIN_POSITIVE,
         4_294_967_295.0,
     ];
-
-    fn doubles(values: &[f64]) -> Vec<u8> {
-        values.iter().flat_map(|d| d.to_le_bytes()).collect()
-    }
 }
