@@ -20,12 +20,15 @@
 //! All the unsafe code of tollgate is here, in calls into Redis (most within `redis-module`).
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+
+use hashbrown::HashMap;
+
+use std::os::raw::c_int;
 
 use redis_module::key::RedisKey;
 use redis_module::{
     CallOptions, CallOptionsBuilder, CallResult, Context, KeyType, RedisError, RedisResult,
-    RedisString, RedisValue,
+    RedisString, RedisValue, Status, raw,
 };
 use tollgate::inside::{Check, Item, Prepared, Refused, Ttl, Write};
 
@@ -73,13 +76,13 @@ fn checked(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         return Err(RedisError::WrongArity);
     };
     let (check, rule, tiers) = (unled(check)?, unled(rule)?, unled(tiers)?);
+    let opened = Opened::new(ctx, key)?;
     let outcome = with_rules(&[(rule, tiers)], |prepared| {
-        let handle = readable(ctx, key)?;
         prepared[0]
-            .check(check, handle.read()?, server_micros)
+            .check(check, opened.value()?, server_micros)
             .map_err(refused)
     })?;
-    store(ctx, key, outcome.write)?;
+    opened.store(outcome.write)?;
     Ok(RedisValue::StringBuffer(outcome.reply))
 }
 
@@ -180,7 +183,13 @@ fn with_rules<T>(
             let found = of_tiers.iter().find(|(r, _)| r.as_slice() == rule);
             found.map(|(_, prepared)| prepared)
         }
-        // Known already (every call but a rule's first): one lookup each.
+        // Known already (every call but a rule's first): one lookup each, and for a single
+        // rule, the most common call, no vector.
+        if let [rule] = rules
+            && let Some(prepared) = find(kept, *rule)
+        {
+            return f(&[prepared]);
+        }
         let known: Option<Vec<&Prepared>> = rules.iter().map(|&r| find(kept, r)).collect();
         if let Some(prepared) = known {
             return f(&prepared);
@@ -207,163 +216,218 @@ fn with_rules<T>(
 fn store(ctx: &Context, key: &RedisString, write: Write) -> Result<(), RedisError> {
     match write {
         Write::Nothing => Ok(()),
-        Write::Delete => replicated(ctx, "DEL", &[key.as_slice()]),
-        Write::Set { value, ttl } => {
-            if let Some(written) = written(ctx, key, &value, ttl) {
-                return written;
+        write => Opened::new(ctx, key)?.store(write),
+    }
+}
+
+/// A key of a command, opened once to read and to write, and closed when dropped: a string
+/// or no key. The module loads with `NO_IMPLICIT_SIGNAL_MODIFIED`, so closing it signals
+/// nothing (a denial that writes nothing leaves `WATCH` and client tracking alone) and a
+/// write signals the key itself.
+struct Opened<'a> {
+    ctx: &'a Context,
+    name: &'a RedisString,
+    key: *mut raw::RedisModuleKey,
+}
+
+impl<'a> Opened<'a> {
+    fn new(ctx: &'a Context, name: &'a RedisString) -> Result<Self, RedisError> {
+        let mode = (raw::REDISMODULE_READ | raw::REDISMODULE_WRITE) as c_int;
+        // SAFETY: called on Redis's thread, within a command, with the context it gave it.
+        let key = unsafe { api(raw::RedisModule_OpenKey)?(ctx.ctx, name.inner, mode) };
+        if key.is_null() {
+            return Err(RedisError::Str("ERR tollgate: the key could not be opened"));
+        }
+        let opened = Self { ctx, name, key };
+        // SAFETY: the key is open.
+        match unsafe { api(raw::RedisModule_KeyType)?(key) } as isize {
+            raw::REDISMODULE_KEYTYPE_EMPTY | raw::REDISMODULE_KEYTYPE_STRING => Ok(opened),
+            _ => Err(RedisError::WrongType),
+        }
+    }
+
+    /// The key's value, `None` when there is no such key.
+    fn value(&self) -> Result<Option<&[u8]>, RedisError> {
+        // SAFETY: the key is open and a string or empty; the bytes stay as they are until
+        // the key is written or closed, both of which take `self`.
+        unsafe {
+            if api(raw::RedisModule_KeyType)?(self.key) as isize == raw::REDISMODULE_KEYTYPE_EMPTY {
+                return Ok(None);
             }
-            let (option, ms) = match ttl {
-                Ttl::Keep => ("KEEPTTL", None),
-                Ttl::At(ms) => ("PXAT", Some(ms.to_string())),
-                Ttl::In(ms) => ("PX", Some(ms.to_string())),
+            let mut len = 0;
+            let read = raw::REDISMODULE_READ as c_int;
+            let bytes = api(raw::RedisModule_StringDMA)?(self.key, &mut len, read);
+            if bytes.is_null() {
+                return Err(RedisError::Str("ERR tollgate: the key could not be read"));
+            }
+            Ok(Some(std::slice::from_raw_parts(bytes.cast::<u8>(), len)))
+        }
+    }
+
+    /// Carries out `write`, replicated as it is.
+    fn store(self, write: Write) -> Result<(), RedisError> {
+        let (ctx, name) = (self.ctx, self.name);
+        match write {
+            Write::Nothing => Ok(()),
+            Write::Delete => {
+                // Closed first: `DEL` frees what the handle points to.
+                drop(self);
+                replicated(ctx, "DEL", &[name.as_slice()])
+            }
+            Write::Set { value, ttl } => {
+                if let Some(written) = self.written(&value, ttl) {
+                    return written;
+                }
+                drop(self);
+                let (option, ms) = match ttl {
+                    Ttl::Keep => ("KEEPTTL", None),
+                    Ttl::At(ms) => ("PXAT", Some(ms.to_string())),
+                    Ttl::In(ms) => ("PX", Some(ms.to_string())),
+                };
+                let mut set: Vec<&[u8]> = vec![name.as_slice(), &value, option.as_bytes()];
+                set.extend(ms.as_ref().map(String::as_bytes));
+                replicated(ctx, "SET", &set)
+            }
+        }
+    }
+
+    /// What `SET key value` with `ttl` (`KEEPTTL`, `PXAT`, `PX`) does to the key, done
+    /// through the key API rather than by calling `SET` (the call, its client, the command's
+    /// lookup and its arguments' parsing, cost Redis a fifth of a check): the value written
+    /// over the old one in place (the key's expiry kept) or into a new key, then the expiry
+    /// set, the key signalled as modified (`WATCH`, client tracking) and the keyspace events
+    /// `SET` fires notified, and the `SET` itself replicated, so that replicas and the AOF get
+    /// what they get from the functions. `None`, having done nothing, on a server without
+    /// absolute expiries in its module API (before Redis 6.2.2).
+    fn written(&self, value: &[u8], ttl: Ttl) -> Option<Result<(), RedisError>> {
+        let (ctx, name, handle) = (self.ctx.ctx, self.name.inner, self.key);
+        // SAFETY: Redis fills these pointers when the module loads, and they are called on
+        // its thread, within a command, with the context it gave the command, on a key open
+        // to write.
+        unsafe {
+            let (
+                Some(dma),
+                Some(truncate),
+                Some(at),
+                Some(after),
+                Some(notify),
+                Some(signal),
+                Some(replicate),
+                Some(expires),
+            ) = (
+                raw::RedisModule_StringDMA,
+                raw::RedisModule_StringTruncate,
+                raw::RedisModule_SetAbsExpire,
+                raw::RedisModule_SetExpire,
+                raw::RedisModule_NotifyKeyspaceEvent,
+                raw::RedisModule_SignalModifiedKey,
+                raw::RedisModule_Replicate,
+                raw::RedisModule_GetAbsExpire,
+            )
+            else {
+                return None;
             };
-            let mut set: Vec<&[u8]> = vec![key.as_slice(), &value, option.as_bytes()];
-            set.extend(ms.as_ref().map(String::as_bytes));
-            replicated(ctx, "SET", &set)
+            let write = raw::REDISMODULE_WRITE as c_int;
+            let mut len = 0;
+            let mut bytes = dma(handle, &mut len, write);
+            // A new key (or a value of another length) is made the value's length first: an
+            // existing string keeps its expiry.
+            if !bytes.is_null() && len != value.len() {
+                if truncate(handle, value.len()) != raw::REDISMODULE_OK as c_int {
+                    return Some(Err(RedisError::WrongType));
+                }
+                bytes = dma(handle, &mut len, write);
+            }
+            if bytes.is_null() || len != value.len() {
+                return Some(Err(RedisError::WrongType));
+            }
+            std::ptr::copy_nonoverlapping(value.as_ptr(), bytes.cast::<u8>(), len);
+            let expiry = match ttl {
+                Ttl::Keep => None,
+                Ttl::At(ms) => Some(at(handle, ms)),
+                Ttl::In(ms) => Some(after(handle, ms)),
+            };
+            if expiry.is_some_and(|status| status != raw::REDISMODULE_OK as c_int) {
+                return Some(Err(RedisError::Str(
+                    "ERR tollgate: the key's expiry could not be set",
+                )));
+            }
+            signal(ctx, name);
+            notify(ctx, raw::REDISMODULE_NOTIFY_STRING, c"set".as_ptr(), name);
+            if expiry.is_some() {
+                notify(
+                    ctx,
+                    raw::REDISMODULE_NOTIFY_GENERIC,
+                    c"expire".as_ptr(),
+                    name,
+                );
+            }
+            // The key as it is ("s"), the value's bytes ("b"), the option ("c"), the time
+            // ("l"). An expiry in some milliseconds goes as the time it came to, as Redis 7
+            // replicates `SET ... PX`: a replica, or the AOF read back later, would count from
+            // its own now.
+            let (set, value, len) = (
+                c"SET".as_ptr(),
+                value.as_ptr().cast::<std::os::raw::c_char>(),
+                value.len(),
+            );
+            let status = match ttl {
+                Ttl::Keep => replicate(
+                    ctx,
+                    set,
+                    c"sbc".as_ptr(),
+                    name,
+                    value,
+                    len,
+                    c"KEEPTTL".as_ptr(),
+                ),
+                Ttl::At(ms) => replicate(
+                    ctx,
+                    set,
+                    c"sbcl".as_ptr(),
+                    name,
+                    value,
+                    len,
+                    c"PXAT".as_ptr(),
+                    ms,
+                ),
+                Ttl::In(_) => replicate(
+                    ctx,
+                    set,
+                    c"sbcl".as_ptr(),
+                    name,
+                    value,
+                    len,
+                    c"PXAT".as_ptr(),
+                    expires(handle),
+                ),
+            };
+            if status != raw::REDISMODULE_OK as c_int {
+                return Some(Err(RedisError::Str(
+                    "ERR tollgate: the write could not be replicated",
+                )));
+            }
+            Some(Ok(()))
         }
     }
 }
 
-/// What `SET key value` with `ttl` (`KEEPTTL`, `PXAT`, `PX`) does to the key, done through
-/// the key API rather than by calling `SET` (the call, its client, the command's lookup and
-/// its arguments' parsing, cost Redis a fifth of a check): the value written over the old
-/// one in place (the key's expiry kept) or into a new key, then the expiry set, the key
-/// signalled as modified (`WATCH`, client tracking) and the keyspace events `SET` fires
-/// notified, and the `SET` itself replicated, so that replicas and the AOF get what they get
-/// from the functions. `None`, having done nothing, on a server without absolute expiries in
-/// its module API (before Redis 6.2.2).
-fn written(
-    ctx: &Context,
-    key: &RedisString,
-    value: &[u8],
-    ttl: Ttl,
-) -> Option<Result<(), RedisError>> {
-    use redis_module::raw;
-    use std::os::raw::c_int;
-    // SAFETY: Redis fills these pointers when the module loads, and they are called on its
-    // thread, within a command, with the context it gave the command.
-    unsafe {
-        let (
-            Some(open),
-            Some(close),
-            Some(dma),
-            Some(truncate),
-            Some(at),
-            Some(after),
-            Some(notify),
-            Some(replicate),
-            Some(expires),
-        ) = (
-            raw::RedisModule_OpenKey,
-            raw::RedisModule_CloseKey,
-            raw::RedisModule_StringDMA,
-            raw::RedisModule_StringTruncate,
-            raw::RedisModule_SetAbsExpire,
-            raw::RedisModule_SetExpire,
-            raw::RedisModule_NotifyKeyspaceEvent,
-            raw::RedisModule_Replicate,
-            raw::RedisModule_GetAbsExpire,
-        )
-        else {
-            return None;
-        };
-        let handle = open(
-            ctx.ctx,
-            key.inner,
-            (raw::REDISMODULE_READ | raw::REDISMODULE_WRITE) as c_int,
-        );
-        if handle.is_null() {
-            return Some(Err(RedisError::Str(
-                "ERR tollgate: the key could not be opened to write",
-            )));
-        }
-        // Closing a key opened to write signals it as modified.
-        struct Closing(
-            *mut raw::RedisModuleKey,
-            unsafe extern "C" fn(*mut raw::RedisModuleKey),
-        );
-        impl Drop for Closing {
-            fn drop(&mut self) {
-                // SAFETY: the key was opened above and is closed once.
-                unsafe { (self.1)(self.0) }
+impl Drop for Opened<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the key was opened by `new` and is closed once.
+        unsafe {
+            if let Ok(close) = api(raw::RedisModule_CloseKey) {
+                close(self.key)
             }
         }
-        let _closing = Closing(handle, close);
-        let write = raw::REDISMODULE_WRITE as c_int;
-        let mut len = 0;
-        let mut bytes = dma(handle, &mut len, write);
-        // A new key (or a value of another length) is made the value's length first: an
-        // existing string keeps its expiry.
-        if !bytes.is_null() && len != value.len() {
-            if truncate(handle, value.len()) != raw::REDISMODULE_OK as c_int {
-                return Some(Err(RedisError::WrongType));
-            }
-            bytes = dma(handle, &mut len, write);
-        }
-        if bytes.is_null() || len != value.len() {
-            return Some(Err(RedisError::WrongType));
-        }
-        std::ptr::copy_nonoverlapping(value.as_ptr(), bytes.cast::<u8>(), len);
-        let expiry = match ttl {
-            Ttl::Keep => None,
-            Ttl::At(ms) => Some(at(handle, ms)),
-            Ttl::In(ms) => Some(after(handle, ms)),
-        };
-        if expiry.is_some_and(|status| status != raw::REDISMODULE_OK as c_int) {
-            return Some(Err(RedisError::Str(
-                "ERR tollgate: the key's expiry could not be set",
-            )));
-        }
-        notify(
-            ctx.ctx,
-            raw::REDISMODULE_NOTIFY_STRING,
-            c"set".as_ptr(),
-            key.inner,
-        );
-        if expiry.is_some() {
-            notify(
-                ctx.ctx,
-                raw::REDISMODULE_NOTIFY_GENERIC,
-                c"expire".as_ptr(),
-                key.inner,
-            );
-        }
-        // The key as it is ("s"), the value's bytes ("b"), the option ("c"), the time ("l").
-        // An expiry in some milliseconds goes as the time it came to, as Redis 7 replicates
-        // `SET ... PX`: a replica, or the AOF read back later, would count from its own now.
-        let (set, value, len) = (
-            c"SET".as_ptr(),
-            value.as_ptr().cast::<std::os::raw::c_char>(),
-            value.len(),
-        );
-        let status = match ttl {
-            Ttl::Keep => replicate(
-                ctx.ctx,
-                set,
-                c"sbc".as_ptr(),
-                key.inner,
-                value,
-                len,
-                c"KEEPTTL".as_ptr(),
-            ),
-            Ttl::At(_) | Ttl::In(_) => replicate(
-                ctx.ctx,
-                set,
-                c"sbcl".as_ptr(),
-                key.inner,
-                value,
-                len,
-                c"PXAT".as_ptr(),
-                expires(handle),
-            ),
-        };
-        if status != raw::REDISMODULE_OK as c_int {
-            return Some(Err(RedisError::Str(
-                "ERR tollgate: the write could not be replicated",
-            )));
-        }
-        Some(Ok(()))
     }
+}
+
+/// A function of Redis's module API, which Redis fills when the module loads.
+fn api<F>(f: Option<F>) -> Result<F, RedisError> {
+    f.ok_or(RedisError::Str(
+        "ERR tollgate: this Redis lacks a module API call",
+    ))
 }
 
 /// An argument after the key, without the NUL byte that leads it.
@@ -407,10 +471,20 @@ fn server_micros() -> u64 {
     u64::try_from(micros).unwrap_or(0)
 }
 
+/// Loads the module: a key it closes is not signalled as modified unless it was written (see
+/// [`Opened`]).
+fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+    // SAFETY: Redis fills the pointer when the module loads; it is only read here.
+    if unsafe { raw::RedisModule_SetModuleOptions }.is_some() {
+        ctx.set_module_options(raw::ModuleOptions::NO_IMPLICIT_SIGNAL_MODIFIED);
+    }
+    Status::Ok
+}
+
 /// The module's entry points (`RedisModule_OnLoad`), which Redis calls by name.
 #[allow(missing_docs)]
 mod entry {
-    use super::{batch, check, settle};
+    use super::{batch, check, init, settle};
     use redis_module::redis_module;
 
     redis_module! {
@@ -418,6 +492,7 @@ mod entry {
         version: 1,
         allocator: (redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc),
         data_types: [],
+        init: init,
         commands: [
             ["tollgate.check", check, "write deny-oom", 1, 1, 1, ""],
             ["tollgate.batch", batch, "write deny-oom getkeys-api", 0, 0, 0, ""],

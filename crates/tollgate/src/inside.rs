@@ -272,8 +272,8 @@ impl Prepared {
         };
         // Unlike a batch's, a single check's look writes too: a state read as new (expired,
         // of an algorithm that forgets) is deleted, as `words` in `lua/words.lua` does.
-        let (reply, mut writes) = decide_items(&check, &[item], true, true)?;
-        let write = writes.pop().expect("one write per item");
+        let mut write = Write::Nothing;
+        let reply = decide_items(&check, &[item], true, true, |w| write = w)?;
         Ok(Outcome { reply, write })
     }
 
@@ -287,14 +287,25 @@ impl Prepared {
     /// as new when expired, for an algorithm that forgets (see `Decide::forgets`).
     fn state(&self, stored: Option<&[u8]>, now: u64) -> Result<Vec<u64>, Refused> {
         let mut state = vec![0u64; self.words];
+        self.state_into(stored, now, &mut state)?;
+        Ok(state)
+    }
+
+    /// [`Self::state`], into `state` (this rule's words, zeros).
+    fn state_into(
+        &self,
+        stored: Option<&[u8]>,
+        now: u64,
+        state: &mut [u64],
+    ) -> Result<(), Refused> {
         if let Some(value) = stored {
-            self.read(value, &mut state)?;
+            self.read(value, state)?;
             let (rule, algorithm) = (&self.rule, self.rule.algorithm());
-            if algorithm.forgets() && rule.expires_at(algorithm, &state) <= now {
+            if algorithm.forgets() && rule.expires_at(algorithm, state) <= now {
                 state.fill(0);
             }
         }
-        Ok(state)
+        Ok(())
     }
 
     /// Reads the state words of `value`, as the functions keep them: a double per word.
@@ -322,15 +333,14 @@ impl Prepared {
         kept: Option<u64>,
         clock: Clock,
     ) -> Write {
-        let value: Vec<u8> = (0..state.len())
-            .flat_map(|i| {
-                let double = match self.doubles[i] {
-                    true => f64::from_bits(state[i]),
-                    false => state[i] as f64,
-                };
-                double.to_le_bytes()
-            })
-            .collect();
+        let mut value = Vec::with_capacity(8 * state.len());
+        for (&word, &double) in state.iter().zip(&self.doubles) {
+            let double = match double {
+                true => f64::from_bits(word),
+                false => word as f64,
+            };
+            value.extend_from_slice(&double.to_le_bytes());
+        }
         let unchanged = match stored {
             Some(stored) => stored == value.as_slice(),
             None => value.iter().all(|&b| b == 0),
@@ -467,27 +477,32 @@ pub fn decide(
     items: &[Item<'_>],
     writes: bool,
 ) -> Result<(Vec<u8>, Vec<Write>), Refused> {
-    decide_items(check, items, writes, false)
+    let mut stores = Vec::with_capacity(items.len());
+    let reply = decide_items(check, items, writes, false, |write| stores.push(write))?;
+    Ok((reply, stores))
 }
 
-/// [`decide`]; with `looks_write`, an item of no cost writes its state too (if it changed).
+/// [`decide`], giving each item's write to `store`, in order; with
+/// `looks_write`, an item of no cost writes its state too (if it changed). Allocates the
+/// reply, one vector of every item's words and what each decided, and the values written:
+/// the module runs this on every check.
 fn decide_items(
     check: &Check,
     items: &[Item<'_>],
     writes: bool,
     looks_write: bool,
-) -> Result<(Vec<u8>, Vec<Write>), Refused> {
+    mut store: impl FnMut(Write),
+) -> Result<Vec<u8>, Refused> {
     if check.settle.is_some() {
         return Err(Refused("a settlement is not a check"));
     }
-    struct Decided {
-        state: Vec<u64>,
-        original: Vec<u64>,
-        kept: Option<u64>,
-        allowed: bool,
-    }
-    let mut reply = Vec::new();
-    let mut decided = Vec::with_capacity(items.len());
+    let tiers: usize = items.iter().map(|i| i.prepared.rule.tiers().len()).sum();
+    let mut reply = Vec::with_capacity(48 * tiers);
+    // Every item's words, then two words per item: whether it was admitted (bit 0) and its key
+    // stored (bit 1), and when that stored state was as good as new.
+    let words: usize = items.iter().map(|i| i.prepared.words).sum();
+    let mut states = vec![0u64; words + 2 * items.len()];
+    let (mut state, mut decided) = states.split_at_mut(words);
     let mut admitted = true;
     for item in items {
         let (rule, algorithm) = (&item.prepared.rule, item.prepared.rule.algorithm());
@@ -495,9 +510,13 @@ fn decide_items(
         // decision (the algorithms are not asked when it would be admitted).
         rule.check_cost(item.cost)
             .map_err(|_| Refused("a cost above the rule's capacity"))?;
-        let mut state = item.prepared.state(item.stored, check.now)?;
-        let kept = item.stored.map(|_| rule.expires_at(algorithm, &state));
-        let original = state.clone();
+        let (words, rest) = std::mem::take(&mut state).split_at_mut(item.prepared.words);
+        state = rest;
+        item.prepared.state_into(item.stored, check.now, words)?;
+        let kept = match item.stored {
+            Some(_) => rule.expires_at(algorithm, words),
+            None => 0,
+        };
         let attempt = Attempt {
             now: check.now,
             cost: item.cost,
@@ -507,27 +526,33 @@ fn decide_items(
         };
         let mut allowed = true;
         for (i, tier) in rule.tiers().iter().enumerate() {
-            let verdict = algorithm.decide(tier, &mut state[rule.tier_words(i)], &attempt);
+            let verdict = algorithm.decide(tier, &mut words[rule.tier_words(i)], &attempt);
             allowed &= verdict.allowed;
             reply.extend(reply_of(&verdict));
         }
         admitted &= allowed || item.shadow;
-        decided.push(Decided {
-            state,
-            original,
+        let (this, rest) = std::mem::take(&mut decided).split_at_mut(2);
+        decided = rest;
+        this.copy_from_slice(&[
+            u64::from(allowed) | u64::from(item.stored.is_some()) << 1,
             kept,
-            allowed,
-        });
+        ]);
     }
-    let mut stores = Vec::with_capacity(items.len());
-    for (item, mut d) in items.iter().zip(decided) {
-        if !writes || (item.cost == 0 && !looks_write) || (admitted && !d.allowed) {
-            stores.push(Write::Nothing);
+    let (mut state, decided) = states.split_at_mut(words);
+    for (item, d) in items.iter().zip(decided.chunks_exact(2)) {
+        let (words, rest) = std::mem::take(&mut state).split_at_mut(item.prepared.words);
+        state = rest;
+        let (allowed, kept) = (d[0] & 1 == 1, (d[0] & 2 == 2).then_some(d[1]));
+        if !writes || (item.cost == 0 && !looks_write) || (admitted && !allowed) {
+            store(Write::Nothing);
             continue;
         }
         let (rule, algorithm) = (&item.prepared.rule, item.prepared.rule.algorithm());
         if !admitted && item.cost > 0 {
-            d.state = d.original;
+            // What was read, which the denial records on: read again, as it is rarer than
+            // keeping a copy of every admitted check's state.
+            words.fill(0);
+            item.prepared.state_into(item.stored, check.now, words)?;
             let attempt = Attempt {
                 now: check.now,
                 cost: item.cost,
@@ -535,15 +560,15 @@ fn decide_items(
                 commit: true,
                 settle: None,
             };
-            rule.denied(algorithm, &mut d.state, &attempt);
+            rule.denied(algorithm, words, &attempt);
         }
-        let expires = rule.expires_at(algorithm, &d.state);
-        stores.push(
+        let expires = rule.expires_at(algorithm, words);
+        store(
             item.prepared
-                .write(item.stored, &d.state, expires, d.kept, check.clock),
+                .write(item.stored, words, expires, kept, check.clock),
         );
     }
-    Ok((reply, stores))
+    Ok(reply)
 }
 
 /// Settles `items` at `check`'s time, each on its own, as `settle` in `lua/batch.lua`: each

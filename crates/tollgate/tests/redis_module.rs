@@ -339,7 +339,8 @@ async fn at_the_servers_time_the_module_writes_what_the_functions_write() {
 }
 
 /// The module's writes are seen as the functions' are: the keyspace events `SET` fires
-/// (`set`, and `expire` where it sets the expiry) and a `WATCH` of the key broken.
+/// (`set`, and `expire` where it sets the expiry) and a `WATCH` of the key broken; a denial,
+/// which writes nothing, breaks none.
 #[tokio::test]
 async fn the_modules_writes_fire_the_events_and_break_the_watches_of_a_set() {
     let server = module_server(&["--notify-keyspace-events", "E$g"]);
@@ -350,7 +351,7 @@ async fn the_modules_writes_fire_the_events_and_break_the_watches_of_a_set() {
         .unwrap();
     let mut events = listening.as_pubsub();
     events.psubscribe("__keyevent@0__:*").unwrap();
-    let rule = Rule::new("seen", Algorithm::FixedWindow, [Tier::per_day(100)]).unwrap();
+    let rule = Rule::new("seen", Algorithm::FixedWindow, [Tier::per_day(3)]).unwrap();
     for (prefix, module) in [("m:", true), ("f:", false)] {
         let limiter = prefixed(&server, prefix, module, &rule).await;
         // A new key (its expiry set), then the same key again (its expiry kept).
@@ -376,6 +377,19 @@ async fn the_modules_writes_fire_the_events_and_break_the_watches_of_a_set() {
             .query(&mut watching)
             .unwrap();
         assert_eq!(transaction, None, "{prefix}: the watch was broken");
+        // A denial writes nothing, and so leaves a watch alone.
+        redis::cmd("WATCH").arg(key).exec(&mut watching).unwrap();
+        assert!(!limiter.check("key", 1).await.unwrap().allowed());
+        let transaction: Option<(String,)> = redis::pipe()
+            .atomic()
+            .cmd("PING")
+            .query(&mut watching)
+            .unwrap();
+        assert_eq!(
+            transaction,
+            Some(("PONG".to_owned(),)),
+            "{prefix}: a denial"
+        );
     }
     // Each store's events, by event and key without its prefix, in order.
     let mut seen: [Vec<(String, String)>; 2] = Default::default();
