@@ -17,12 +17,16 @@
 //! replicated: the `SET ... PXAT` or `DEL` a check comes to, as Lua's are, so a replica or an
 //! AOF needs no module and re-decides nothing.
 //!
-//! All the unsafe code of tollgate is here, in calls into Redis (most within `redis-module`).
+//! All the unsafe code of tollgate is here, in calls into Redis: directly on a check's path
+//! (its arguments, its key and its write: each wrapper of `redis-module` there cost Redis
+//! instructions per check), through `redis-module` elsewhere.
 
 use std::cell::RefCell;
+use std::mem::ManuallyDrop;
 
 use hashbrown::HashMap;
 
+use std::ffi::CStr;
 use std::os::raw::c_int;
 
 use redis_module::key::RedisKey;
@@ -44,39 +48,86 @@ thread_local! {
     static RULES: RefCell<Rules> = RefCell::new(HashMap::new());
 }
 
-/// Runs `command`, answering an error if it panics: a panic must not take Redis down with it.
-fn unwinding(
-    ctx: &Context,
-    args: Vec<RedisString>,
-    command: fn(&Context, Vec<RedisString>) -> RedisResult,
-) -> RedisResult {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| command(ctx, args))).unwrap_or(Err(
-        RedisError::Str(
+/// A command's arguments as Redis passes them. They live for the command and are neither
+/// retained nor freed here: the crate's `RedisString`s retain and free each, which cost a
+/// check as much as finding its rule.
+type Args<'a> = &'a [*mut raw::RedisModuleString];
+
+/// An argument's bytes, for as long as the command runs.
+fn bytes(arg: &*mut raw::RedisModuleString) -> &[u8] {
+    let mut len = 0;
+    // SAFETY: Redis fills the pointer when the module loads; `arg` is an argument of the
+    // command being run, whose bytes Redis keeps until it returns.
+    unsafe {
+        let Some(ptr_len) = raw::RedisModule_StringPtrLen else {
+            return &[];
+        };
+        let bytes = ptr_len(*arg, &mut len);
+        if bytes.is_null() {
+            return &[];
+        }
+        std::slice::from_raw_parts(bytes.cast::<u8>(), len)
+    }
+}
+
+/// An argument as the crate's string, for the crate's calls: not retained, so never freed.
+fn string(ctx: &Context, arg: *mut raw::RedisModuleString) -> ManuallyDrop<RedisString> {
+    ManuallyDrop::new(RedisString::from_redis_module_string(ctx.ctx, arg))
+}
+
+/// Runs `command` on the arguments Redis passed, and answers its reply, or an error if it
+/// panics: a panic must not take Redis down with it.
+fn run(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+    command: fn(&Context, Args<'_>) -> RedisResult,
+) -> c_int {
+    let context = Context::new(ctx);
+    let args: Args<'_> = match usize::try_from(argc) {
+        // SAFETY: Redis passes `argc` arguments at `argv`, alive while the command runs.
+        Ok(n) if !argv.is_null() => unsafe { std::slice::from_raw_parts(argv, n) },
+        _ => &[],
+    };
+    let reply = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| command(&context, args)))
+        .unwrap_or(Err(RedisError::Str(
             "ERR tollgate: the module failed to decide this check (a bug: please report it)",
-        ),
-    ))
+        )));
+    context.reply(reply) as c_int
 }
 
-fn check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    unwinding(ctx, args, checked)
+extern "C" fn check(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    run(ctx, argv, argc, checked)
 }
 
-fn batch(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    unwinding(ctx, args, batched)
+extern "C" fn batch(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    run(ctx, argv, argc, batched)
 }
 
-fn settle(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    unwinding(ctx, args, settled)
+extern "C" fn settle(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    run(ctx, argv, argc, settled)
 }
 
 /// `TOLLGATE.CHECK key check rule tiers`: the reply of the Lua function of the rule's
 /// algorithm, six little-endian doubles per tier.
-fn checked(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    let [_, key, check, rule, tiers] = args.as_slice() else {
+fn checked(ctx: &Context, args: Args<'_>) -> RedisResult {
+    let [_, key, check, rule, tiers] = args else {
         return Err(RedisError::WrongArity);
     };
     let (check, rule, tiers) = (unled(check)?, unled(rule)?, unled(tiers)?);
-    let opened = Opened::new(ctx, key)?;
+    let opened = Opened::new(ctx, *key)?;
     let outcome = with_rules(&[(rule, tiers)], |prepared| {
         prepared[0]
             .check(check, opened.value()?, server_micros)
@@ -89,8 +140,8 @@ fn checked(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// `TOLLGATE.BATCH numkeys key... check items rule tiers [rule tiers ...]`: the reply of the
 /// batch function, every tier's verdict of every item, then the time decided at (µs), all
 /// little-endian doubles. `items` as the batch function's (one key per item).
-fn batched(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    of_items(ctx, &args, true, |check, items, dry| {
+fn batched(ctx: &Context, args: Args<'_>) -> RedisResult {
+    of_items(ctx, args, true, |check, items, dry| {
         tollgate::inside::decide(check, items, !dry)
     })
 }
@@ -98,8 +149,8 @@ fn batched(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// `TOLLGATE.SETTLE numkeys key... check items rule tiers [rule tiers ...]`: the reply of the
 /// settle function (a report, give-back or renewal of each item's cost, then every tier's
 /// verdict of a look), as `TOLLGATE.BATCH` takes its arguments.
-fn settled(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    of_items(ctx, &args, false, |check, items, _| {
+fn settled(ctx: &Context, args: Args<'_>) -> RedisResult {
+    of_items(ctx, args, false, |check, items, _| {
         tollgate::inside::settle(check, items)
     })
 }
@@ -109,14 +160,13 @@ fn settled(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// and the time decided at if `timed`.
 fn of_items(
     ctx: &Context,
-    args: &[RedisString],
+    args: Args<'_>,
     timed: bool,
     decides: impl FnOnce(&Check, &[Item<'_>], bool) -> Result<(Vec<u8>, Vec<Write>), Refused>,
 ) -> RedisResult {
     let n = args
         .get(1)
-        .and_then(|n| n.parse_unsigned_integer().ok())
-        .and_then(|n| usize::try_from(n).ok())
+        .and_then(|n| std::str::from_utf8(bytes(n)).ok()?.parse::<usize>().ok())
         .filter(|&n| n > 0 && args.len() == 4 + 3 * n)
         .ok_or(RedisError::WrongArity)?;
     let keys = &args[2..2 + n];
@@ -138,7 +188,7 @@ fn of_items(
     let (mut reply, writes) = with_rules(&rules, |prepared| {
         let handles = keys
             .iter()
-            .map(|key| readable(ctx, key))
+            .map(|&key| readable(ctx, key))
             .collect::<Result<Vec<_>, _>>()?;
         let values = handles
             .iter()
@@ -154,7 +204,7 @@ fn of_items(
             .collect();
         decides(&check, &items, dry).map_err(refused)
     })?;
-    for (key, write) in keys.iter().zip(writes) {
+    for (&key, write) in keys.iter().zip(writes) {
         store(ctx, key, write)?;
     }
     if timed {
@@ -164,8 +214,8 @@ fn of_items(
 }
 
 /// `key`, open to read: a string or no key.
-fn readable(ctx: &Context, key: &RedisString) -> Result<RedisKey, RedisError> {
-    let handle = ctx.open_key(key);
+fn readable(ctx: &Context, key: *mut raw::RedisModuleString) -> Result<RedisKey, RedisError> {
+    let handle = ctx.open_key(&string(ctx, key));
     match handle.key_type() {
         KeyType::Empty | KeyType::String => Ok(handle),
         _ => Err(RedisError::WrongType),
@@ -213,7 +263,7 @@ fn with_rules<T>(
 }
 
 /// Carries out `write` on `key`, replicated as it is.
-fn store(ctx: &Context, key: &RedisString, write: Write) -> Result<(), RedisError> {
+fn store(ctx: &Context, key: *mut raw::RedisModuleString, write: Write) -> Result<(), RedisError> {
     match write {
         Write::Nothing => Ok(()),
         write => Opened::new(ctx, key)?.store(write),
@@ -226,15 +276,15 @@ fn store(ctx: &Context, key: &RedisString, write: Write) -> Result<(), RedisErro
 /// write signals the key itself.
 struct Opened<'a> {
     ctx: &'a Context,
-    name: &'a RedisString,
+    name: *mut raw::RedisModuleString,
     key: *mut raw::RedisModuleKey,
 }
 
 impl<'a> Opened<'a> {
-    fn new(ctx: &'a Context, name: &'a RedisString) -> Result<Self, RedisError> {
+    fn new(ctx: &'a Context, name: *mut raw::RedisModuleString) -> Result<Self, RedisError> {
         let mode = (raw::REDISMODULE_READ | raw::REDISMODULE_WRITE) as c_int;
         // SAFETY: called on Redis's thread, within a command, with the context it gave it.
-        let key = unsafe { api(raw::RedisModule_OpenKey)?(ctx.ctx, name.inner, mode) };
+        let key = unsafe { api(raw::RedisModule_OpenKey)?(ctx.ctx, name, mode) };
         if key.is_null() {
             return Err(RedisError::Str("ERR tollgate: the key could not be opened"));
         }
@@ -272,7 +322,7 @@ impl<'a> Opened<'a> {
             Write::Delete => {
                 // Closed first: `DEL` frees what the handle points to.
                 drop(self);
-                replicated(ctx, "DEL", &[name.as_slice()])
+                replicated(ctx, "DEL", &[bytes(&name)])
             }
             Write::Set { value, ttl } => {
                 if let Some(written) = self.written(&value, ttl) {
@@ -284,7 +334,7 @@ impl<'a> Opened<'a> {
                     Ttl::At(ms) => ("PXAT", Some(ms.to_string())),
                     Ttl::In(ms) => ("PX", Some(ms.to_string())),
                 };
-                let mut set: Vec<&[u8]> = vec![name.as_slice(), &value, option.as_bytes()];
+                let mut set: Vec<&[u8]> = vec![bytes(&name), &value, option.as_bytes()];
                 set.extend(ms.as_ref().map(String::as_bytes));
                 replicated(ctx, "SET", &set)
             }
@@ -300,7 +350,7 @@ impl<'a> Opened<'a> {
     /// what they get from the functions. `None`, having done nothing, on a server without
     /// absolute expiries in its module API (before Redis 6.2.2).
     fn written(&self, value: &[u8], ttl: Ttl) -> Option<Result<(), RedisError>> {
-        let (ctx, name, handle) = (self.ctx.ctx, self.name.inner, self.key);
+        let (ctx, name, handle) = (self.ctx.ctx, self.name, self.key);
         // SAFETY: Redis fills these pointers when the module loads, and they are called on
         // its thread, within a command, with the context it gave the command, on a key open
         // to write.
@@ -431,8 +481,8 @@ fn api<F>(f: Option<F>) -> Result<F, RedisError> {
 }
 
 /// An argument after the key, without the NUL byte that leads it.
-fn unled(arg: &RedisString) -> Result<&[u8], RedisError> {
-    tollgate::inside::unled(arg.as_slice()).ok_or(RedisError::Str(
+fn unled(arg: &*mut raw::RedisModuleString) -> Result<&[u8], RedisError> {
+    tollgate::inside::unled(bytes(arg)).ok_or(RedisError::Str(
         "ERR tollgate: an argument is not led by a NUL byte",
     ))
 }
@@ -471,12 +521,41 @@ fn server_micros() -> u64 {
     u64::try_from(micros).unwrap_or(0)
 }
 
-/// Loads the module: a key it closes is not signalled as modified unless it was written (see
-/// [`Opened`]).
+/// Loads the module: its commands, with their flags and the position of their keys (the
+/// first only, or through the get-keys API), and a key it closes is not signalled as
+/// modified unless it was written (see [`Opened`]).
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
-    // SAFETY: Redis fills the pointer when the module loads; it is only read here.
-    if unsafe { raw::RedisModule_SetModuleOptions }.is_some() {
-        ctx.set_module_options(raw::ModuleOptions::NO_IMPLICIT_SIGNAL_MODIFIED);
+    type Handler =
+        extern "C" fn(*mut raw::RedisModuleCtx, *mut *mut raw::RedisModuleString, c_int) -> c_int;
+    let commands: [(&CStr, Handler, &CStr, c_int); 3] = [
+        (c"tollgate.check", check, c"write deny-oom", 1),
+        (c"tollgate.batch", batch, c"write deny-oom getkeys-api", 0),
+        (c"tollgate.settle", settle, c"write deny-oom getkeys-api", 0),
+    ];
+    // SAFETY: Redis fills these pointers when the module loads, and calls this on its thread
+    // with the context of the load.
+    unsafe {
+        let Some(create) = raw::RedisModule_CreateCommand else {
+            return Status::Err;
+        };
+        for (name, handler, flags, key) in commands {
+            let created = create(
+                ctx.ctx,
+                name.as_ptr(),
+                Some(handler),
+                flags.as_ptr(),
+                key,
+                key,
+                key,
+            );
+            if created != raw::REDISMODULE_OK as c_int {
+                ctx.log_warning(&format!("tollgate: could not create {name:?}"));
+                return Status::Err;
+            }
+        }
+        if { raw::RedisModule_SetModuleOptions }.is_some() {
+            ctx.set_module_options(raw::ModuleOptions::NO_IMPLICIT_SIGNAL_MODIFIED);
+        }
     }
     Status::Ok
 }
@@ -484,7 +563,7 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
 /// The module's entry points (`RedisModule_OnLoad`), which Redis calls by name.
 #[allow(missing_docs)]
 mod entry {
-    use super::{batch, check, init, settle};
+    use super::init;
     use redis_module::redis_module;
 
     redis_module! {
@@ -493,10 +572,5 @@ mod entry {
         allocator: (redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc),
         data_types: [],
         init: init,
-        commands: [
-            ["tollgate.check", check, "write deny-oom", 1, 1, 1, ""],
-            ["tollgate.batch", batch, "write deny-oom getkeys-api", 0, 0, 0, ""],
-            ["tollgate.settle", settle, "write deny-oom getkeys-api", 0, 0, 0, ""],
-        ],
     }
 }
