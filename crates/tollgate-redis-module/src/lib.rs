@@ -22,17 +22,15 @@
 //! instructions per check), through `redis-module` elsewhere.
 
 use std::cell::RefCell;
-use std::mem::ManuallyDrop;
 
 use hashbrown::HashMap;
 
 use std::ffi::CStr;
 use std::os::raw::c_int;
 
-use redis_module::key::RedisKey;
 use redis_module::{
-    CallOptions, CallOptionsBuilder, CallResult, Context, KeyType, RedisError, RedisResult,
-    RedisString, RedisValue, Status, raw,
+    CallOptions, CallOptionsBuilder, CallResult, Context, RedisError, RedisResult, RedisString,
+    RedisValue, Status, raw,
 };
 use tollgate::inside::{Check, Item, Prepared, Refused, Ttl, Write};
 
@@ -68,11 +66,6 @@ fn bytes(arg: &*mut raw::RedisModuleString) -> &[u8] {
         }
         std::slice::from_raw_parts(bytes.cast::<u8>(), len)
     }
-}
-
-/// An argument as the crate's string, for the crate's calls: not retained, so never freed.
-fn string(ctx: &Context, arg: *mut raw::RedisModuleString) -> ManuallyDrop<RedisString> {
-    ManuallyDrop::new(RedisString::from_redis_module_string(ctx.ctx, arg))
 }
 
 /// Runs `command` on the arguments Redis passed, and answers its reply, or an error if it
@@ -185,14 +178,14 @@ fn of_items(
         .chunks_exact(2)
         .map(|pair| Ok((unled(&pair[0])?, unled(&pair[1])?)))
         .collect::<Result<Vec<_>, RedisError>>()?;
+    let mut opened = keys
+        .iter()
+        .map(|&key| Opened::new(ctx, key).map(Some))
+        .collect::<Result<Vec<_>, _>>()?;
     let (mut reply, writes) = with_rules(&rules, |prepared| {
-        let handles = keys
+        let values = opened
             .iter()
-            .map(|&key| readable(ctx, key))
-            .collect::<Result<Vec<_>, _>>()?;
-        let values = handles
-            .iter()
-            .map(RedisKey::read)
+            .map(|key| key.as_ref().map_or(Ok(None), Opened::value))
             .collect::<Result<Vec<_>, _>>()?;
         let items: Vec<Item<'_>> = (0..n)
             .map(|i| Item {
@@ -204,22 +197,26 @@ fn of_items(
             .collect();
         decides(&check, &items, dry).map_err(refused)
     })?;
-    for (&key, write) in keys.iter().zip(writes) {
-        store(ctx, key, write)?;
+    // A key named twice is closed before any write and opened again for its own: a handle
+    // left open across another's write of its key could point at what that write freed.
+    for i in 1..n {
+        if keys[..i]
+            .iter()
+            .any(|earlier| bytes(earlier) == bytes(&keys[i]))
+        {
+            opened[i] = None;
+        }
+    }
+    for ((&key, write), opened) in keys.iter().zip(writes).zip(opened) {
+        match opened {
+            Some(opened) => opened.store(write)?,
+            None => store(ctx, key, write)?,
+        }
     }
     if timed {
         reply.extend((check.now() as f64).to_le_bytes());
     }
     Ok(RedisValue::StringBuffer(reply))
-}
-
-/// `key`, open to read: a string or no key.
-fn readable(ctx: &Context, key: *mut raw::RedisModuleString) -> Result<RedisKey, RedisError> {
-    let handle = ctx.open_key(&string(ctx, key));
-    match handle.key_type() {
-        KeyType::Empty | KeyType::String => Ok(handle),
-        _ => Err(RedisError::WrongType),
-    }
 }
 
 /// Calls `f` with the rules of `rules` (rule and tier arguments), each prepared once.

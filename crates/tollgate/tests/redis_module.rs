@@ -564,3 +564,53 @@ async fn answered(
         .await
         .unwrap_or_else(|_| panic!("{}: no answer", String::from_utf8_lossy(&args[0])))
 }
+
+/// A batch that names one key twice is decided, and written, by the module as by the
+/// functions: each item in turn, the later write over the earlier.
+#[tokio::test]
+async fn a_batch_naming_one_key_twice_is_decided_as_by_the_functions() {
+    let server = module_server(&[]);
+    // Windows of a day, whose state is the same at both stores' checks.
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
+        let rule = Rule::new("twice", algorithm.clone(), [Tier::per_day(7)]).unwrap();
+        let mut decided = Vec::new();
+        // Then each store once more on the other's key: the module on a value the functions
+        // wrote with `SET` (a string Redis keeps otherwise than the module's), and the
+        // functions on the module's.
+        let runs = [
+            ("m:", true, 4),
+            ("f:", false, 4),
+            ("f:", true, 1),
+            ("m:", false, 1),
+        ];
+        for (prefix, module, checks) in runs {
+            let limiter = prefixed(&server, prefix, module, &rule).await;
+            let mut seen = Vec::new();
+            for _ in 0..checks {
+                let batch = [
+                    tollgate::Item::new("twice", "key", 1),
+                    tollgate::Item::new("twice", "key", 2),
+                ];
+                let decisions = limiter.check_batch(&batch).await.unwrap();
+                let source = [Source::Redis, Source::RedisModule][usize::from(module)];
+                assert_eq!(decisions[0].source(), source);
+                seen.push(
+                    decisions
+                        .iter()
+                        .map(|d| (d.allowed(), d.remaining()))
+                        .collect::<Vec<_>>(),
+                );
+            }
+            decided.push(seen);
+        }
+        assert_eq!(decided[0], decided[1], "{algorithm:?}");
+        assert_eq!(decided[2], decided[3], "{algorithm:?}");
+        let mut functions = contents(&mut connection(&server).await).await;
+        let module = functions.split_off(functions.len() / 2);
+        assert_eq!(module.len(), 1, "{algorithm:?}");
+        for ((f, fv, fe), (m, mv, me)) in functions.iter().zip(&module) {
+            assert_eq!((&f[2..], fv, fe), (&m[2..], mv, me), "{algorithm:?}");
+        }
+        server.cli(&["flushall"]);
+    }
+}
