@@ -54,12 +54,10 @@ type Args<'a> = &'a [*mut raw::RedisModuleString];
 /// An argument's bytes, for as long as the command runs.
 fn bytes(arg: &*mut raw::RedisModuleString) -> &[u8] {
     let mut len = 0;
-    // SAFETY: Redis fills the pointer when the module loads; `arg` is an argument of the
-    // command being run, whose bytes Redis keeps until it returns.
+    // SAFETY: Redis fills the pointer when the module loads (which `init` requires); `arg`
+    // is an argument of the command being run, whose bytes Redis keeps until it returns.
     unsafe {
-        let Some(ptr_len) = raw::RedisModule_StringPtrLen else {
-            return &[];
-        };
+        let ptr_len = raw::RedisModule_StringPtrLen.expect("checked when the module loads");
         let bytes = ptr_len(*arg, &mut len);
         if bytes.is_null() {
             return &[];
@@ -532,7 +530,11 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     // SAFETY: Redis fills these pointers when the module loads, and calls this on its thread
     // with the context of the load.
     unsafe {
-        let Some(create) = raw::RedisModule_CreateCommand else {
+        let (Some(create), Some(_)) = (
+            raw::RedisModule_CreateCommand,
+            raw::RedisModule_StringPtrLen,
+        ) else {
+            ctx.log_warning("tollgate: this Redis lacks the module API calls the module needs");
             return Status::Err;
         };
         for (name, handler, flags, key) in commands {
