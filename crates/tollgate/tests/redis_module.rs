@@ -438,9 +438,10 @@ async fn keys_that_could_not_be_quoted_go_to_the_functions() {
     }
 }
 
-/// A key holding words no rule wrote (set by hand, or by another program) never takes Redis
-/// down: its check is answered, or refused with an error (a panic inside the module is caught
-/// and answered as one), and the server goes on deciding other keys.
+/// A key holding words no rule wrote (set by hand, or by another program), or a value of
+/// another type, never takes Redis down: its check is answered, or refused with an error (a
+/// panic inside the module is caught and answered as one), a key of another type is left as
+/// it is, and the server goes on deciding other keys.
 #[tokio::test]
 async fn a_key_no_rule_wrote_never_takes_redis_down() {
     let server = module_server(&[]);
@@ -470,6 +471,29 @@ async fn a_key_no_rule_wrote_never_takes_redis_down() {
             let d = limiter.check("healthy", 1).await.unwrap();
             assert_eq!(d.source(), Source::RedisModule, "{}", limiter.rule().name());
         }
+        // A key of another type is refused (`WRONGTYPE`: the rule's failure policy decides),
+        // and left as it is.
+        let _: () = redis::pipe()
+            .cmd("DEL")
+            .arg(&name)
+            .cmd("HSET")
+            .arg(&name)
+            .arg("field")
+            .arg("value")
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        let refused = limiter.check("corrupt", 1).await.unwrap();
+        assert!(
+            ![Source::Redis, Source::RedisModule].contains(&refused.source()),
+            "{refused:?}"
+        );
+        let kept: Vec<String> = redis::cmd("HGETALL")
+            .arg(&name)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        assert_eq!(kept, ["field", "value"], "{}", limiter.rule().name());
     }
     assert_eq!(server.cli(&["ping"]), "PONG");
 }
