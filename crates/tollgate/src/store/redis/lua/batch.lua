@@ -14,6 +14,11 @@
 -- (run_batch returns the verdicts, and the time if `timed`, then whether the batch was
 -- admitted; `dry_run` makes it ask whatever args[2] says.)
 
+-- The verdicts and items of the batch being run: the same tables for every call, grown once
+-- to the most a batch has had (a call runs alone, and its reply is packed before it returns;
+-- each item's fields are all set again).
+local verdicts_of_batch, items_of_batch = {}, {}
+
 local function run_batch(keys, args, dry_run, timed)
   -- The cached attempt of args[1]: its cost becomes each item's in turn (attempt_of gives it
   -- its own back at each call).
@@ -23,13 +28,20 @@ local function run_batch(keys, args, dry_run, timed)
   local writes = dry ~= 1 and not dry_run
 
   -- Decide every item, its verdicts in `reply` from its `at`th value.
-  local reply, items, admitted = {}, {}, true
+  local reply, items, admitted = verdicts_of_batch, items_of_batch, true
   local first, at = 1, 0
   for i = 1, n do
     local algorithm, cost, shadow, count
     algorithm, cost, shadow, count, position = unpack_packed('<dddd', described, position)
-    local f, tiers = algorithms[algorithm], tiers_of(args[2 + i])
-    local item = {f = f, cost = cost, tiers = tiers, first = first}
+    local f, tiers = algorithms[algorithm], parsed[args[2 + i]] or tiers_of(args[2 + i])
+    local item = items[i]
+    if not item then
+      item = {}
+      items[i] = item
+    end
+    item.f, item.cost, item.tiers, item.first, item.allowed, item.newest, item.stored,
+      item.original, item.w, item.kept = f, cost, tiers, first, false, false, false, false,
+      false, false
     a.cost = cost
     a.writes = false
     local allowed
@@ -45,7 +57,6 @@ local function run_batch(keys, args, dry_run, timed)
     end
     item.allowed = allowed
     admitted = admitted and (allowed or shadow == 1)
-    items[i] = item
     first, at = first + count, at + 6 * #tiers
   end
 
@@ -70,8 +81,8 @@ local function run_batch(keys, args, dry_run, timed)
       end
     end
   end
-  if timed then reply[#reply + 1] = a.now end
-  return pack(doubles(#reply), unpack(reply)), admitted
+  if timed then at = at + 1; reply[at] = a.now end
+  return pack(doubles(at), unpack(reply, 1, at)), admitted
 end
 
 local function batch(keys, args)
@@ -93,11 +104,11 @@ local function settle_items(keys, first_key, args, first_arg, actual)
   local report, renew = settled.settle == 1, settled.settle == 3
   local described = args[first_arg + 1]
   local _, position = unpack_packed('<d', described)
-  local first, reply = first_key, {}
+  local first, reply, at = first_key, verdicts_of_batch, 0
   for i = first_arg + 2, #args do
     local algorithm, cost, shadow, count
     algorithm, cost, shadow, count, position = unpack_packed('<dddd', described, position)
-    local f, tiers = algorithms[algorithm], tiers_of(args[i])
+    local f, tiers = algorithms[algorithm], parsed[args[i]] or tiers_of(args[i])
     local change = f.credit
     if actual then
       -- Slots held come back whole, whatever the work cost.
@@ -112,14 +123,13 @@ local function settle_items(keys, first_key, args, first_arg, actual)
     end
     -- Nothing settled at no cost: the state stays as it is, a key never seen too.
     if cost <= 0 then change = nil end
-    local verdicts = {}
     if f.log then
       a.cost = cost
       if change then
         for t = 1, #tiers do change(tiers[t], keys[first + t - 1], a) end
       end
       a.cost = 0
-      log_ask(tiers, keys, first, a, f.decide, verdicts, {}, 0)
+      log_ask(tiers, keys, first, a, f.decide, reply, {}, at)
     else
       local key = keys[first]
       local stored = call('GET', key)
@@ -130,16 +140,15 @@ local function settle_items(keys, first_key, args, first_arg, actual)
         a.cost = cost
         for t = 1, #tiers do change(tiers[t], w, a) end
         a.cost = 0
-        ask(tiers, w, a, f.decide, verdicts, false, 0)
+        ask(tiers, w, a, f.decide, reply, false, at)
         write(key, stored, tiers, w, a, latest(tiers, w, f.expires_at), kept)
       else
-        ask(tiers, w, a, f.decide, verdicts, false, 0)
+        ask(tiers, w, a, f.decide, reply, false, at)
       end
     end
-    for _, v in ipairs(verdicts) do reply[#reply + 1] = v end
-    first = first + count
+    first, at = first + count, at + 6 * #tiers
   end
-  return pack(doubles(#reply), unpack(reply))
+  return pack(doubles(at), unpack(reply, 1, at))
 end
 
 local function settle(keys, args)

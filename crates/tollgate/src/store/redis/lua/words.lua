@@ -65,6 +65,7 @@ end
 
 -- When the words `w` of every tier are as good as new (µs).
 local function latest(tiers, w, expires_at)
+  if #tiers == 1 then return expires_at(tiers[1], w) end
   local at = 0
   for i = 1, #tiers do at = max(at, expires_at(tiers[i], w)) end
   return at
@@ -83,6 +84,10 @@ local function read_state(tiers, stored, a, expires_at, forgets)
   return w, original
 end
 
+-- The verdicts of a check of several tiers: the same table for every call, grown once to the
+-- most a check has had (a call runs alone, and its reply is packed before it returns).
+local verdicts_of_check = {}
+
 local function words(keys, args, decide, denied, expires_at, forgets)
   local a, tiers = attempt_of(args[1]), parsed[args[2]] or tiers_of(args[2])
   local key = keys[1]
@@ -99,12 +104,12 @@ local function words(keys, args, decide, denied, expires_at, forgets)
     return pack(tiers.reply_format, allowed, limit, remaining, reset_after, retry_after, delay)
   end
   local kept = stored and latest(tiers, w, expires_at)
-  local verdicts = {}
+  local verdicts = verdicts_of_check
   local allowed = ask(tiers, w, a, decide, verdicts, true, 0)
   if not allowed and wants_write then
     w = {unpack_packed(tiers.state_format, original)}
     for i = 1, #tiers do denied(tiers[i], w, a) end
   end
   write(key, stored, tiers, w, a, latest(tiers, w, expires_at), kept)
-  return pack(tiers.reply_format, unpack(verdicts))
+  return pack(tiers.reply_format, unpack(verdicts, 1, 6 * #tiers))
 end
