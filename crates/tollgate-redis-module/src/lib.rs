@@ -87,29 +87,20 @@ fn run(
     context.reply(reply) as c_int
 }
 
-extern "C" fn check(
-    ctx: *mut raw::RedisModuleCtx,
-    argv: *mut *mut raw::RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    run(ctx, argv, argc, checked)
+/// Each command's entry, as Redis calls it: [`run`] with the command's function.
+macro_rules! entries {
+    ($($entry:ident => $command:ident),*) => {$(
+        extern "C" fn $entry(
+            ctx: *mut raw::RedisModuleCtx,
+            argv: *mut *mut raw::RedisModuleString,
+            argc: c_int,
+        ) -> c_int {
+            run(ctx, argv, argc, $command)
+        }
+    )*};
 }
 
-extern "C" fn batch(
-    ctx: *mut raw::RedisModuleCtx,
-    argv: *mut *mut raw::RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    run(ctx, argv, argc, batched)
-}
-
-extern "C" fn settle(
-    ctx: *mut raw::RedisModuleCtx,
-    argv: *mut *mut raw::RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    run(ctx, argv, argc, settled)
-}
+entries!(check => checked, batch => batched, settle => settled);
 
 /// `TOLLGATE.CHECK key check rule tiers`: the reply of the Lua function of the rule's
 /// algorithm, six little-endian doubles per tier.
@@ -426,7 +417,7 @@ impl<'a> Opened<'a> {
                     len,
                     c"KEEPTTL".as_ptr(),
                 ),
-                Ttl::At(ms) => replicate(
+                Ttl::At(_) | Ttl::In(_) => replicate(
                     ctx,
                     set,
                     c"sbcl".as_ptr(),
@@ -434,17 +425,10 @@ impl<'a> Opened<'a> {
                     value,
                     len,
                     c"PXAT".as_ptr(),
-                    ms,
-                ),
-                Ttl::In(_) => replicate(
-                    ctx,
-                    set,
-                    c"sbcl".as_ptr(),
-                    name,
-                    value,
-                    len,
-                    c"PXAT".as_ptr(),
-                    expires(handle),
+                    match ttl {
+                        Ttl::At(ms) => ms,
+                        _ => expires(handle),
+                    },
                 ),
             };
             if status != raw::REDISMODULE_OK as c_int {
