@@ -498,8 +498,8 @@ fn decide_items(
     }
     let tiers: usize = items.iter().map(|i| i.prepared.rule.tiers().len()).sum();
     let mut reply = Vec::with_capacity(48 * tiers);
-    // Every item's words, then two words per item: whether it was admitted (bit 0) and its key
-    // stored (bit 1), and when that stored state was as good as new.
+    // Every item's words, then two words per item: whether it was admitted, and when its
+    // stored state was as good as new (read only where a key was stored).
     let words: usize = items.iter().map(|i| i.prepared.words).sum();
     let mut states = vec![0u64; words + 2 * items.len()];
     let (mut state, mut decided) = states.split_at_mut(words);
@@ -533,16 +533,13 @@ fn decide_items(
         admitted &= allowed || item.shadow;
         let (this, rest) = std::mem::take(&mut decided).split_at_mut(2);
         decided = rest;
-        this.copy_from_slice(&[
-            u64::from(allowed) | u64::from(item.stored.is_some()) << 1,
-            kept,
-        ]);
+        this.copy_from_slice(&[u64::from(allowed), kept]);
     }
     let (mut state, decided) = states.split_at_mut(words);
     for (item, d) in items.iter().zip(decided.chunks_exact(2)) {
         let (words, rest) = std::mem::take(&mut state).split_at_mut(item.prepared.words);
         state = rest;
-        let (allowed, kept) = (d[0] & 1 == 1, (d[0] & 2 == 2).then_some(d[1]));
+        let (allowed, kept) = (d[0] == 1, item.stored.map(|_| d[1]));
         if !writes || (item.cost == 0 && !looks_write) || (admitted && !allowed) {
             store(Write::Nothing);
             continue;

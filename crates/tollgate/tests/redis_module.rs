@@ -638,3 +638,26 @@ async fn a_batch_naming_one_key_twice_is_decided_as_by_the_functions() {
         server.cli(&["flushall"]);
     }
 }
+
+/// The module reads a key as a write command does (as `INCR` does): its checks count in
+/// neither `keyspace_hits` nor `keyspace_misses`, where the functions' `GET` counts each.
+#[tokio::test]
+async fn the_modules_reads_count_as_a_write_commands() {
+    let server = module_server(&[]);
+    let rule = Rule::new("stats", Algorithm::FixedWindow, [Tier::per_day(100)]).unwrap();
+    let counted = || {
+        let stats = server.cli(&["info", "stats"]);
+        ["keyspace_hits:", "keyspace_misses:"].map(|field| {
+            let line = stats.lines().find(|l| l.starts_with(field)).unwrap();
+            line[field.len()..].trim().parse::<u64>().unwrap()
+        })
+    };
+    for (prefix, module, expected) in [("m:", true, [0, 0]), ("f:", false, [2, 1])] {
+        server.cli(&["config", "resetstat"]);
+        let limiter = prefixed(&server, prefix, module, &rule).await;
+        for _ in 0..3 {
+            limiter.check("key", 1).await.unwrap();
+        }
+        assert_eq!(counted(), expected, "{prefix}");
+    }
+}
