@@ -243,9 +243,9 @@ async fn concurrent_checks_reach_redis_in_one_write() {
     assert!(reads <= 4, "Redis read 64 checks in {reads} reads");
 }
 
-/// More checks in one pass than one pipeline carries (256): written in several, all decided
-/// by Redis. On a current-thread runtime, whose run queue has no bound, all 600 run in one
-/// pass (a worker of the multi-thread runtime runs at most 256 before it looks elsewhere).
+/// Many checks in one pass (on a current-thread runtime, whose run queue has no bound, all
+/// 600 run in one pass; a worker of the multi-thread runtime runs at most 256 before it looks
+/// elsewhere): written together, all decided by Redis.
 #[tokio::test]
 async fn a_pass_of_more_checks_than_a_pipeline_carries() {
     let server = RedisServer::start();
@@ -300,6 +300,30 @@ async fn a_flush_lost_with_its_runtime_strands_no_check() {
     let (a, b) = tokio::join!(limiter.check("a", 1), limiter.check("b", 1));
     assert_eq!(a.unwrap().source(), Source::Redis);
     assert_eq!(b.unwrap().source(), Source::Redis);
+}
+
+/// A store whose connection was made on a runtime that then shut down (a store shared by two
+/// runtimes): the connection's tasks went with it, and the store's later checks, on the other
+/// runtime, connect again and are decided by Redis rather than wait for tasks that are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_connection_lost_with_its_runtime_strands_no_check() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let limiter = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(checked_by_redis(RedisStore::builder(&url)))
+    })
+    .join()
+    .unwrap();
+    let started = std::time::Instant::now();
+    let (a, b) = tokio::join!(limiter.check("a", 1), limiter.check("b", 1));
+    assert_eq!(a.unwrap().source(), Source::Redis);
+    assert_eq!(b.unwrap().source(), Source::Redis);
+    // Not by waiting out the 5 s timeout.
+    assert!(started.elapsed() < Duration::from_secs(4));
 }
 
 /// Polled outside a Tokio runtime (here by hand, as another executor would), building a store

@@ -22,9 +22,9 @@
 
 mod across;
 mod module;
-mod queue;
 mod script;
 mod topology;
+mod wire;
 
 use std::borrow::Cow;
 use std::fmt;
@@ -34,15 +34,14 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use redis::RedisError;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 
 pub(crate) use self::module::Presence;
-use self::queue::{Queue, within};
 pub(crate) use self::script::Entry;
 pub use self::topology::NodeHealth;
 use self::topology::Topology;
+use self::wire::{Command, Wire, within};
 use super::book::ReservationRecord;
 use super::guard::{
     Backend, Deadline, Failure, Guard, GuardConfig, GuardPlan, Guarded, Route, StoreFailures,
@@ -114,37 +113,32 @@ enum Connection {
     Cluster(ClusterConnection),
 }
 
-/// Multiplexed connections to one server (one unless configured), taken in turn; concurrent
-/// checks are pipelined on each, and queued to be written together (see [`Queue`]). Each
-/// connects on first use and reconnects by itself.
+/// Pipelined connections to one server (one unless configured), taken in turn; concurrent
+/// checks are written together on each (see [`Wire`]). Each connects on first use and again
+/// after a failure.
 struct Pool {
-    queues: Vec<Arc<Queue>>,
+    wires: Vec<Arc<Wire>>,
     next: AtomicUsize,
 }
 
 impl Pool {
-    fn new(client: &redis::Client, connections: usize) -> Result<Self, RedisError> {
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(CONNECTION_TIMEOUT))
-            .set_response_timeout(Some(Duration::from_secs(2)))
-            .set_min_delay(Duration::from_millis(50))
-            .set_max_delay(Duration::from_secs(2))
-            .set_number_of_retries(2);
-        let queues = (0..connections.max(1))
-            .map(|_| {
-                ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
-                    .map(Queue::new)
-            })
-            .collect::<Result<_, _>>()?;
-        Ok(Self {
-            queues,
+    fn new(
+        info: &redis::ConnectionInfo,
+        tls: Option<Arc<rustls::ClientConfig>>,
+        connections: usize,
+    ) -> Self {
+        let wires = (0..connections.max(1))
+            .map(|_| Wire::new(info.clone(), tls.clone()))
+            .collect();
+        Self {
+            wires,
             next: AtomicUsize::new(0),
-        })
+        }
     }
 
-    fn pick(&self) -> &Arc<Queue> {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.queues.len();
-        &self.queues[i]
+    fn pick(&self) -> &Arc<Wire> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.wires.len();
+        &self.wires[i]
     }
 }
 
@@ -362,6 +356,43 @@ impl RedisStoreBuilder {
         Ok(())
     }
 
+    /// The TLS configuration of a single server's connections: the root certificate given,
+    /// else the web's roots (webpki-roots), and the client certificate if given.
+    fn tls_config(&self) -> Result<rustls::ClientConfig, Error> {
+        use rustls::pki_types::pem::PemObject as _;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let bad = |what: &str, err: &dyn fmt::Display| Error::Store {
+            message: format!("{what}: {err}"),
+            transient: false,
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        match &self.root_certificate {
+            Some(pem) => {
+                for cert in CertificateDer::pem_slice_iter(pem) {
+                    let cert = cert.map_err(|err| bad("root certificate", &err))?;
+                    roots
+                        .add(cert)
+                        .map_err(|err| bad("root certificate", &err))?;
+                }
+            }
+            None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+        }
+        let config = rustls::ClientConfig::builder().with_root_certificates(roots);
+        match &self.client_certificate {
+            None => Ok(config.with_no_client_auth()),
+            Some((cert, key)) => {
+                let chain = CertificateDer::pem_slice_iter(cert)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|err| bad("client certificate", &err))?;
+                let key =
+                    PrivateKeyDer::from_pem_slice(key).map_err(|err| bad("client key", &err))?;
+                config
+                    .with_client_auth_cert(chain, key)
+                    .map_err(|err| bad("client certificate", &err))
+            }
+        }
+    }
+
     /// Builds the store: a single server connects on first use and reconnects by itself (a
     /// process may start while Redis is down); a cluster connects now, through any node that
     /// answers, and follows `MOVED` and `ASK` redirections.
@@ -391,15 +422,13 @@ impl RedisStoreBuilder {
             });
         let connection = match &self.target {
             Target::Server(url) => {
-                let client = match &certificates {
-                    None => redis::Client::open(url.as_str()),
-                    Some(certificates) => {
-                        redis::Client::build_with_tls(url.as_str(), certificates.clone())
-                    }
-                }
-                .map_err(store_error)?;
-                let pool = Pool::new(&client, self.connections).map_err(store_error)?;
-                Connection::Single(Arc::new(pool))
+                let client = redis::Client::open(url.as_str()).map_err(store_error)?;
+                let info = client.get_connection_info();
+                let tls = match info.addr() {
+                    redis::ConnectionAddr::TcpTls { .. } => Some(Arc::new(self.tls_config()?)),
+                    _ => None,
+                };
+                Connection::Single(Arc::new(Pool::new(info, tls, self.connections)))
             }
             Target::Cluster(nodes) => {
                 // While slots migrate, a call meets MOVED, ASK and TRYAGAIN answers in a row:
@@ -1334,7 +1363,7 @@ impl RedisStore {
         }
         match &self.connection {
             Connection::Single(pool) => {
-                let mut connection = pool.pick().connection().clone();
+                let mut connection = pool.pick().handle();
                 invocation.invoke_async(&mut connection).await
             }
             Connection::Cluster(c) => invocation.invoke_async(&mut c.clone()).await,
@@ -1364,23 +1393,28 @@ impl RedisStore {
         }
     }
 
-    async fn query<T: redis::FromRedisValue>(&self, command: redis::Cmd) -> Result<T, RedisError> {
+    async fn query<T: redis::FromRedisValue>(
+        &self,
+        command: impl Command,
+    ) -> Result<T, RedisError> {
         self.query_until(command, None).await
     }
 
     /// [`query`](Self::query), answered by `deadline` (a timeout error once it passes): on
-    /// one server by the timer of the command's pipeline (see [`Queue`]).
+    /// one server by the timer of its connection's reader (see [`Wire`]).
     async fn query_until<T: redis::FromRedisValue>(
         &self,
-        command: redis::Cmd,
+        command: impl Command,
         deadline: Option<Deadline>,
     ) -> Result<T, RedisError> {
         match &self.connection {
             Connection::Single(pool) => {
-                let reply = pool.pick().query(command, deadline).await?;
+                let reply = pool.pick().query(&command, deadline).await?;
                 Ok(redis::from_redis_value(reply)?)
             }
-            Connection::Cluster(c) => within(deadline, command.query_async(&mut c.clone())).await,
+            Connection::Cluster(c) => {
+                within(deadline, command.into_cmd().query_async(&mut c.clone())).await
+            }
         }
     }
 }
@@ -1777,21 +1811,50 @@ pub(crate) fn slot(name: &[u8]) -> u16 {
 }
 
 /// The call of `entry`'s function with `keys` and `args`.
-fn fcall(entry: &Entry, keys: &[Vec<u8>], args: &[&[u8]]) -> redis::Cmd {
-    // Sized up front: growing the command's buffers cost more than the rest of building it.
-    let data = entry.function.len()
-        + keys.iter().map(Vec::len).sum::<usize>()
-        + args.iter().map(|a| a.len()).sum::<usize>()
-        + 8;
-    let mut call = redis::Cmd::with_capacity(3 + keys.len() + args.len(), data);
-    call.arg("FCALL")
-        .arg(&entry.function)
-        .arg(keys.len())
-        .arg(keys);
-    for arg in args {
-        call.arg(arg);
+fn fcall<'a>(entry: &'a Entry, keys: &'a [Vec<u8>], args: &'a [&'a [u8]]) -> FCall<'a> {
+    FCall { entry, keys, args }
+}
+
+/// An `FCALL` (see [`fcall`]).
+struct FCall<'a> {
+    entry: &'a Entry,
+    keys: &'a [Vec<u8>],
+    args: &'a [&'a [u8]],
+}
+
+impl wire::Command for FCall<'_> {
+    fn pack(&self, out: &mut Vec<u8>) {
+        wire::pack_count(out, 3 + self.keys.len() + self.args.len());
+        wire::pack_arg(out, &[b"FCALL"]);
+        wire::pack_arg(out, &[self.entry.function.as_bytes()]);
+        wire::pack_arg(
+            out,
+            &[itoa::Buffer::new().format(self.keys.len()).as_bytes()],
+        );
+        for key in self.keys {
+            wire::pack_arg(out, &[key]);
+        }
+        for arg in self.args {
+            wire::pack_arg(out, &[arg]);
+        }
     }
-    call
+
+    fn into_cmd(self) -> redis::Cmd {
+        // Sized up front: growing the command's buffers cost more than the rest of building it.
+        let data = self.entry.function.len()
+            + self.keys.iter().map(Vec::len).sum::<usize>()
+            + self.args.iter().map(|a| a.len()).sum::<usize>()
+            + 8;
+        let mut call = redis::Cmd::with_capacity(3 + self.keys.len() + self.args.len(), data);
+        call.arg("FCALL")
+            .arg(&self.entry.function)
+            .arg(self.keys.len())
+            .arg(self.keys);
+        for arg in self.args {
+            call.arg(arg);
+        }
+        call
+    }
 }
 
 /// Whether `err` says the called function is not on the server (a new or restarted one).
@@ -1961,6 +2024,24 @@ mod tests {
     use super::*;
     use crate::algorithm::Algorithm;
     use crate::algorithm::Tier;
+
+    /// The commands packed straight into a connection's buffer are the bytes redis-rs packs
+    /// for the same commands (which a Cluster sends).
+    #[test]
+    fn commands_packed_directly_are_redis_rs_s() {
+        let key = b"tollgate:k\x00\xff".to_vec();
+        let check = module::check(&key, b"\x01\x02", b"rule", b"");
+        let mut packed = Vec::new();
+        check.pack(&mut packed);
+        assert_eq!(packed, check.into_cmd().get_packed_command());
+        let keys = [key.clone(), b"other".to_vec()];
+        for args in [&[][..], &[&b"a"[..], b"", b"\r\n"][..]] {
+            let call = fcall(&script::BATCH_ENTRY, &keys, args);
+            let mut packed = Vec::new();
+            call.pack(&mut packed);
+            assert_eq!(packed, call.into_cmd().get_packed_command());
+        }
+    }
 
     #[test]
     fn slots_are_computed_as_redis_does() {

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use redis::RedisError;
 
+use super::wire::{Command, pack_arg, pack_count};
 use crate::inside::OTHER_VERSION;
 
 /// How long a node found without the module is not asked again.
@@ -67,14 +68,43 @@ impl Presence {
 /// quote of each: the answer is text the client can read. (Quoted whole, a binary argument is
 /// rarely UTF-8, and a reply the client cannot parse drops its connection, failing every
 /// check in flight on it.)
-pub(crate) fn check(key: &[u8], check: &[u8], rule: &[u8], tiers: &[u8]) -> redis::Cmd {
-    let data = key.len() + check.len() + rule.len() + tiers.len() + 16;
-    let mut call = redis::Cmd::with_capacity(5, data);
-    call.arg("TOLLGATE.CHECK").arg(key);
-    for arg in [check, rule, tiers] {
-        led(&mut call, arg);
+pub(crate) fn check<'a>(
+    key: &'a [u8],
+    check: &'a [u8],
+    rule: &'a [u8],
+    tiers: &'a [u8],
+) -> Check<'a> {
+    Check {
+        key,
+        args: [check, rule, tiers],
     }
-    call
+}
+
+/// A `TOLLGATE.CHECK` call (see [`check`]).
+pub(crate) struct Check<'a> {
+    key: &'a [u8],
+    args: [&'a [u8]; 3],
+}
+
+impl Command for Check<'_> {
+    fn pack(&self, out: &mut Vec<u8>) {
+        pack_count(out, 5);
+        pack_arg(out, &[b"TOLLGATE.CHECK"]);
+        pack_arg(out, &[self.key]);
+        for arg in self.args {
+            pack_arg(out, &[b"\0", arg]);
+        }
+    }
+
+    fn into_cmd(self) -> redis::Cmd {
+        let data = self.key.len() + self.args.iter().map(|a| a.len() + 1).sum::<usize>() + 16;
+        let mut call = redis::Cmd::with_capacity(5, data);
+        call.arg("TOLLGATE.CHECK").arg(self.key);
+        for arg in self.args {
+            led(&mut call, arg);
+        }
+        call
+    }
 }
 
 /// Whether the module may be asked about `key`: a server without it quotes the key in its
