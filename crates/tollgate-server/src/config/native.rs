@@ -203,7 +203,7 @@ struct StoreSection {
     #[schemars(extend("default" = true))]
     redis_module: Option<bool>,
     /// Redis: the CA (PEM file) that `rediss://` servers' certificates must chain to,
-    /// instead of the system's roots.
+    /// instead of the web PKI roots tollgate carries (Mozilla's, from webpki-roots).
     tls_ca: Option<PathBuf>,
     /// Redis: a client certificate chain (PEM file) for servers that ask for one, with
     /// `tls_key`.

@@ -52,7 +52,7 @@ pub struct RedisOptions {
     /// Whether checks run in tollgate's Redis module where a node has it (yes).
     pub module: bool,
     /// The CA (PEM file) that `rediss://` servers' certificates must chain to, instead of
-    /// the system's roots.
+    /// the web PKI roots tollgate carries (Mozilla's, from webpki-roots).
     pub tls_ca: Option<PathBuf>,
     /// A client certificate chain (PEM file) for servers that ask for one, with `tls_key`.
     pub tls_cert: Option<PathBuf>,

@@ -282,7 +282,7 @@ impl RedisStoreBuilder {
     }
 
     /// Verifies `rediss://` servers against `pem` (a PEM CA certificate) instead of the
-    /// system's roots.
+    /// web PKI roots it carries (Mozilla's, from webpki-roots).
     pub fn root_certificate(mut self, pem: Vec<u8>) -> Self {
         self.root_certificate = Some(pem);
         self
