@@ -326,6 +326,28 @@ async fn a_connection_lost_with_its_runtime_strands_no_check() {
     assert!(started.elapsed() < Duration::from_secs(4));
 }
 
+/// A server that answers nothing for 2 s (stopped): a command without a deadline of its own
+/// gets an error then rather than waiting forever, and the next one connects again, on a new
+/// connection, once the server answers.
+#[tokio::test]
+async fn a_connection_with_no_reply_for_two_seconds_is_made_again() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(&server.url()).build().await.unwrap();
+    store.ping().await.unwrap();
+    let connections = || info(&server, "stats", "total_connections_received");
+    let before = connections();
+    server.pause();
+    let started = std::time::Instant::now();
+    assert!(store.ping().await.is_err());
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(1900), "{waited:?}");
+    assert!(waited < Duration::from_secs(4), "{waited:?}");
+    server.resume();
+    store.ping().await.unwrap();
+    // The store's new connection, and redis-cli's own to read the count.
+    assert_eq!(connections() - before, 2);
+}
+
 /// Polled outside a Tokio runtime (here by hand, as another executor would), building a store
 /// is an error that says why, not a panic.
 #[test]
