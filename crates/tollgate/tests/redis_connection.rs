@@ -266,9 +266,9 @@ async fn checks_that_find_the_library_missing_load_it_once() {
     assert_eq!(loads, 1, "{}", server.cli(&["info", "commandstats"]));
 }
 
-/// A check queued behind another whose runtime shuts down before its flush runs (a store
-/// shared by two runtimes): the queued command is dropped with the flush, and the store's
-/// later checks, on the other runtime, are still written and decided by Redis.
+/// Checks whose callers' runtime shuts down while they wait (a store shared by two runtimes),
+/// one written and one queued behind it: their replies come to callers that are gone, are
+/// read and dropped, and the store's later checks, on the other runtime, are decided by Redis.
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
 async fn a_flush_lost_with_its_runtime_strands_no_check() {
     let server = RedisServer::start();
@@ -284,8 +284,8 @@ async fn a_flush_lost_with_its_runtime_strands_no_check() {
         runtime.block_on(async {
             let mut first = std::pin::pin!(other.check("first", 1));
             let mut second = std::pin::pin!(other.check("second", 1));
-            // The first is sent at once; the second, sent while the first waits, is queued
-            // and spawns a flush, which never runs: this future ends, then the runtime.
+            // The first is written at once; the second, sent while the first waits, is
+            // queued for the writer: this future ends, then the runtime.
             std::future::poll_fn(|cx| {
                 assert!(first.as_mut().poll(cx).is_pending());
                 assert!(second.as_mut().poll(cx).is_pending());
@@ -318,12 +318,14 @@ async fn a_connection_lost_with_its_runtime_strands_no_check() {
     })
     .join()
     .unwrap();
-    let started = std::time::Instant::now();
-    let (a, b) = tokio::join!(limiter.check("a", 1), limiter.check("b", 1));
+    // A check of one item on one server is timed by its connection's reader: with the
+    // connection's tasks gone and the link not closed, these would wait forever.
+    let both = async { tokio::join!(limiter.check("a", 1), limiter.check("b", 1)) };
+    let (a, b) = tokio::time::timeout(Duration::from_secs(60), both)
+        .await
+        .expect("the checks were answered");
     assert_eq!(a.unwrap().source(), Source::Redis);
     assert_eq!(b.unwrap().source(), Source::Redis);
-    // Not by waiting out the 5 s timeout.
-    assert!(started.elapsed() < Duration::from_secs(4));
 }
 
 /// A server that answers nothing for 2 s (stopped): a command without a deadline of its own
@@ -341,7 +343,8 @@ async fn a_connection_with_no_reply_for_two_seconds_is_made_again() {
     assert!(store.ping().await.is_err());
     let waited = started.elapsed();
     assert!(waited >= Duration::from_millis(1900), "{waited:?}");
-    assert!(waited < Duration::from_secs(4), "{waited:?}");
+    // Not the 20 s or more of a longer response timeout (or none), whatever the load.
+    assert!(waited < Duration::from_secs(15), "{waited:?}");
     server.resume();
     store.ping().await.unwrap();
     // The store's new connection, and redis-cli's own to read the count.
