@@ -342,3 +342,72 @@ async fn a_cost_above_the_local_share_is_denied_until_redis_returns_never_a_pani
         assert!(limiter.check("k", 11).await.is_err(), "{name}");
     }
 }
+
+/// A server at Redis's address that is not Redis (or not well): each connection it takes
+/// answers the first command with one of these and then waits for the client to leave.
+const NOT_REDIS: [&[u8]; 4] = [
+    b"\r\n",
+    b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n",
+    b"hello",
+    // A line that never ends, longer than any Redis sends (2 MiB).
+    &[b'+'; 2 << 20],
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_is_not_redis_is_a_policy_decision_at_once_never_a_panic() {
+    use std::io::{Read, Write};
+    let panics = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let seen = panics.clone();
+    std::panic::set_hook(Box::new(move |info| {
+        seen.lock().unwrap().push(info.to_string())
+    }));
+
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("redis://{}", listener.local_addr().unwrap());
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = accepted.clone();
+    std::thread::spawn(move || {
+        for (n, stream) in listener.incoming().enumerate() {
+            let Ok(mut stream) = stream else { return };
+            counter.fetch_add(1, Ordering::Relaxed);
+            std::thread::spawn(move || {
+                let mut buffer = [0; 4096];
+                if matches!(stream.read(&mut buffer), Ok(1..)) {
+                    let _ = stream.write_all(NOT_REDIS[n % NOT_REDIS.len()]);
+                }
+                // Until the client leaves.
+                while matches!(stream.read(&mut buffer), Ok(1..)) {}
+            });
+        }
+    });
+
+    let rule = Rule::new("not-redis", Algorithm::FixedWindow, [Tier::per_minute(10)])
+        .and_then(|rule| rule.on_failure(FailurePolicy::Closed))
+        .unwrap();
+    // A timeout far above how long a refusal takes (and below the 2 s after which a link
+    // with no reply is closed), and a breaker that stays shut, so that every check makes its
+    // call and a reply waited on counts as a timeout.
+    let store = RedisStore::builder(&url)
+        .timeout(Duration::from_secs(1))
+        .circuit_breaker(1000, Duration::from_millis(1))
+        .build()
+        .await
+        .unwrap();
+    let limiter = Limiter::builder(rule).store(store).build().unwrap();
+    for n in 0..12 {
+        let decision = limiter.check(format!("k{n}"), 1).await.unwrap();
+        assert_eq!(decision.source(), Source::FailClosed);
+    }
+    let failed = limiter.store().failures();
+    assert_eq!(
+        failed.timeouts, 0,
+        "a reply that cannot be Redis's was waited on"
+    );
+    assert!(failed.errors >= 12, "{failed:?}");
+    assert!(
+        accepted.load(Ordering::Relaxed) >= NOT_REDIS.len(),
+        "every answer was tried"
+    );
+    let _ = std::panic::take_hook();
+    assert_eq!(*panics.lock().unwrap(), Vec::<String>::new());
+}

@@ -20,7 +20,8 @@
 //! socket fails, or whose tasks stop with their runtime.
 //!
 //! Replies are read as RESP2 (the connection never asks for RESP3): simple strings, errors,
-//! integers, bulk strings and arrays.
+//! integers, bulk strings and arrays. Bytes that cannot be one (a server that is not Redis)
+//! are a protocol error as soon as they arrive, which closes the link as a lost one does.
 
 use std::collections::VecDeque;
 use std::pin::{Pin, pin};
@@ -53,6 +54,10 @@ const MAX_DEPTH: usize = 32;
 
 /// The largest bulk string a reply may hold (Redis's own `proto-max-bulk-len` default).
 const MAX_BULK: usize = 512 * 1024 * 1024;
+
+/// The longest line (a status, an error, a number, a header) a reply may have, far beyond any
+/// Redis sends; a longer one is a protocol error rather than a buffer that grows for good.
+const MAX_LINE: usize = 1024 * 1024;
 
 /// A connection to one server, established on first use and again after a failure. Cheap to
 /// share: clones of its `Arc` write to the same link.
@@ -652,12 +657,22 @@ fn parse_all(buffer: &[u8], start: &mut usize, values: &mut Vec<Value>) -> Redis
 /// The reply at the start of `bytes` and its length, or `None` while only part of it is
 /// there.
 fn parse(bytes: &[u8], depth: usize) -> RedisResult<Option<(Value, usize)>> {
+    // Refused at its first byte: a server that is not Redis may never end a line.
+    let Some(&kind) = bytes.first() else {
+        return Ok(None);
+    };
+    if !b"+-:$*".contains(&kind) {
+        return Err(protocol_error("a reply of a type RESP2 does not have"));
+    }
     let Some(end) = bytes.windows(2).position(|pair| pair == b"\r\n") else {
+        if bytes.len() > MAX_LINE {
+            return Err(protocol_error("a reply's line longer than Redis sends"));
+        }
         return Ok(None);
     };
     let line = &bytes[1..end];
     let next = end + 2;
-    let value = match bytes[0] {
+    let value = match kind {
         b'+' if line == b"OK" => Value::Okay,
         b'+' => Value::SimpleString(String::from_utf8_lossy(line).into_owned()),
         // Rare: redis-rs makes the error, with its kind, from text it can read (a server
@@ -688,7 +703,8 @@ fn parse(bytes: &[u8], depth: usize) -> RedisResult<Option<(Value, usize)>> {
                 next + length + 2,
             )));
         }
-        b'*' => {
+        // b'*', the last kind there is.
+        _ => {
             let Ok(count) = usize::try_from(number(line)?) else {
                 return Ok(Some((Value::Nil, next)));
             };
@@ -706,7 +722,6 @@ fn parse(bytes: &[u8], depth: usize) -> RedisResult<Option<(Value, usize)>> {
             }
             return Ok(Some((Value::Array(items), at)));
         }
-        _ => return Err(protocol_error("a reply of a type RESP2 does not have")),
     };
     Ok(Some((value, next)))
 }
@@ -863,6 +878,38 @@ mod tests {
             prop_assert_eq!(rest_start, buffer.len());
             prop_assert_eq!(values, replies);
         }
+
+        /// Whatever a server sends (valid replies with bytes changed, or any bytes at all) is
+        /// read, waited on or refused: never a panic, and never a wait on bytes that cannot
+        /// start a reply.
+        #[test]
+        fn any_bytes_are_read_or_refused(
+            replies in proptest::collection::vec(value(), 1..4),
+            changes in proptest::collection::vec(
+                (any::<prop::sample::Index>(), any::<u8>()), 0..4),
+            noise in proptest::collection::vec(
+                prop_oneof![Just(b'\r'), Just(b'\n'), Just(b'*'), Just(b'$'), Just(b'-'),
+                    Just(b'+'), Just(b':'), any::<u8>()], 0..64),
+        ) {
+            let mut bytes = Vec::new();
+            for reply in &replies {
+                encode(reply, &mut bytes);
+            }
+            for (at, byte) in changes {
+                let at = at.index(bytes.len());
+                bytes[at] = byte;
+            }
+            for input in [&bytes[..], &noise[..]] {
+                let (mut start, mut values) = (0, Vec::new());
+                if parse_all(input, &mut start, &mut values).is_ok() && start < input.len() {
+                    prop_assert!(
+                        b"+-:$*".contains(&input[start]),
+                        "waits on {:?}",
+                        String::from_utf8_lossy(&input[start..])
+                    );
+                }
+            }
+        }
     }
 
     #[test]
@@ -895,5 +942,12 @@ mod tests {
         assert_eq!(parse(b"$-1\r\n", 0).unwrap(), Some((Value::Nil, 5)));
         assert_eq!(parse(b"*-1\r\n", 0).unwrap(), Some((Value::Nil, 5)));
         assert_eq!(parse(b"$3\r\nab", 0).unwrap(), None);
+        // Refused as soon as its first byte is there, not once a line ends.
+        assert!(parse(b"H", 0).is_err());
+        assert!(parse(b"\r\n", 0).is_err());
+        // A line that never ends is refused past the longest line Redis sends.
+        let endless = vec![b'+'; MAX_LINE + 2];
+        assert!(parse(&endless, 0).is_err());
+        assert_eq!(parse(&endless[..MAX_LINE], 0).unwrap(), None);
     }
 }
