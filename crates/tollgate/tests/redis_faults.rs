@@ -408,6 +408,13 @@ async fn a_server_that_is_not_redis_is_a_policy_decision_at_once_never_a_panic()
         accepted.load(Ordering::Relaxed) >= NOT_REDIS.len(),
         "every answer was tried"
     );
+    // A call with no failure policy (reservations past their expiry) gets the error, said
+    // once: what the connection found, after one "store:".
+    let err = limiter.settle_expired(10).await.unwrap_err().to_string();
     let _ = std::panic::take_hook();
     assert_eq!(*panics.lock().unwrap(), Vec::<String>::new());
+    assert!(
+        err.starts_with("store: ") && !err.starts_with("store: store:") && err.contains("Redis"),
+        "{err}"
+    );
 }

@@ -493,7 +493,11 @@ impl Guard {
                 return Ok(decisions);
             }
             Ok(Err(failure)) if failure.timed_out => (failure.backend, unanswered(), true),
-            Ok(Err(failure)) => (failure.backend, failure.error.to_string(), false),
+            // The store's own words: a settlement's error says "store:" once, around them.
+            Ok(Err(failure)) => match failure.error {
+                Error::Store { message, .. } => (failure.backend, message, false),
+                error => (failure.backend, error.to_string(), false),
+            },
             Err(_) => (None, unanswered(), true),
         };
         for i in 0..route.len() {

@@ -662,11 +662,15 @@ fn parse(bytes: &[u8], depth: usize) -> RedisResult<Option<(Value, usize)>> {
         return Ok(None);
     };
     if !b"+-:$*".contains(&kind) {
-        return Err(protocol_error("a reply of a type RESP2 does not have"));
+        return Err(protocol_error(
+            "not a RESP2 reply: is the server at this address Redis?",
+        ));
     }
     let Some(end) = bytes.windows(2).position(|pair| pair == b"\r\n") else {
         if bytes.len() > MAX_LINE {
-            return Err(protocol_error("a reply's line longer than Redis sends"));
+            return Err(protocol_error(
+                "a line longer than Redis sends: is the server at this address Redis?",
+            ));
         }
         return Ok(None);
     };
