@@ -247,7 +247,7 @@ async fn concurrent_checks_reach_redis_in_one_write() {
 /// 600 run in one pass; a worker of the multi-thread runtime runs at most 256 before it looks
 /// elsewhere): written together, all decided by Redis.
 #[tokio::test]
-async fn a_pass_of_more_checks_than_a_pipeline_carries() {
+async fn a_pass_of_600_checks_is_written_together_and_decided_by_redis() {
     let server = RedisServer::start();
     let limiter = Arc::new(checked_by_redis(RedisStore::builder(&server.url())).await);
     at_once(&limiter, 600).await;
@@ -270,7 +270,7 @@ async fn checks_that_find_the_library_missing_load_it_once() {
 /// one written and one queued behind it: their replies come to callers that are gone, are
 /// read and dropped, and the store's later checks, on the other runtime, are decided by Redis.
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
-async fn a_flush_lost_with_its_runtime_strands_no_check() {
+async fn checks_whose_runtime_ended_mid_wait_strand_no_later_check() {
     let server = RedisServer::start();
     let limiter = Arc::new(checked_by_redis(RedisStore::builder(&server.url())).await);
     let other = Arc::clone(&limiter);

@@ -410,16 +410,6 @@ impl RedisStoreBuilder {
             });
         }
         install_tls_provider();
-        let certificates = (self.root_certificate.is_some() || self.client_certificate.is_some())
-            .then(|| redis::TlsCertificates {
-                client_tls: self.client_certificate.as_ref().map(|(cert, key)| {
-                    redis::ClientTlsConfig {
-                        client_cert: cert.clone(),
-                        client_key: key.clone(),
-                    }
-                }),
-                root_cert: self.root_certificate.clone(),
-            });
         let connection = match &self.target {
             Target::Server(url) => {
                 let client = redis::Client::open(url.as_str()).map_err(store_error)?;
@@ -441,8 +431,17 @@ impl RedisStoreBuilder {
                     .min_retry_wait(1)
                     .max_retry_wait(10)
                     .retry_wait_formula(1, 2);
-                if let Some(certificates) = certificates {
-                    builder = builder.certs(certificates);
+                // The Cluster client is redis-rs's, and takes the certificates as its own.
+                if self.root_certificate.is_some() || self.client_certificate.is_some() {
+                    builder = builder.certs(redis::TlsCertificates {
+                        client_tls: self.client_certificate.as_ref().map(|(cert, key)| {
+                            redis::ClientTlsConfig {
+                                client_cert: cert.clone(),
+                                client_key: key.clone(),
+                            }
+                        }),
+                        root_cert: self.root_certificate.clone(),
+                    });
                 }
                 let client = builder.build().map_err(store_error)?;
                 let connection = client.get_async_connection().await.map_err(store_error)?;

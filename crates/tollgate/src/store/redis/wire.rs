@@ -916,6 +916,36 @@ mod tests {
         }
     }
 
+    /// A pipeline (redis-rs's `MULTI`...`EXEC`, through [`Handle`]) is one caller's: its
+    /// replies come back together, as an array, and the next caller's reply is its own.
+    #[tokio::test]
+    async fn a_pipelines_replies_come_back_together() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let (client, mut server) = tokio::io::duplex(1024);
+        let (read, write) = tokio::io::split(client);
+        let link = Link::start(read, write);
+        let pipeline = link
+            .send(|out| out.extend_from_slice(b"three commands"), 3, None)
+            .unwrap();
+        let single = link
+            .send(|out| out.extend_from_slice(b"and one"), 1, None)
+            .unwrap();
+        let mut sent = vec![0; 21];
+        server.read_exact(&mut sent).await.unwrap();
+        assert_eq!(sent, b"three commandsand one");
+        // The replies, split mid-way: the pipeline's waits for its third.
+        server.write_all(b"+OK\r\n:1\r\n").await.unwrap();
+        server.write_all(b"$1\r\nx\r\n:7\r\n").await.unwrap();
+        let expected = Value::Array(vec![
+            Value::Okay,
+            Value::Int(1),
+            Value::BulkString(b"x".to_vec()),
+        ]);
+        assert_eq!(pipeline.await.unwrap().unwrap(), expected);
+        assert_eq!(single.await.unwrap().unwrap(), Value::Int(7));
+        assert_eq!(link.in_flight.load(Ordering::Relaxed), 0);
+    }
+
     #[test]
     fn an_error_reply_is_a_server_error_of_its_kind() {
         let (value, length) = parse(b"-NOSCRIPT No matching script\r\n:1\r\n", 0)
