@@ -397,3 +397,37 @@ fn a_shadow_rule_counts_but_never_denies() {
     assert_eq!(decisions[3].remaining(), 0);
     assert_eq!(clock.now_micros(), ManualClock::DEFAULT_START_MICROS);
 }
+
+#[test]
+fn a_windows_turn_drops_no_key_still_in_use_and_idle_keys_go_later() {
+    // Every key of a fixed window expires at its turn. New keys arriving then sweep the
+    // table; the keys checked a moment before must stay in place, not be dropped and
+    // inserted again at their next check.
+    let store = MemoryStore::builder().build().unwrap();
+    let clock = ManualClock::new();
+    let rule = Rule::new("window", Algorithm::FixedWindow, [Tier::per_second(5)]).unwrap();
+    let limiter = limiter(&store, &clock, rule);
+    let old = 0..10_000u32;
+    for i in old.clone() {
+        assert!(limiter.check_now(i.to_be_bytes(), 1).unwrap().allowed());
+    }
+    clock.advance(Duration::from_millis(1_500));
+    let new = 10_000..12_000u32;
+    for i in new.clone() {
+        assert!(limiter.check_now(i.to_be_bytes(), 1).unwrap().allowed());
+    }
+    assert_eq!(store.keys(), 12_000, "keys of the last window were swept");
+    // Idle for a whole period past their expiry, the old keys go as new ones arrive.
+    clock.advance(Duration::from_secs(1));
+    for i in 12_000..20_000u32 {
+        assert!(limiter.check_now(i.to_be_bytes(), 1).unwrap().allowed());
+    }
+    assert!(store.keys() < 20_000 - 1_000, "{} keys", store.keys());
+    // A key swept or kept decides the same: a new window, one permit taken.
+    for i in old.chain(new) {
+        assert_eq!(
+            limiter.check_now(i.to_be_bytes(), 1).unwrap().remaining(),
+            4
+        );
+    }
+}

@@ -18,6 +18,7 @@ use super::slots::{Slots, Versions};
 pub use super::table::WhenFull;
 use super::table::{Bounds, Class, Entry, Locked, Score, Shard, Table, Words};
 use super::{LocalStore, Planned, Store};
+use crate::algorithm::Tier;
 use crate::algorithm::{Attempt, Decide, Visit};
 use crate::decision::{Decision, Decisions, Source};
 use crate::error::{Error, RuleError};
@@ -563,18 +564,25 @@ struct Scorer<'a> {
     registry: RwLockReadGuard<'a, Versions>,
 }
 
+impl Scorer<'_> {
+    /// The rule that wrote `words` of `slot`: `Err(true)` when no rule of that slot is planned
+    /// any more (its state is of no use), `Err(false)` when none is known of that size.
+    fn rule(&self, slot: u32, words: &[u64]) -> Result<&Rule, bool> {
+        let newest = self.registry.newest(slot).ok_or(true)?;
+        if newest.words() <= words.len() {
+            return Ok(newest);
+        }
+        // Kept under an earlier version whose state was smaller.
+        self.registry.version(slot, words.len()).ok_or(false)
+    }
+}
+
 impl Score for Scorer<'_> {
     fn score(&self, slot: u32, words: &mut [u64], now: u64) -> Option<f64> {
-        // A rule whose layout is no longer planned has no use for its state.
-        let newest = self.registry.newest(slot)?;
-        let rule = if newest.words() <= words.len() {
-            newest
-        } else {
-            // Kept under an earlier version whose state was smaller.
-            match self.registry.version(slot, words.len()) {
-                Some(rule) => rule,
-                None => return Some(1.0),
-            }
+        let rule = match self.rule(slot, words) {
+            Ok(rule) => rule,
+            Err(true) => return None,
+            Err(false) => return Some(1.0),
         };
         let state = &mut words[..rule.words()];
         let algorithm = rule.algorithm();
@@ -583,6 +591,19 @@ impl Score for Scorer<'_> {
         }
         let binding = rule.evaluate(algorithm, state, Attempt::look(now));
         Some(binding.remaining() as f64 / binding.limit().max(1) as f64)
+    }
+
+    /// As good as new for the rule's longest period: a key that comes back within a period of
+    /// its state's expiry stays in place, so the turn of a fixed window, when every key's
+    /// state expires at once, does not drop and insert again each key that is still in use.
+    fn idle(&self, slot: u32, words: &mut [u64], now: u64) -> bool {
+        let rule = match self.rule(slot, words) {
+            Ok(rule) => rule,
+            Err(gone) => return gone,
+        };
+        let longest = rule.tiers().iter().map(Tier::period_micros).max();
+        let expires = rule.expires_at(rule.algorithm(), &words[..rule.words()]);
+        expires.saturating_add(longest.unwrap_or(0)) <= now
     }
 }
 

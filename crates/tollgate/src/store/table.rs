@@ -22,7 +22,8 @@
 //! (state as good as new first, then the freshest); a used-up key is the last to go, so a flood
 //! of new keys resets one only when every sampled key is used up. Under [`WhenFull::Refuse`]
 //! nothing whose state still matters is evicted, and the new key is not kept. Each insert also
-//! drops expired entries at its shard's sweep cursor. All of it is bounded work per insert, and
+//! drops idle entries at its shard's sweep cursor (as good as new for as long as their owner
+//! says; the memory store, for their rule's longest period). All of it is bounded work per insert, and
 //! other shards are only ever tried, never waited for.
 
 use std::hash::BuildHasher;
@@ -236,6 +237,14 @@ pub(crate) type Shards<W> = Box<[CachePadded<ShardLock<Shard<W>>>]>;
 /// score is evicted first. Called under the entry's shard lock.
 pub(crate) trait Score {
     fn score(&self, slot: u32, words: &mut [u64], now: u64) -> Option<f64>;
+
+    /// Whether the sweep may drop the entry now: by default as soon as its state is as good
+    /// as new. An owner may keep such a state for a while, so that a key back soon after its
+    /// state expired (every key of a fixed window, at the window's turn) is found in place
+    /// rather than dropped and inserted again; an eviction still takes it first.
+    fn idle(&self, slot: u32, words: &mut [u64], now: u64) -> bool {
+        self.score(slot, words, now).is_none()
+    }
 }
 
 /// Size classes, each with its own shards.
@@ -444,10 +453,18 @@ impl Table {
             let can_grow =
                 grown <= self.max_buckets && bytes.saturating_add(growth) <= self.bounds.max_bytes;
             let (own, _) = best(shard, now, score);
-            let expired = own.filter(|&(s, _)| s == f64::INFINITY);
+            // An expired state goes in place of growing the table once it is idle: a key
+            // whose window just turned is likely back soon.
+            let idle = own.filter(|&(s, at)| {
+                s == f64::INFINITY
+                    && shard
+                        .entries
+                        .get_bucket_mut(at)
+                        .is_some_and(|e| score.idle(e.key.slot(), e.words.as_mut(), now))
+            });
             // A full store grows a table only for a shard well under its share (a rule's
             // first keys), or in place of a state as good as new elsewhere.
-            let grow = expired.is_none()
+            let grow = idle.is_none()
                 && can_grow
                 && (keys <= self.bounds.max_keys
                     || len < self.share / 2
@@ -513,7 +530,7 @@ impl Table {
         self.bytes.fetch_sub(old, Ordering::Relaxed);
     }
 
-    /// Drops the expired entries among the next few buckets at the shard's cursor.
+    /// Drops the idle entries among the next few buckets at the shard's cursor.
     fn sweep<W: Words>(&self, shard: &mut Shard<W>, now: u64, score: &dyn Score) {
         let buckets = shard.entries.num_buckets();
         if buckets == 0 {
@@ -522,11 +539,11 @@ impl Table {
         for _ in 0..SWEEP_PER_INSERT {
             let at = shard.cursor % buckets;
             shard.cursor = at + 1;
-            let expired = shard
+            let idle = shard
                 .entries
                 .get_bucket_mut(at)
-                .is_some_and(|e| score.score(e.key.slot(), e.words.as_mut(), now).is_none());
-            if expired {
+                .is_some_and(|e| score.idle(e.key.slot(), e.words.as_mut(), now));
+            if idle {
                 self.remove_at(shard, at);
             }
         }
