@@ -1,96 +1,24 @@
 //! In-process checks: tollgate's memory store and governor side by side, in the same run.
 //!
-//! Groups: one key from one thread, one key from two threads, one million live keys visited in
-//! a scattered order (back to back, and each check waiting for the one before); and metered work (a report, a reservation and its commit) against one
-//! check, each awaited on a one-thread runtime. Rates are high so that checks are admitted and write their state (the
-//! slower path); governor is measured as users get it (DashMap + SipHash) and with foldhash,
-//! the hasher tollgate uses, to separate hashing from the rest.
+//! Groups: one key from one thread, one key from two threads; and metered work (a report, a
+//! reservation and its commit) against one check, each awaited on a one-thread runtime. Rates
+//! are high so that checks are admitted and write their state (the slower path); governor is
+//! measured as users get it (DashMap + SipHash) and with foldhash, the hasher tollgate uses, to
+//! separate hashing from the rest. A million keys: `benches/million_keys.rs`.
 //!
 //! Run: `cargo bench -p tollgate --bench memory`
 
 use std::hint::black_box;
-use std::num::NonZeroU32;
 use std::sync::Barrier;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use governor::{Quota, RateLimiter};
-use tollgate::{
-    Algorithm, LeakyBucket, Limiter, MemoryStore, Rule, SubWindows, Tier, TokenBucket, WarmUp,
-};
+use governor::RateLimiter;
+use tollgate::{Algorithm, Tier};
 
-const RATE: u64 = 1_000_000_000;
-const KEYS: usize = 1_000_000;
-/// Coprime with `KEYS`: stepping by it visits every key in a cache-hostile order.
-const STRIDE: usize = 611_953;
-
-fn tier() -> Tier {
-    Tier::per_second(RATE)
-}
-
-/// Every algorithm, configured to admit nearly every check.
-fn algorithms() -> Vec<(&'static str, Algorithm, Tier)> {
-    let bucket = tier().with_burst(RATE);
-    vec![
-        ("fixed_window", Algorithm::FixedWindow, tier()),
-        ("sliding_window", Algorithm::SlidingWindow, tier()),
-        (
-            "sub_windows_10",
-            Algorithm::SubWindows(SubWindows { count: 10 }),
-            tier(),
-        ),
-        (
-            "sliding_log",
-            Algorithm::SlidingLog,
-            Tier::new(10, Duration::from_micros(1)),
-        ),
-        (
-            "token_bucket",
-            Algorithm::TokenBucket(TokenBucket::default()),
-            bucket.clone(),
-        ),
-        ("interval_bucket", Algorithm::IntervalBucket, tier()),
-        (
-            "leaky_bucket",
-            Algorithm::LeakyBucket(LeakyBucket::Meter),
-            bucket.clone(),
-        ),
-        (
-            "leaky_bucket_shaper",
-            Algorithm::LeakyBucket(LeakyBucket::Shaper),
-            bucket.clone(),
-        ),
-        ("gcra", Algorithm::Gcra, bucket),
-        (
-            "warm_up",
-            Algorithm::WarmUp(WarmUp::new(Duration::from_secs(1))),
-            tier(),
-        ),
-    ]
-}
-
-fn limiter(algorithm: Algorithm, tier: Tier) -> Limiter {
-    let rule = Rule::new("bench", algorithm, [tier]).expect("valid rule");
-    let store = MemoryStore::builder().max_keys(2 * KEYS).build().unwrap();
-    Limiter::builder(rule)
-        .store(store)
-        .build()
-        .expect("fits the store")
-}
-
-fn quota() -> Quota {
-    let rate = NonZeroU32::new(RATE as u32).unwrap();
-    Quota::per_second(rate).allow_burst(rate)
-}
-
-type Key = [u8; 16];
-
-fn key(i: usize) -> Key {
-    let mut key = [0; 16];
-    key.copy_from_slice(format!("{i:016x}").as_bytes());
-    key
-}
+mod support;
+use support::{Key, algorithms, key, limiter, quota, tier};
 
 /// Wall time for `iters` calls of `check` split over two threads started together.
 fn two_threads(iters: u64, check: &(dyn Fn() + Sync)) -> Duration {
@@ -175,71 +103,6 @@ fn one_key_two_threads(c: &mut Criterion) {
     group.finish();
 }
 
-fn million_keys(c: &mut Criterion) {
-    million::<false>(c, "million_keys");
-    million::<true>(c, "million_keys_dependent");
-}
-
-/// A million live keys visited in a scattered order. Back to back, a loop's checks overlap
-/// their memory misses with the next check's; `dependent`, each key's index waits for the
-/// decision before it, as a service's next check waits for the work around the last, so every
-/// check pays its own misses in full.
-fn million<const DEPENDENT: bool>(c: &mut Criterion, name: &str) {
-    let mut group = c.benchmark_group(name);
-    let keys: Vec<Key> = (0..KEYS).map(key).collect();
-    // Zero, unknown to the compiler: `x & zero` makes the next index wait for `x`.
-    let zero = black_box(0);
-    let next = move |i: usize, x: usize| {
-        let wait = if DEPENDENT { x & zero } else { 0 };
-        (i + STRIDE + wait) % KEYS
-    };
-    for (name, algorithm, tier) in algorithms() {
-        // Every row holds a million live keys: a log of a microsecond would be as good as new
-        // at each key's next check, so its row would measure an empty table.
-        let tier = match algorithm {
-            Algorithm::SlidingLog => Tier::per_second(10),
-            _ => tier,
-        };
-        let limiter = limiter(algorithm, tier);
-        for k in &keys {
-            limiter.check_now(k, 1).unwrap();
-        }
-        group.bench_function(BenchmarkId::new("tollgate", name), |b| {
-            let mut i = 0;
-            b.iter(|| {
-                let decision = limiter.check_now(black_box(&keys[i]), 1).unwrap();
-                i = next(i, decision.remaining() as usize);
-                decision
-            })
-        });
-        assert_eq!(limiter.store().keys(), KEYS, "{name}: every key held");
-    }
-    let governor = RateLimiter::keyed(quota());
-    let governor_foldhash =
-        RateLimiter::dashmap_with_hasher(quota(), foldhash::fast::RandomState::default());
-    for k in &keys {
-        let _ = governor.check_key(k);
-        let _ = governor_foldhash.check_key(k);
-    }
-    group.bench_function(BenchmarkId::new("governor", "keyed"), |b| {
-        let mut i = 0;
-        b.iter(|| {
-            let decision = governor.check_key(black_box(&keys[i]));
-            i = next(i, usize::from(decision.is_ok()));
-            decision
-        })
-    });
-    group.bench_function(BenchmarkId::new("governor", "keyed_foldhash"), |b| {
-        let mut i = 0;
-        b.iter(|| {
-            let decision = governor_foldhash.check_key(black_box(&keys[i]));
-            i = next(i, usize::from(decision.is_ok()));
-            decision
-        })
-    });
-    group.finish();
-}
-
 /// Metered work against one check, on 10,000 keys in turn: a check of 10, a report of 7, a
 /// reservation of 10 committed at 7 (one settled request).
 fn metered(c: &mut Criterion) {
@@ -319,6 +182,6 @@ criterion_group! {
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2))
         .sample_size(30);
-    targets = one_key_one_thread, one_key_two_threads, million_keys, metered, quotas
+    targets = one_key_one_thread, one_key_two_threads, metered, quotas
 }
 criterion_main!(benches);
