@@ -33,6 +33,14 @@ const STRIDE: usize = 611_953;
 /// Runs one round over every key, `DEPENDENT` or back to back, and says how long it took.
 type Round<'a> = Box<dyn Fn(&[Key], bool) -> Duration + 'a>;
 
+/// The rounds of a system whose check of a key returns a number its decision depends on.
+fn system<'a>(check: impl Fn(&Key) -> usize + 'a) -> Round<'a> {
+    Box::new(move |keys, dependent| match dependent {
+        true => round::<true>(keys, &check),
+        false => round::<false>(keys, &check),
+    })
+}
+
 /// Every key once, from a scattered start; `check` returns a number its decision depends on.
 fn round<const DEPENDENT: bool>(keys: &[Key], mut check: impl FnMut(&Key) -> usize) -> Duration {
     // Zero, unknown to the compiler: `x & zero` makes the next index wait for `x`.
@@ -76,32 +84,14 @@ fn main() {
     for k in &keys {
         assert!(governor.check_key(k).is_ok() && foldhash.check_key(k).is_ok());
     }
-    let mut systems: Vec<Round<'_>> = Vec::new();
-    for limiter in &limiters {
-        systems.push(Box::new(move |keys, dependent| {
-            let check = |k: &Key| limiter.check_now(k, 1).unwrap().remaining() as usize;
-            match dependent {
-                true => round::<true>(keys, check),
-                false => round::<false>(keys, check),
-            }
-        }));
-    }
+    let mut systems: Vec<Round<'_>> = limiters
+        .iter()
+        .map(|l| system(move |k| l.check_now(k, 1).unwrap().remaining() as usize))
+        .collect();
     names.push("governor/keyed".into());
-    systems.push(Box::new(|keys, dependent| {
-        let check = |k: &Key| usize::from(governor.check_key(k).is_ok());
-        match dependent {
-            true => round::<true>(keys, check),
-            false => round::<false>(keys, check),
-        }
-    }));
+    systems.push(system(|k| usize::from(governor.check_key(k).is_ok())));
     names.push("governor/keyed_foldhash".into());
-    systems.push(Box::new(|keys, dependent| {
-        let check = |k: &Key| usize::from(foldhash.check_key(k).is_ok());
-        match dependent {
-            true => round::<true>(keys, check),
-            false => round::<false>(keys, check),
-        }
-    }));
+    systems.push(system(|k| usize::from(foldhash.check_key(k).is_ok())));
     let baseline = names.iter().position(|n| n == "governor/keyed").unwrap();
     for (title, dependent) in [("million_keys", false), ("million_keys_dependent", true)] {
         // Nanoseconds per check, by system and round.
