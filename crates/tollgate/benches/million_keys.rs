@@ -15,8 +15,8 @@
 //! empty table.
 //!
 //! Run: `cargo bench -p tollgate --bench million_keys` (about 6 minutes; `-- --rounds N`,
-//! default 10; `-- --cold`). Prints one Markdown table per way: each row's median nanoseconds per check,
-//! and the median and range over the rounds of its ratio to `governor/keyed`.
+//! default 10; `-- --cold`). Prints one Markdown table per way: each row's median nanoseconds
+//! per check, and the median and range over the rounds of its ratio to `governor/keyed`.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};

@@ -23,8 +23,8 @@
 //! of new keys resets one only when every sampled key is used up. Under [`WhenFull::Refuse`]
 //! nothing whose state still matters is evicted, and the new key is not kept. Each insert also
 //! drops idle entries at its shard's sweep cursor (as good as new for as long as their owner
-//! says; the memory store, for their rule's longest period). All of it is bounded work per insert, and
-//! other shards are only ever tried, never waited for.
+//! says; the memory store's, for their rule's longest period). All of it is bounded work per
+//! insert, and other shards are only ever tried, never waited for.
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
