@@ -30,7 +30,8 @@ use support::{KEYS, Key, algorithms, key, limiter, quota};
 /// Coprime with `KEYS`: stepping by it visits every key in a cache-hostile order.
 const STRIDE: usize = 611_953;
 
-/// Runs one round over every key, `DEPENDENT` or back to back, and says how long it took.
+/// Runs one round over every key, each check waiting for the one before (`true`) or back to
+/// back, and says how long it took.
 type Round<'a> = Box<dyn Fn(&[Key], bool) -> Duration + 'a>;
 
 /// The rounds of a system whose check of a key returns a number its decision depends on.

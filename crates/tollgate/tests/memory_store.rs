@@ -431,3 +431,37 @@ fn a_windows_turn_drops_no_key_still_in_use_and_idle_keys_go_later() {
         );
     }
 }
+
+#[test]
+fn a_full_store_that_refuses_makes_room_from_keys_whose_window_just_turned() {
+    // Kept past their expiry while there is room, expired keys must still make room for new
+    // ones once the store is full: a store that refuses new keys under a closed rule would
+    // otherwise deny them while it holds keys whose state is as good as new.
+    let store = MemoryStore::builder()
+        .max_keys(1_000)
+        .when_full(WhenFull::Refuse)
+        .build()
+        .unwrap();
+    let clock = ManualClock::new();
+    let rule = Rule::new("window", Algorithm::FixedWindow, [Tier::per_second(5)])
+        .and_then(|r| r.on_failure(FailurePolicy::Closed))
+        .unwrap();
+    let limiter = limiter(&store, &clock, rule);
+    for i in 0..100u32 {
+        assert!(limiter.check_now(i.to_be_bytes(), 1).unwrap().allowed());
+    }
+    clock.advance(Duration::from_millis(1_200));
+    // 900 keys of this window fill the store; the first 100 are as good as new.
+    for i in 100..1_000u32 {
+        assert!(limiter.check_now(i.to_be_bytes(), 1).unwrap().allowed());
+    }
+    for i in 1_000..1_100u32 {
+        let decision = limiter.check_now(i.to_be_bytes(), 1).unwrap();
+        assert_eq!(
+            (decision.allowed(), decision.source()),
+            (true, Source::Memory),
+            "new key {i} refused while expired keys were held"
+        );
+    }
+    assert_eq!((store.keys(), store.refused()), (1_000, 0));
+}

@@ -575,6 +575,23 @@ impl Scorer<'_> {
         // Kept under an earlier version whose state was smaller.
         self.registry.version(slot, words.len()).ok_or(false)
     }
+
+    /// Whether `words` of `slot` have been as good as new for `grace` of their rule (µs), or
+    /// belong to no rule planned any more.
+    fn expired_for(
+        &self,
+        slot: u32,
+        words: &[u64],
+        now: u64,
+        grace: impl FnOnce(&Rule) -> Option<u64>,
+    ) -> bool {
+        let rule = match self.rule(slot, words) {
+            Ok(rule) => rule,
+            Err(gone) => return gone,
+        };
+        let expires = rule.expires_at(rule.algorithm(), &words[..rule.words()]);
+        expires.saturating_add(grace(rule).unwrap_or(0)) <= now
+    }
 }
 
 impl Score for Scorer<'_> {
@@ -597,13 +614,13 @@ impl Score for Scorer<'_> {
     /// its state's expiry stays in place, so the turn of a fixed window, when every key's
     /// state expires at once, does not drop and insert again each key that is still in use.
     fn idle(&self, slot: u32, words: &mut [u64], now: u64) -> bool {
-        let rule = match self.rule(slot, words) {
-            Ok(rule) => rule,
-            Err(gone) => return gone,
-        };
-        let longest = rule.tiers().iter().map(Tier::period_micros).max();
-        let expires = rule.expires_at(rule.algorithm(), &words[..rule.words()]);
-        expires.saturating_add(longest.unwrap_or(0)) <= now
+        self.expired_for(slot, words, now, |rule| {
+            rule.tiers().iter().map(Tier::period_micros).max()
+        })
+    }
+
+    fn expired(&self, slot: u32, words: &mut [u64], now: u64) -> bool {
+        self.expired_for(slot, words, now, |_| None)
     }
 }
 

@@ -22,9 +22,11 @@
 //! (state as good as new first, then the freshest); a used-up key is the last to go, so a flood
 //! of new keys resets one only when every sampled key is used up. Under [`WhenFull::Refuse`]
 //! nothing whose state still matters is evicted, and the new key is not kept. Each insert also
-//! drops idle entries at its shard's sweep cursor (as good as new for as long as their owner
-//! says; the memory store's, for their rule's longest period). All of it is bounded work per
-//! insert, and other shards are only ever tried, never waited for.
+//! drops entries at its shard's sweep cursor whose state is as good as new: while the store is
+//! at most half full, only idle ones (as good as new for as long as their owner says; the
+//! memory store's, for their rule's longest period), so that keys still in use stay in place.
+//! All of it is bounded work per insert, and other shards are only ever tried, never waited
+//! for.
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -243,6 +245,12 @@ pub(crate) trait Score {
     /// state expired (every key of a fixed window, at the window's turn) is found in place
     /// rather than dropped and inserted again; an eviction still takes it first.
     fn idle(&self, slot: u32, words: &mut [u64], now: u64) -> bool {
+        self.expired(slot, words, now)
+    }
+
+    /// Whether the state is as good as new (`score` is `None`), which an owner may tell more
+    /// cheaply than it scores a state.
+    fn expired(&self, slot: u32, words: &mut [u64], now: u64) -> bool {
         self.score(slot, words, now).is_none()
     }
 }
@@ -442,7 +450,8 @@ impl Table {
         score: &dyn Score,
     ) -> bool {
         let size = entry.heap_bytes();
-        self.sweep(shard, now, score);
+        let roomy = self.roomy();
+        self.sweep(shard, now, score, roomy);
         let keys = self.keys.fetch_add(1, Ordering::Relaxed) + 1;
         let bytes = self.bytes.fetch_add(size, Ordering::Relaxed) + size;
         let mut room = true;
@@ -452,19 +461,19 @@ impl Table {
             let growth = table_bytes::<W>(grown) - table_bytes::<W>(buckets);
             let can_grow =
                 grown <= self.max_buckets && bytes.saturating_add(growth) <= self.bounds.max_bytes;
-            let (own, _) = best(shard, now, score);
-            // An expired state goes in place of growing the table once it is idle: a key
-            // whose window just turned is likely back soon.
-            let idle = own.filter(|&(s, at)| {
+            let (own, _) = best(shard, now, score, self.refuses());
+            // An expired state goes in place of growing the table, once it may be swept: a
+            // key whose window just turned is likely back soon.
+            let sweepable = own.filter(|&(s, at)| {
                 s == f64::INFINITY
                     && shard
                         .entries
                         .get_bucket_mut(at)
-                        .is_some_and(|e| score.idle(e.key.slot(), e.words.as_mut(), now))
+                        .is_some_and(|e| sweepable(e, now, score, roomy))
             });
             // A full store grows a table only for a shard well under its share (a rule's
             // first keys), or in place of a state as good as new elsewhere.
-            let grow = idle.is_none()
+            let grow = sweepable.is_none()
                 && can_grow
                 && (keys <= self.bounds.max_keys
                     || len < self.share / 2
@@ -530,8 +539,17 @@ impl Table {
         self.bytes.fetch_sub(old, Ordering::Relaxed);
     }
 
-    /// Drops the idle entries among the next few buckets at the shard's cursor.
-    fn sweep<W: Words>(&self, shard: &mut Shard<W>, now: u64, score: &dyn Score) {
+    /// Whether the store is at most half full, in keys and in bytes: room enough that the
+    /// sweep may keep states that only just expired, and still clear them all before the
+    /// store fills up (an eviction finds an expired state only by sampling).
+    fn roomy(&self) -> bool {
+        self.keys.load(Ordering::Relaxed) <= self.bounds.max_keys / 2
+            && self.bytes.load(Ordering::Relaxed) <= self.bounds.max_bytes / 2
+    }
+
+    /// Drops the entries that may be swept (see [`sweepable`]) among the next few buckets at
+    /// the shard's cursor.
+    fn sweep<W: Words>(&self, shard: &mut Shard<W>, now: u64, score: &dyn Score, roomy: bool) {
         let buckets = shard.entries.num_buckets();
         if buckets == 0 {
             return;
@@ -539,11 +557,11 @@ impl Table {
         for _ in 0..SWEEP_PER_INSERT {
             let at = shard.cursor % buckets;
             shard.cursor = at + 1;
-            let idle = shard
+            let drop = shard
                 .entries
                 .get_bucket_mut(at)
-                .is_some_and(|e| score.idle(e.key.slot(), e.words.as_mut(), now));
-            if idle {
+                .is_some_and(|e| sweepable(e, now, score, roomy));
+            if drop {
                 self.remove_at(shard, at);
             }
         }
@@ -574,7 +592,7 @@ impl Table {
         scope: Scope,
     ) -> bool {
         let (own, mut seen) = match scope {
-            Scope::Any => best(shard, now, score),
+            Scope::Any => best(shard, now, score, self.refuses()),
             Scope::ExpiredElsewhere => (None, 0),
         };
         let mut chosen = own.map(|(s, at)| (s, None, at));
@@ -624,6 +642,12 @@ impl Table {
         }
     }
 
+    /// Whether a new key that finds no room is refused (rather than evicting a key whose
+    /// state matters).
+    fn refuses(&self) -> bool {
+        self.bounds.when_full == WhenFull::Refuse
+    }
+
     /// Whether an entry of score `s` may be evicted: one as good as new always; another
     /// unless the table refuses new keys when full.
     fn evictable(&self, s: f64) -> bool {
@@ -669,16 +693,18 @@ impl Table {
             index: usize,
             now: u64,
             score: &dyn Score,
+            refuses: bool,
         ) -> Option<((f64, usize), usize)> {
-            let (best, seen) = best(&mut *shards[index].try_lock()?, now, score);
+            let (best, seen) = best(&mut *shards[index].try_lock()?, now, score, refuses);
             Some((best?, seen))
         }
+        let refuses = self.refuses();
         match class {
-            0 => of(&self.one, index, now, score),
-            1 => of(&self.two, index, now, score),
-            2 => of(&self.three, index, now, score),
-            3 => of(&self.four, index, now, score),
-            _ => of(&self.many, index, now, score),
+            0 => of(&self.one, index, now, score, refuses),
+            1 => of(&self.two, index, now, score, refuses),
+            2 => of(&self.three, index, now, score, refuses),
+            3 => of(&self.four, index, now, score, refuses),
+            _ => of(&self.many, index, now, score, refuses),
         }
     }
 
@@ -737,6 +763,17 @@ impl Table {
     }
 }
 
+/// Whether the sweep may drop `entry`: once idle while the store is roomy, else as soon as
+/// its state is as good as new.
+fn sweepable<W: Words>(entry: &mut Entry<W>, now: u64, score: &dyn Score, roomy: bool) -> bool {
+    let (slot, words) = (entry.key.slot(), entry.words.as_mut());
+    if roomy {
+        score.idle(slot, words, now)
+    } else {
+        score.expired(slot, words, now)
+    }
+}
+
 fn next_random(state: &mut u64) -> u64 {
     *state ^= *state << 13;
     *state ^= *state >> 7;
@@ -745,11 +782,14 @@ fn next_random(state: &mut u64) -> u64 {
 }
 
 /// The entry of `shard` that matters least among a sample (an expired one at once), as its
-/// score and bucket, `None` if the shard is empty; and how many entries were compared.
+/// score and bucket, `None` if the shard is empty; and how many entries were compared. When
+/// the table `refuses` new keys it cannot make room for, the rest of the probes are searched
+/// for an expired state too, as a miss would refuse a key while the store holds one.
 fn best<W: Words>(
     shard: &mut Shard<W>,
     now: u64,
     score: &dyn Score,
+    refuses: bool,
 ) -> (Option<(f64, usize)>, usize) {
     let buckets = shard.entries.num_buckets();
     if shard.entries.is_empty() || buckets == 0 {
@@ -757,8 +797,11 @@ fn best<W: Words>(
     }
     let start = next_random(&mut shard.random) as usize;
     let (mut best, mut seen) = (None::<(f64, usize)>, 0);
-    for i in 0..buckets.min(EVICTION_PROBES) {
+    let probes = buckets.min(EVICTION_PROBES);
+    let mut i = 0;
+    while i < probes && seen < EVICTION_CANDIDATES {
         let at = (start + i) % buckets;
+        i += 1;
         let Some(e) = shard.entries.get_bucket_mut(at) else {
             continue;
         };
@@ -769,8 +812,14 @@ fn best<W: Words>(
             best = Some((s, at));
         }
         seen += 1;
-        if seen == EVICTION_CANDIDATES {
-            break;
+    }
+    // The rest of the probes, for a state as good as new only (cheaper than a score).
+    let rest = if refuses { i..probes } else { probes..probes };
+    for at in rest.map(|i| (start + i) % buckets) {
+        if let Some(e) = shard.entries.get_bucket_mut(at)
+            && score.expired(e.key.slot(), e.words.as_mut(), now)
+        {
+            return (Some((f64::INFINITY, at)), seen + 1);
         }
     }
     if best.is_some() {
