@@ -24,7 +24,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate::{
-    Algorithm, Item, LeakyBucket, Limiter, RedisStore, Rule, SubWindows, Tier, TokenBucket, WarmUp,
+    Algorithm, Item, LeakyBucket, Limiter, RedisStore, Rule, Source, SubWindows, Tier, TokenBucket,
+    WarmUp,
 };
 
 const KEYS: usize = 10_000;
@@ -94,8 +95,9 @@ fn algorithm(name: &str) -> Option<Algorithm> {
 
 /// What one caller sends: its `n`th check.
 enum Load {
-    /// A limiter; whether it checks two rules; the pattern its checks meet.
-    Limiter(Arc<Limiter<RedisStore>>, bool, Pattern),
+    /// A limiter; whether it checks two rules; the pattern its checks meet; the path every
+    /// decision must come from (a store that failed would have its policy answer instead).
+    Limiter(Arc<Limiter<RedisStore>>, bool, Pattern, Source),
     /// A script of `usize` keys, and the length its argument is padded to (with zeros).
     Script(
         redis::aio::MultiplexedConnection,
@@ -110,22 +112,26 @@ enum Load {
 impl Load {
     async fn send(&mut self, n: usize) {
         let keys = match self {
-            Self::Limiter(_, _, pattern) => pattern.keys(),
+            Self::Limiter(_, _, pattern, _) => pattern.keys(),
             _ => KEYS,
         };
         let key = format!("key-{}", n % keys);
         match self {
-            Self::Limiter(limiter, false, pattern) => {
+            Self::Limiter(limiter, false, pattern, source) => {
                 let decision = limiter.check(&key, 1).await.expect("a decision");
+                assert_eq!(decision.source(), *source, "decided by {source:?}");
                 if *pattern != Pattern::Denied {
                     assert!(decision.allowed(), "every check is admitted");
                 } else if n >= keys {
                     assert!(!decision.allowed(), "every check after the first is denied");
                 }
             }
-            Self::Limiter(limiter, true, _) => {
+            Self::Limiter(limiter, true, _, source) => {
                 let items = [Item::new("fixed", &key, 1), Item::new("gcra", &key, 1)];
                 let decisions = limiter.check_batch(&items).await.expect("decisions");
+                for decision in decisions.iter() {
+                    assert_eq!(decision.source(), *source, "decided by {source:?}");
+                }
                 assert!(decisions.allowed(), "every check is admitted");
             }
             Self::Cell(connection) => {
@@ -230,14 +236,19 @@ async fn main() {
                 }
             };
             let limiter = builder.store(store).build().expect("a limiter");
-            Load::Limiter(Arc::new(limiter), name == "two_rules", pattern)
+            let source = if module {
+                Source::RedisModule
+            } else {
+                Source::Redis
+            };
+            Load::Limiter(Arc::new(limiter), name == "two_rules", pattern, source)
         }
     };
     let tasks: Vec<_> = (0..callers)
         .map(|caller| {
             let mut load = match &load {
-                Load::Limiter(limiter, two, pattern) => {
-                    Load::Limiter(limiter.clone(), *two, *pattern)
+                Load::Limiter(limiter, two, pattern, source) => {
+                    Load::Limiter(limiter.clone(), *two, *pattern, *source)
                 }
                 Load::Script(connection, script, keys, padded) => {
                     Load::Script(connection.clone(), script.clone(), *keys, *padded)
