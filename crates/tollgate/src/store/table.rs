@@ -21,7 +21,9 @@
 //! its own table has room) and evicts the one whose state matters least, as its owner scores it
 //! (state as good as new first, then the freshest); a used-up key is the last to go, so a flood
 //! of new keys resets one only when every sampled key is used up. Under [`WhenFull::Refuse`]
-//! nothing whose state still matters is evicted, and the new key is not kept. Each insert also
+//! nothing whose state still matters is evicted, and the new key is not kept; its search for
+//! an expired state takes buckets and shards in turn rather than at random, so that the
+//! refusals of a full store search all of it, not the same samples. Each insert also
 //! drops entries at its shard's sweep cursor whose state is as good as new: while the store is
 //! at most half full, only idle ones (as good as new for as long as their owner says; the
 //! memory store's, for their rule's longest period), so that keys still in use stay in place.
@@ -333,6 +335,9 @@ pub(crate) struct Table {
     evictions: AtomicU64,
     limiting_evictions: AtomicU64,
     refused: AtomicU64,
+    /// Under [`WhenFull::Refuse`], where the next eviction's search of other shards starts
+    /// (`class * shards + index`, wrapping).
+    refusal_cursor: AtomicUsize,
     /// Whether a used-up key was evicted yet (said once in the log).
     warned: AtomicBool,
 }
@@ -375,6 +380,7 @@ impl Table {
             evictions: AtomicU64::new(0),
             limiting_evictions: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            refusal_cursor: AtomicUsize::new(0),
             warned: AtomicBool::new(false),
         }
     }
@@ -599,19 +605,31 @@ impl Table {
         // A few other shards, and more while the sample is thin: a shard that holds only a
         // used-up key must not make it the one to go.
         let shards = self.mask + 1;
+        // A table that refuses takes the other shards in turn, from where the last eviction
+        // left off, and searches as many that hold entries, as it takes a shard's buckets
+        // (see `best`): a state as good as new anywhere is found within bounded refusals.
+        let refuses = self.refuses();
         let start = next_random(&mut shard.random) as usize;
-        let mut tried = 0;
+        let (mut tried, mut searched) = (0, 0);
         while tried < CLASSES * shards
-            && (tried < OTHER_SHARDS || seen < EVICTION_CANDIDATES)
+            && (if refuses { searched } else { tried } < OTHER_SHARDS || seen < EVICTION_CANDIDATES)
             && chosen.is_none_or(|(s, _, _)| s < f64::INFINITY)
         {
-            let n = (start + tried) % (CLASSES * shards);
+            let n = if refuses {
+                self.refusal_cursor.fetch_add(1, Ordering::Relaxed)
+            } else {
+                start + tried
+            } % (CLASSES * shards);
             let (class, index) = ((n / shards) as u64, n % shards);
             tried += 1;
-            let Some(((s, at), count)) = self.best_in(class, index, now, score) else {
+            let Some((best, count)) = self.best_in(class, index, now, score) else {
                 continue;
             };
+            searched += usize::from(count > 0);
             seen += count;
+            let Some((s, at)) = best else {
+                continue;
+            };
             if chosen.is_none_or(|(c, _, _)| s > c) {
                 chosen = Some((s, Some((class, index)), at));
             }
@@ -679,24 +697,24 @@ impl Table {
             && self.bytes.load(Ordering::Relaxed) <= self.bounds.max_bytes
     }
 
-    /// The best eviction candidate of shard `index` of `class`, if it is free right now and
-    /// not empty, and how many entries were compared.
+    /// The best eviction candidate of shard `index` of `class` (see [`best`]) and how many
+    /// entries were compared, if the shard is free right now.
     fn best_in(
         &self,
         class: u64,
         index: usize,
         now: u64,
         score: &dyn Score,
-    ) -> Option<((f64, usize), usize)> {
+    ) -> Option<(Option<(f64, usize)>, usize)> {
         fn of<W: Words>(
             shards: &Shards<W>,
             index: usize,
             now: u64,
             score: &dyn Score,
             refuses: bool,
-        ) -> Option<((f64, usize), usize)> {
+        ) -> Option<(Option<(f64, usize)>, usize)> {
             let (best, seen) = best(&mut *shards[index].try_lock()?, now, score, refuses);
-            Some((best?, seen))
+            Some((best, seen))
         }
         let refuses = self.refuses();
         match class {
@@ -783,8 +801,8 @@ fn next_random(state: &mut u64) -> u64 {
 
 /// The entry of `shard` that matters least among a sample (an expired one at once), as its
 /// score and bucket, `None` if the shard is empty; and how many entries were compared. When
-/// the table `refuses` new keys it cannot make room for, the rest of the probes are searched
-/// for an expired state too, as a miss would refuse a key while the store holds one.
+/// the table `refuses` new keys it cannot make room for, only an expired state may go: the
+/// probes are searched for one, from the shard's sweep cursor on, and `None` when none is.
 fn best<W: Words>(
     shard: &mut Shard<W>,
     now: u64,
@@ -795,9 +813,25 @@ fn best<W: Words>(
     if shard.entries.is_empty() || buckets == 0 {
         return (None, 0);
     }
-    let start = next_random(&mut shard.random) as usize;
     let (mut best, mut seen) = (None::<(f64, usize)>, 0);
     let probes = buckets.min(EVICTION_PROBES);
+    if refuses {
+        // Only a state as good as new may go: probes from the sweep's cursor on, each asked
+        // that (cheaper than a score), none scored. The cursor moves past them, so that the
+        // refusals a shard sees search all of it in turn rather than the same sample.
+        let start = shard.cursor;
+        shard.cursor = (start + probes) % buckets;
+        for at in (0..probes).map(|i| (start + i) % buckets) {
+            if let Some(e) = shard.entries.get_bucket_mut(at) {
+                seen += 1;
+                if score.expired(e.key.slot(), e.words.as_mut(), now) {
+                    return (Some((f64::INFINITY, at)), seen);
+                }
+            }
+        }
+        return (None, seen);
+    }
+    let start = next_random(&mut shard.random) as usize;
     let mut i = 0;
     while i < probes && seen < EVICTION_CANDIDATES {
         let at = (start + i) % buckets;
@@ -812,15 +846,6 @@ fn best<W: Words>(
             best = Some((s, at));
         }
         seen += 1;
-    }
-    // The rest of the probes, for a state as good as new only (cheaper than a score).
-    let rest = if refuses { i..probes } else { probes..probes };
-    for at in rest.map(|i| (start + i) % buckets) {
-        if let Some(e) = shard.entries.get_bucket_mut(at)
-            && score.expired(e.key.slot(), e.words.as_mut(), now)
-        {
-            return (Some((f64::INFINITY, at)), seen + 1);
-        }
     }
     if best.is_some() {
         return (best, seen);
