@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOLLGATE = os.path.join(ROOT, "target/release/tollgate")
@@ -176,6 +177,17 @@ def wrk(system, seconds, connections, workdir, pause_ms=0):
             per_request(client[1]), per_request(client[0] * 1e6), per_request(redis * 1e6))
 
 
+def failed_over(system):
+    """The decisions a tollgate server under test made by its rules' failure policy, and
+    the errors its store met, from its /metrics: a store that failed would be answered by the
+    policy (an open rule admits), and its rounds would measure that, not the store."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{system.port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(float(v) for _, v in
+               re.findall(r"^(tollgate_policy_decisions_total|tollgate_store_errors_total)\S* (\S+)$",
+                          text, re.M))
+
+
 def client_usage():
     """CPU seconds (user and system) and voluntary context switches of the waited-for
     children, the load generators so far: what wrk spent, and how often it ran out of answers
@@ -307,6 +319,12 @@ def main():
                 if s.grpc:
                     s.grpc_steady_rounds.append(rls(s, args.seconds, args.connections, args.pause_ms,
                                                     args.steady_streams))
+        for s in systems:
+            if s.proc and s.name.startswith("tollgate"):
+                failed = failed_over(s)
+                if failed:
+                    raise SystemExit(f"{s.name}: {failed:.0f} decisions by the failure policy or "
+                                     "store errors: its rounds did not measure the store")
     finally:
         for s in systems:
             s.stop()
