@@ -470,10 +470,10 @@ fn a_full_store_that_refuses_makes_room_from_keys_whose_window_just_turned() {
 fn a_full_store_that_refuses_makes_room_from_keys_that_expired_after_it_filled() {
     // The store fills while every key is live; then a tenth of them expire, and as many new
     // keys arrive: each must find one of the few expired states left, wherever it is. A
-    // refusal searches 64 buckets of its own shard's twice and 64 of two other shards', each
-    // from where the last search there stopped, taking the shards in turn: the 16 shards of
-    // 128 buckets these keys fill are searched whole within 16 refusals (random samples
-    // refused 21-29 of the 100 here).
+    // refusal searches 64 buckets of its own shard and 64 of each of two other shards that
+    // hold entries, each from where the last search there stopped, taking the shards in turn:
+    // the 16 shards (of at most 128 buckets) these keys fill are searched whole within 16
+    // refusals (random samples refused 21-29 of the 100 here).
     let store = MemoryStore::builder()
         .max_keys(1_000)
         .shards(16)
