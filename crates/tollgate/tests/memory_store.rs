@@ -20,6 +20,23 @@ fn limiter(
         .unwrap()
 }
 
+/// A store of `max_keys` in 16 shards that refuses new keys when full.
+fn refusing(max_keys: usize) -> MemoryStore {
+    MemoryStore::builder()
+        .max_keys(max_keys)
+        .shards(16)
+        .when_full(WhenFull::Refuse)
+        .build()
+        .unwrap()
+}
+
+/// A fixed window of `tier` that denies when the store cannot decide.
+fn closed(name: &str, tier: Tier) -> Rule {
+    Rule::new(name, Algorithm::FixedWindow, [tier])
+        .and_then(|r| r.on_failure(FailurePolicy::Closed))
+        .unwrap()
+}
+
 fn per_day(name: &str, algorithm: Algorithm, limit: u64) -> Rule {
     Rule::new(name, algorithm, [Tier::per_day(limit)]).unwrap()
 }
@@ -144,15 +161,12 @@ fn a_full_store_that_refuses_keeps_used_up_keys_and_applies_the_policy() {
 
 #[test]
 fn a_refused_key_denies_its_whole_batch_under_a_closed_rule() {
-    let store = MemoryStore::builder()
-        .max_keys(3)
-        .when_full(WhenFull::Refuse)
-        .build()
-        .unwrap();
-    let rule = Rule::new("daily", Algorithm::FixedWindow, [Tier::per_day(5)])
-        .and_then(|r| r.on_failure(FailurePolicy::Closed))
-        .unwrap();
-    let limiter = limiter(&store, &ManualClock::new(), rule);
+    let store = refusing(3);
+    let limiter = limiter(
+        &store,
+        &ManualClock::new(),
+        closed("daily", Tier::per_day(5)),
+    );
     let item = |key: &'static str| Item::new("daily", key, 1);
     for key in ["held", "other"] {
         assert!(limiter.check_batch_now(&[item(key)]).unwrap().allowed());
@@ -437,16 +451,9 @@ fn a_full_store_that_refuses_makes_room_from_keys_whose_window_just_turned() {
     // Kept past their expiry while there is room, expired keys must still make room for new
     // ones once the store is full: a store that refuses new keys under a closed rule would
     // otherwise deny them while it holds keys whose state is as good as new.
-    let store = MemoryStore::builder()
-        .max_keys(1_000)
-        .when_full(WhenFull::Refuse)
-        .build()
-        .unwrap();
+    let store = refusing(1_000);
     let clock = ManualClock::new();
-    let rule = Rule::new("window", Algorithm::FixedWindow, [Tier::per_second(5)])
-        .and_then(|r| r.on_failure(FailurePolicy::Closed))
-        .unwrap();
-    let limiter = limiter(&store, &clock, rule);
+    let limiter = limiter(&store, &clock, closed("window", Tier::per_second(5)));
     for i in 0..100u32 {
         assert!(limiter.check_now(i.to_be_bytes(), 1).unwrap().allowed());
     }
@@ -474,18 +481,8 @@ fn a_full_store_that_refuses_makes_room_from_keys_that_expired_after_it_filled()
     // hold entries, each from where the last search there stopped, taking the shards in turn:
     // the 16 shards (of at most 128 buckets) these keys fill are searched whole within 16
     // refusals (random samples refused 21-29 of the 100 here).
-    let store = MemoryStore::builder()
-        .max_keys(1_000)
-        .shards(16)
-        .when_full(WhenFull::Refuse)
-        .build()
-        .unwrap();
+    let store = refusing(1_000);
     let clock = ManualClock::new();
-    let closed = |name: &str, tier: Tier| {
-        Rule::new(name, Algorithm::FixedWindow, [tier])
-            .and_then(|r| r.on_failure(FailurePolicy::Closed))
-            .unwrap()
-    };
     let second = limiter(&store, &clock, closed("second", Tier::per_second(5)));
     let hour = limiter(&store, &clock, closed("hour", Tier::per_hour(5)));
     for i in 0..100u32 {

@@ -547,7 +547,7 @@ impl Table {
 
     /// Whether the store is at most half full, in keys and in bytes: room enough that the
     /// sweep may keep states that only just expired, and still clear them all before the
-    /// store fills up (an eviction finds an expired state only by sampling).
+    /// store fills up (an eviction searches only a few buckets at a time for one).
     fn roomy(&self) -> bool {
         self.keys.load(Ordering::Relaxed) <= self.bounds.max_keys / 2
             && self.bytes.load(Ordering::Relaxed) <= self.bounds.max_bytes / 2
@@ -713,8 +713,7 @@ impl Table {
             score: &dyn Score,
             refuses: bool,
         ) -> Option<(Option<(f64, usize)>, usize)> {
-            let (best, seen) = best(&mut *shards[index].try_lock()?, now, score, refuses);
-            Some((best, seen))
+            Some(best(&mut *shards[index].try_lock()?, now, score, refuses))
         }
         let refuses = self.refuses();
         match class {
@@ -832,10 +831,8 @@ fn best<W: Words>(
         return (None, seen);
     }
     let start = next_random(&mut shard.random) as usize;
-    let mut i = 0;
-    while i < probes && seen < EVICTION_CANDIDATES {
+    for i in 0..probes {
         let at = (start + i) % buckets;
-        i += 1;
         let Some(e) = shard.entries.get_bucket_mut(at) else {
             continue;
         };
@@ -846,6 +843,9 @@ fn best<W: Words>(
             best = Some((s, at));
         }
         seen += 1;
+        if seen == EVICTION_CANDIDATES {
+            break;
+        }
     }
     if best.is_some() {
         return (best, seen);
