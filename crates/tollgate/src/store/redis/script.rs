@@ -46,13 +46,12 @@ impl Driver {
         }
     }
 
-    /// The Lua call that decides a check with the algorithm defined just before it.
-    fn entry(self, keys: &str, args: &str) -> String {
+    /// The Lua function (of the keys and the arguments) that decides a check with the
+    /// algorithm defined just before it.
+    fn entry(self) -> &'static str {
         match self {
-            Self::Words => {
-                format!("words({keys}, {args}, decide, denied, expires_at, forgets)")
-            }
-            Self::Log => format!("log({keys}, {args}, decide)"),
+            Self::Words => "words_of(decide, denied, expires_at, forgets)",
+            Self::Log => "log_of(decide)",
         }
     }
 }
@@ -126,10 +125,9 @@ fn algorithm_blocks(functions: bool) -> String {
     let mut body = String::new();
     for (i, (algorithm, code, driver)) in ALGORITHMS.into_iter().enumerate() {
         let function = if functions {
-            let call = driver.entry("keys", "args");
             format!(
-                "redis.register_function('__LIBRARY___{algorithm}', \
-                 function(keys, args) return {call} end)\n"
+                "redis.register_function('__LIBRARY___{algorithm}', {})\n",
+                driver.entry()
             )
         } else {
             String::new()
@@ -190,10 +188,10 @@ static ENTRIES: LazyLock<Vec<Entry>> = LazyLock::new(|| {
     ALGORITHMS
         .iter()
         .map(|&(algorithm, code, driver)| {
-            let call = driver.entry("KEYS", "ARGV");
             let script = format!(
-                "{PRELUDE}{}{DEFAULTS}{code}\nreturn {call}\n",
-                driver.code()
+                "{PRELUDE}{}{DEFAULTS}{code}\nreturn ({})(KEYS, ARGV)\n",
+                driver.code(),
+                driver.entry()
             );
             Entry {
                 function: format!("{}_{algorithm}", LIBRARY.name),

@@ -51,11 +51,14 @@ local function log_commit(tiers, keys, first, a, newest)
   end
 end
 
-local function log(keys, args, decide)
-  local a, tiers = attempt_of(args[1]), tiers_of(args[2])
-  local verdicts, newest = {}, {}
-  if log_ask(tiers, keys, 1, a, decide, verdicts, newest, 0) and a.cost > 0 then
-    log_commit(tiers, keys, 1, a, newest)
+-- The function that checks a key of the algorithm of `decide`, which it keeps as an upvalue.
+local function log_of(decide)
+  return function(keys, args)
+    local a, tiers = attempt_of(args[1]), tiers_of(args[2])
+    local verdicts, newest = {}, {}
+    if log_ask(tiers, keys, 1, a, decide, verdicts, newest, 0) and a.cost > 0 then
+      log_commit(tiers, keys, 1, a, newest)
+    end
+    return pack(tiers.reply_format, unpack(verdicts))
   end
-  return pack(tiers.reply_format, unpack(verdicts))
 end

@@ -54,7 +54,8 @@ local function write(key, stored, tiers, w, a, expires, kept)
       call('SET', key, state, 'KEEPTTL')
     elseif a.server_time then
       -- One time for every key written within a second: its text is formatted once.
-      call('SET', key, state, 'PXAT', decimal(at / 1000 + a.ttl_padding))
+      local ms = at / 1000 + a.ttl_padding
+      call('SET', key, state, 'PXAT', decimals[ms] or decimal(ms))
     else
       call('SET', key, state, 'PX', decimal(floor((at - a.now + 999) / 1000) + a.ttl_padding))
     end
@@ -88,28 +89,38 @@ end
 -- most a check has had (a call runs alone, and its reply is packed before it returns).
 local verdicts_of_check = {}
 
-local function words(keys, args, decide, denied, expires_at, forgets)
-  local a, tiers = attempt_of(args[1]), parsed[args[2]] or tiers_of(args[2])
-  local key = keys[1]
-  local stored = call('GET', key)
-  local w, original = read_state(tiers, stored, a, expires_at, forgets)
+-- The function that checks a key of the algorithm of `decide`, `denied`, `expires_at` and
+-- `forgets`, which it keeps as upvalues: a check makes one Lua call fewer than through a
+-- function that passes them on. (read_state is written out: every check runs it.)
+local function words_of(decide, denied, expires_at, forgets)
+  return function(keys, args)
+    local a, tiers = attempt_of(args[1]), parsed[args[2]] or tiers_of(args[2])
+    local key = keys[1]
+    local stored = call('GET', key)
+    local original = stored or tiers.zero_state
+    local w = {unpack_packed(tiers.state_format, original)}
+    if stored and forgets and forgets(tiers) and latest(tiers, w, expires_at) <= a.now then
+      original = tiers.zero_state
+      w = {unpack_packed(tiers.state_format, original)}
+    end
 
-  local wants_write = a.cost > 0
-  if #tiers == 1 then
-    local t = tiers[1]
-    local kept = stored and expires_at(t, w)
-    local allowed, limit, remaining, reset_after, retry_after, delay = decide(t, w, a)
-    if allowed ~= 1 and wants_write then denied(t, w, a) end
-    write(key, stored, tiers, w, a, expires_at(t, w), kept)
-    return pack(tiers.reply_format, allowed, limit, remaining, reset_after, retry_after, delay)
+    local wants_write = a.writes
+    if #tiers == 1 then
+      local t = tiers[1]
+      local kept = stored and expires_at(t, w)
+      local allowed, limit, remaining, reset_after, retry_after, delay = decide(t, w, a)
+      if allowed ~= 1 and wants_write then denied(t, w, a) end
+      write(key, stored, tiers, w, a, expires_at(t, w), kept)
+      return pack(tiers.reply_format, allowed, limit, remaining, reset_after, retry_after, delay)
+    end
+    local kept = stored and latest(tiers, w, expires_at)
+    local verdicts = verdicts_of_check
+    local allowed = ask(tiers, w, a, decide, verdicts, true, 0)
+    if not allowed and wants_write then
+      w = {unpack_packed(tiers.state_format, original)}
+      for i = 1, #tiers do denied(tiers[i], w, a) end
+    end
+    write(key, stored, tiers, w, a, latest(tiers, w, expires_at), kept)
+    return pack(tiers.reply_format, unpack(verdicts, 1, 6 * #tiers))
   end
-  local kept = stored and latest(tiers, w, expires_at)
-  local verdicts = verdicts_of_check
-  local allowed = ask(tiers, w, a, decide, verdicts, true, 0)
-  if not allowed and wants_write then
-    w = {unpack_packed(tiers.state_format, original)}
-    for i = 1, #tiers do denied(tiers[i], w, a) end
-  end
-  write(key, stored, tiers, w, a, latest(tiers, w, expires_at), kept)
-  return pack(tiers.reply_format, unpack(verdicts, 1, 6 * #tiers))
 end
