@@ -4,8 +4,12 @@
 local function decide(t, w, a)
   local o, n, now = t.offset, t.per_micro, a.now
   local tat, fraction = w[o + 1], 0
-  -- A fraction kept under an earlier rate of this rule counts as under a microsecond.
-  if t.words > 1 then fraction = min(w[o + 2], n - 1) end
+  -- A fraction kept under an earlier rate of this rule counts as under a microsecond (min()
+  -- written out: every check runs it).
+  if t.words > 1 then
+    fraction = w[o + 2]
+    if fraction > n - 1 then fraction = n - 1 end
+  end
   if tat < now then tat, fraction = now, 0 end
   local allowed, limit, remaining, reset_after, retry_after =
     bucket(t, t.burst, (tat - now) * n + fraction, a.cost)

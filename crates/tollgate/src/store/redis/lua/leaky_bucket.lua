@@ -37,6 +37,9 @@ local function credit(t, w, a)
   w[o + 1], w[o + 2] = max(level - units(t, a.cost), 0), max(a.now, last)
 end
 
+-- micros() written out: every check runs this twice.
 local function expires_at(t, w)
-  return w[t.offset + 2] + micros(t, w[t.offset + 1])
+  local o, per_micro = t.offset, t.per_micro
+  local ticks = (w[o + 1] + per_micro - 1) / per_micro
+  return w[o + 2] + (ticks - ticks % 1)
 end

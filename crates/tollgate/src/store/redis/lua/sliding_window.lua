@@ -63,8 +63,13 @@ local function decide(t, w, a)
   if weighted + current + cost <= limit then
     current = current + cost
     if a.writes then w[o + 1], w[o + 2], w[o + 3] = start, previous, current end
-    return allow(limit, remaining(limit, weighted + current),
-      max(reset_at(start, previous, current, period) - now, 0))
+    -- remaining(), max() and allow() written out: every admitted check runs them.
+    local left = limit - (weighted + current)
+    left = left - left % 1
+    if left < 0 then left = 0 end
+    local reset_after = reset_at(start, previous, current, period) - now
+    if reset_after < 0 then reset_after = 0 end
+    return 1, limit, left, reset_after, 0, 0
   end
   return deny(limit, remaining(limit, weighted + current),
     max(reset_at(start, previous, current, period) - now, 0),
@@ -94,7 +99,11 @@ local function credit(t, w, a)
   w[o + 1], w[o + 2], w[o + 3] = start, previous, current
 end
 
+-- reset_at() of the stored windows (a stored start is its window's), written out: every
+-- check runs this twice.
 local function expires_at(t, w)
-  local start, previous, current = windows(t, w, w[t.offset + 1])
-  return reset_at(start, previous, current, t.period)
+  local o = t.offset
+  if w[o + 3] > 0 then return w[o + 1] + 2 * t.period end
+  if w[o + 2] > 0 then return w[o + 1] + t.period end
+  return 0
 end

@@ -3,14 +3,19 @@
 -- no caller's p1 makes a loop here longer than the state it reads. Words: index of the newest
 -- sub-window written, then one count per sub-window, sub-window i at position i % count.
 
+-- (max(), floor() and allow() written out here and in decide(): every check runs them, and a
+-- call costs Redis more than the arithmetic.)
 local function sum(w, o, count, newest, at)
-  local total = 0
-  for i = max(at + 1 - count, 0), newest do total = total + w[o + 2 + i % count] end
+  local total, oldest = 0, at + 1 - count
+  if oldest < 0 then oldest = 0 end
+  for i = oldest, newest do total = total + w[o + 2 + i % count] end
   return total
 end
 
 local function reset_at(w, o, count, newest, at, length)
-  for i = newest, max(at + 1 - count, 0), -1 do
+  local oldest = at + 1 - count
+  if oldest < 0 then oldest = 0 end
+  for i = newest, oldest, -1 do
     if w[o + 2 + i % count] > 0 then return (i + count) * length end
   end
   return 0
@@ -20,9 +25,12 @@ local function decide(t, w, a)
   local o, limit, now, cost, count = t.offset, t.limit, a.now, a.cost, t.words - 1
   local length = t.period / count
   local newest = w[o + 1]
-  local current = max(floor(now / length), newest)
+  local current = now / length
+  current = current - current % 1
+  if current < newest then current = newest end
   local used = sum(w, o, count, newest, current)
-  local reset_after = max(reset_at(w, o, count, newest, current, length) - now, 0)
+  local reset_after = reset_at(w, o, count, newest, current, length) - now
+  if reset_after < 0 then reset_after = 0 end
   if used + cost > limit then
     -- The window's count as its oldest sub-windows leave it, one at a time: one pass.
     local next_at, total = nil, used
@@ -34,12 +42,15 @@ local function decide(t, w, a)
     return deny(limit, max(limit - used, 0), reset_after, next_at * length - now)
   end
   if a.writes then
-    for i = max(newest + 1, current - (count - 1), 0), current do w[o + 2 + i % count] = 0 end
+    local first = newest + 1
+    if first < current - (count - 1) then first = current - (count - 1) end
+    if first < 0 then first = 0 end
+    for i = first, current do w[o + 2 + i % count] = 0 end
     w[o + 2 + current % count] = w[o + 2 + current % count] + cost
     w[o + 1] = current
   end
   if cost > 0 then reset_after = (current + count) * length - now end
-  return allow(limit, limit - used - cost, reset_after)
+  return 1, limit, limit - used - cost, reset_after, 0, 0
 end
 
 local function denied(t, w, a) end

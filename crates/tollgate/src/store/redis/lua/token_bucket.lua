@@ -4,14 +4,17 @@
 -- its burst expires once it has stayed full for a whole period; a key whose every tier has
 -- expired is then read as a key never seen (`forgets`).
 
--- (units() and micros() written out here and in refilled() and decide(): every check runs
--- them, and a Lua call costs Redis more than the arithmetic.)
+-- (units(), micros(), min(), max() and floor() written out here and in refilled() and
+-- decide(): every check runs them, and a call costs Redis more than the arithmetic.)
 local function expires_at(t, w)
   local o = t.offset
   local last = w[o + 2]
   if last == 0 then return 0 end
   local per_micro = t.per_micro
-  local full = last + floor((max(t.burst * t.per_permit - w[o + 1], 0) + per_micro - 1) / per_micro)
+  local missing = t.burst * t.per_permit - w[o + 1]
+  if missing < 0 then missing = 0 end
+  local ticks = (missing + per_micro - 1) / per_micro
+  local full = last + (ticks - ticks % 1)
   if t.p1 >= 0 and t.p1 < t.burst then return full + t.period end
   return full
 end

@@ -61,5 +61,9 @@ local function credit(t, w, a) end
 local function expires_at(t, w)
   local o = t.offset
   if w[o + 2] == 0 then return 0 end
-  return w[o + 2] + ceil((t.p3 - w[o + 1]) * t.p5) + 1
+  -- ceil() written out: every check runs this twice.
+  local cool = (t.p3 - w[o + 1]) * t.p5
+  local whole = cool - cool % 1
+  if whole < cool then whole = whole + 1 end
+  return w[o + 2] + whole + 1
 end
