@@ -91,18 +91,13 @@ local verdicts_of_check = {}
 
 -- The function that checks a key of the algorithm of `decide`, `denied`, `expires_at` and
 -- `forgets`, which it keeps as upvalues: a check makes one Lua call fewer than through a
--- function that passes them on. (read_state is written out: every check runs it.)
+-- function that passes them on.
 local function words_of(decide, denied, expires_at, forgets)
   return function(keys, args)
     local a, tiers = attempt_of(args[1]), parsed[args[2]] or tiers_of(args[2])
     local key = keys[1]
     local stored = call('GET', key)
-    local original = stored or tiers.zero_state
-    local w = {unpack_packed(tiers.state_format, original)}
-    if stored and forgets and forgets(tiers) and latest(tiers, w, expires_at) <= a.now then
-      original = tiers.zero_state
-      w = {unpack_packed(tiers.state_format, original)}
-    end
+    local w, original = read_state(tiers, stored, a, expires_at, forgets)
 
     local wants_write = a.writes
     if #tiers == 1 then
