@@ -48,8 +48,12 @@ local function reset_at(start, previous, current, period)
   return 0
 end
 
+-- max() and floor() written out: every admitted check runs this.
 local function remaining(limit, estimated)
-  return max(floor(limit - estimated), 0)
+  local left = limit - estimated
+  left = left - left % 1
+  if left < 0 then return 0 end
+  return left
 end
 
 local function decide(t, w, a)
@@ -63,13 +67,10 @@ local function decide(t, w, a)
   if weighted + current + cost <= limit then
     current = current + cost
     if a.writes then w[o + 1], w[o + 2], w[o + 3] = start, previous, current end
-    -- remaining(), max() and allow() written out: every admitted check runs them.
-    local left = limit - (weighted + current)
-    left = left - left % 1
-    if left < 0 then left = 0 end
+    -- max() and allow() written out: every admitted check runs them.
     local reset_after = reset_at(start, previous, current, period) - now
     if reset_after < 0 then reset_after = 0 end
-    return 1, limit, left, reset_after, 0, 0
+    return 1, limit, remaining(limit, weighted + current), reset_after, 0, 0
   end
   return deny(limit, remaining(limit, weighted + current),
     max(reset_at(start, previous, current, period) - now, 0),
@@ -99,11 +100,8 @@ local function credit(t, w, a)
   w[o + 1], w[o + 2], w[o + 3] = start, previous, current
 end
 
--- reset_at() of the stored windows (a stored start is its window's), written out: every
--- check runs this twice.
+-- The stored windows' reset: windows() of a stored start is the stored words themselves.
 local function expires_at(t, w)
   local o = t.offset
-  if w[o + 3] > 0 then return w[o + 1] + 2 * t.period end
-  if w[o + 2] > 0 then return w[o + 1] + t.period end
-  return 0
+  return reset_at(w[o + 1], w[o + 2], w[o + 3], t.period)
 end
