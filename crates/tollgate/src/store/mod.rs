@@ -5,6 +5,7 @@
 
 mod any;
 mod book;
+mod buckets;
 mod lock;
 mod memory;
 mod slots;

@@ -6,16 +6,17 @@
 //! the entry's words in place. Entries are split in five classes by state size (one, two,
 //! three, four words, and more), so that states of up to four words live inside the table
 //! itself, each in a bucket no larger than it needs: a 16-byte key with one GCRA word takes a
-//! 32-byte bucket plus a control byte, with the sliding window's three words 48.
+//! 32-byte bucket, with the sliding window's three words 48. The buckets are open-addressed
+//! ([`Buckets`]): a check reads its bucket's line and no other.
 //!
 //! Memory is bounded by a key count and by bytes, both exact: the bytes are what the tables
-//! allocate (every bucket, used or not, and its control byte) and what keys and large states
+//! allocate (every bucket, used or not) and what keys and large states
 //! take outside them, so the bound holds for what the process really holds. A shard's table
 //! grows (doubling) only while the byte bound allows it and up to the size its share of the
 //! key bound needs (a quarter more than an even share, at three quarters full); beyond, an
-//! insert into a shard at three quarters of its buckets evicts in that shard, and the buckets
-//! that evictions leave behind are reclaimed by rebuilding the table in place, never by
-//! growing it. So no pattern of inserts and evictions makes a table larger than that.
+//! insert into a shard at three quarters of its buckets evicts in that shard, and a removal
+//! leaves no mark behind (see [`Buckets::remove_at`]). So no pattern of inserts and evictions
+//! makes a table larger than that.
 //!
 //! To make room, an insert samples a few entries (of its shard, and of two other shards when
 //! its own table has room) and evicts the one whose state matters least, as its owner scores it
@@ -34,9 +35,9 @@ use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use crossbeam_utils::CachePadded;
-use hashbrown::HashTable;
 use spin::mutex::SpinMutexGuard;
 
+use super::buckets::Buckets;
 use super::lock::ShardLock;
 
 /// Key bytes kept inside the entry; longer keys get an allocation of their own.
@@ -194,40 +195,25 @@ impl<W: Words> Entry<W> {
     }
 }
 
-/// Control bytes a table allocates beyond one per bucket (hashbrown's group width, at most).
-const TRAILING_CONTROL_BYTES: usize = 16;
-
-/// Bytes a table of `buckets` buckets of `W` entries allocates.
+/// Bytes a table of `buckets` buckets of `W` entries allocates (an empty bucket is as large
+/// as a full one).
 fn table_bytes<W>(buckets: usize) -> usize {
-    if buckets == 0 {
-        0
-    } else {
-        buckets * (std::mem::size_of::<Entry<W>>() + 1) + TRAILING_CONTROL_BYTES
-    }
-}
-
-/// The entries hashbrown lets a table of `buckets` buckets hold before it would reallocate.
-fn hashbrown_capacity(buckets: usize) -> usize {
-    if buckets < 8 {
-        buckets.saturating_sub(1)
-    } else {
-        buckets / 8 * 7
-    }
+    buckets * std::mem::size_of::<Option<Entry<W>>>()
 }
 
 /// The entries a table of `buckets` buckets holds before an insert must grow it or evict in
-/// it: three quarters of its buckets, under hashbrown's seven eighths, so that the buckets
-/// evictions leave behind are reclaimed by a rebuild at most every eighth of its inserts.
+/// it: three quarters of its buckets (all but one of a small table's), so that a lookup of a
+/// key not held, which reads buckets until an empty one, reads few.
 fn load_limit(buckets: usize) -> usize {
     if buckets < 8 {
-        hashbrown_capacity(buckets)
+        buckets.saturating_sub(1)
     } else {
         buckets / 4 * 3
     }
 }
 
 pub(crate) struct Shard<W> {
-    pub(crate) entries: HashTable<Entry<W>>,
+    pub(crate) entries: Buckets<Entry<W>>,
     /// The next bucket the sweep inspects.
     cursor: usize,
     /// State of the shard's random sampling (xorshift).
@@ -346,7 +332,7 @@ fn shards<W>(count: usize) -> Shards<W> {
     (0..count)
         .map(|i| {
             CachePadded::new(ShardLock::new(Shard {
-                entries: HashTable::new(),
+                entries: Buckets::new(),
                 cursor: 0,
                 random: 0x9e37_79b9_7f4a_7c15 ^ (i as u64).wrapping_mul(0xff51_afd7_ed55_8ccd),
             }))
@@ -392,7 +378,7 @@ impl Table {
         self.hasher.hash_one(key) ^ u64::from(slot).wrapping_mul(0x9e37_79b9_7f4a_7c15)
     }
 
-    /// The shard of a hash: its high bits (hashbrown uses the low bits and the top seven).
+    /// The shard of a hash: its high bits (a shard's buckets use the low bits).
     #[inline]
     pub(crate) fn shard(&self, hash: u64) -> usize {
         (hash >> 32) as usize & self.mask
@@ -430,17 +416,17 @@ impl Table {
     }
 
     /// Bytes a new entry of `words` words for a key of `key_len` bytes takes at the least: its
-    /// bucket and control byte, and what it stores outside (its table's slack comes on top).
+    /// bucket, and what it stores outside (its table's slack comes on top).
     pub(crate) fn entry_bytes(words: usize, key_len: usize) -> usize {
         let (entry, heap_words) = match Class::of(words) {
-            Class::One => (std::mem::size_of::<Entry<[u64; 1]>>(), 0),
-            Class::Two => (std::mem::size_of::<Entry<[u64; 2]>>(), 0),
-            Class::Three => (std::mem::size_of::<Entry<[u64; 3]>>(), 0),
-            Class::Four => (std::mem::size_of::<Entry<[u64; 4]>>(), 0),
-            Class::Many => (std::mem::size_of::<Entry<Box<[u64]>>>(), 8 * words),
+            Class::One => (table_bytes::<[u64; 1]>(1), 0),
+            Class::Two => (table_bytes::<[u64; 2]>(1), 0),
+            Class::Three => (table_bytes::<[u64; 3]>(1), 0),
+            Class::Four => (table_bytes::<[u64; 4]>(1), 0),
+            Class::Many => (table_bytes::<Box<[u64]>>(1), 8 * words),
         };
         let heap_key = if key_len > INLINE_KEY { key_len } else { 0 };
-        entry + 1 + heap_key + heap_words
+        entry + heap_key + heap_words
     }
 
     /// Inserts `entry`, whose key hashes to `hash`, into `shard` (locked by the caller),
@@ -474,7 +460,7 @@ impl Table {
                 s == f64::INFINITY
                     && shard
                         .entries
-                        .get_bucket_mut(at)
+                        .get_mut(at)
                         .is_some_and(|e| sweepable(e, now, score, roomy))
             });
             // A full store grows a table only for a shard well under its share (a rule's
@@ -498,44 +484,24 @@ impl Table {
             self.refused.fetch_add(1, Ordering::Relaxed);
             return false;
         }
-        if shard.entries.len() == shard.entries.capacity() {
-            // Full of evicted entries' buckets, which hashbrown would reclaim by growing.
-            self.rebuild(shard);
-        }
-        shard
-            .entries
-            .insert_unique(hash, entry, |e| self.hash(e.key.slot(), e.key.key()));
+        shard.entries.insert(hash, entry);
         true
+    }
+
+    /// The hash of `entry`'s key, for the buckets to place it.
+    fn hash_of<W>(&self, entry: &Entry<W>) -> u64 {
+        self.hash(entry.key.slot(), entry.key.key())
     }
 
     /// Doubles the buckets of `shard`'s table (a first table has four), counting its bytes.
     fn grow<W: Words>(&self, shard: &mut Shard<W>) {
-        let (buckets, len) = (shard.entries.num_buckets(), shard.entries.len());
-        let wanted = (hashbrown_capacity(buckets) + 1).max(1);
-        shard
-            .entries
-            .reserve(wanted - len, |e| self.hash(e.key.slot(), e.key.key()));
-        let grown = shard.entries.num_buckets();
-        debug_assert!(grown > buckets);
+        let buckets = shard.entries.num_buckets();
+        let grown = 2 * buckets.max(2);
+        shard.entries.resize(grown, |e| self.hash_of(e));
         self.bytes.fetch_add(
             table_bytes::<W>(grown) - table_bytes::<W>(buckets),
             Ordering::Relaxed,
         );
-        shard.cursor = 0;
-    }
-
-    /// Moves `shard`'s entries into a fresh table of as many buckets, clearing the marks that
-    /// removed entries leave, which hashbrown would otherwise clear by doubling the table.
-    #[cold]
-    fn rebuild<W: Words>(&self, shard: &mut Shard<W>) {
-        let buckets = shard.entries.num_buckets();
-        let mut fresh = HashTable::with_capacity(hashbrown_capacity(buckets));
-        let hasher = |e: &Entry<W>| self.hash(e.key.slot(), e.key.key());
-        for entry in shard.entries.drain() {
-            fresh.insert_unique(hasher(&entry), entry, hasher);
-        }
-        debug_assert_eq!(fresh.num_buckets(), buckets);
-        shard.entries = fresh;
         shard.cursor = 0;
     }
 
@@ -565,7 +531,7 @@ impl Table {
             shard.cursor = at + 1;
             let drop = shard
                 .entries
-                .get_bucket_mut(at)
+                .get_mut(at)
                 .is_some_and(|e| sweepable(e, now, score, roomy));
             if drop {
                 self.remove_at(shard, at);
@@ -759,20 +725,22 @@ impl Table {
 
     /// Removes the entry of `key` of `slot`, if held.
     pub(crate) fn remove<W: Words>(&self, shard: &mut Shard<W>, hash: u64, slot: u32, key: &[u8]) {
-        if let Ok(entry) = shard.entries.find_entry(hash, |e| e.key.is(slot, key)) {
-            let (removed, _) = entry.remove();
+        let removed = shard
+            .entries
+            .remove(hash, |e| e.key.is(slot, key), |e| self.hash_of(e));
+        if let Some(removed) = removed {
             self.keys.fetch_sub(1, Ordering::Relaxed);
             self.bytes
                 .fetch_sub(removed.heap_bytes(), Ordering::Relaxed);
         }
     }
 
-    /// Removes the entry at bucket `at`, if there is one.
+    /// Removes the entry at bucket `at`, if there is one. Entries after it may move back to
+    /// `at` or before (see [`Buckets::remove_at`]).
     fn remove_at<W: Words>(&self, shard: &mut Shard<W>, at: usize) -> bool {
-        let Ok(entry) = shard.entries.get_bucket_entry(at) else {
+        let Some(removed) = shard.entries.remove_at(at, |e| self.hash_of(e)) else {
             return false;
         };
-        let (removed, _) = entry.remove();
         self.keys.fetch_sub(1, Ordering::Relaxed);
         self.bytes
             .fetch_sub(removed.heap_bytes(), Ordering::Relaxed);
@@ -821,7 +789,7 @@ fn best<W: Words>(
         let start = shard.cursor;
         shard.cursor = (start + probes) % buckets;
         for at in (0..probes).map(|i| (start + i) % buckets) {
-            if let Some(e) = shard.entries.get_bucket_mut(at) {
+            if let Some(e) = shard.entries.get_mut(at) {
                 seen += 1;
                 if score.expired(e.key.slot(), e.words.as_mut(), now) {
                     return (Some((f64::INFINITY, at)), seen);
@@ -833,7 +801,7 @@ fn best<W: Words>(
     let start = next_random(&mut shard.random) as usize;
     for i in 0..probes {
         let at = (start + i) % buckets;
-        let Some(e) = shard.entries.get_bucket_mut(at) else {
+        let Some(e) = shard.entries.get_mut(at) else {
             continue;
         };
         let Some(s) = score.score(e.key.slot(), e.words.as_mut(), now) else {
@@ -851,9 +819,9 @@ fn best<W: Words>(
         return (best, seen);
     }
     // A sparse table: its first entry.
-    let first = (0..buckets).find(|&at| shard.entries.get_bucket(at).is_some());
+    let first = (0..buckets).find(|&at| shard.entries.get(at).is_some());
     let best = first.and_then(|at| {
-        let e = shard.entries.get_bucket_mut(at)?;
+        let e = shard.entries.get_mut(at)?;
         let s = score.score(e.key.slot(), e.words.as_mut(), now);
         Some((s.unwrap_or(f64::INFINITY), at))
     });
@@ -946,7 +914,7 @@ impl Table {
 
     fn read<W: Words>(&self, locked: &mut Locked<'_, W>, hash: u64, k: &Access<'_>) -> Vec<u64> {
         let shard = locked.shard(self.shard(hash));
-        match shard.entries.find(hash, |e| e.key.is(k.slot, k.key)) {
+        match shard.entries.find_mut(hash, |e| e.key.is(k.slot, k.key)) {
             Some(entry) => entry.words.as_ref()[..k.words].to_vec(),
             None => vec![0; k.words],
         }
@@ -979,10 +947,10 @@ mod tests {
     use super::Table;
 
     /// A state of one to four words lives in a bucket of just its size: a 24-byte key (16
-    /// bytes inline) and its words, plus a control byte.
+    /// bytes inline) and its words.
     #[test]
     fn a_state_takes_a_bucket_of_its_own_size() {
         let sizes: Vec<usize> = (1..=4).map(|words| Table::entry_bytes(words, 16)).collect();
-        assert_eq!(sizes, [33, 41, 49, 57]);
+        assert_eq!(sizes, [32, 40, 48, 56]);
     }
 }
