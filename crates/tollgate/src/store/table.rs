@@ -528,13 +528,13 @@ impl Table {
         }
         for _ in 0..SWEEP_PER_INSERT {
             let at = shard.cursor % buckets;
-            shard.cursor = at + 1;
             let drop = shard
                 .entries
                 .get_mut(at)
                 .is_some_and(|e| sweepable(e, now, score, roomy));
-            if drop {
-                self.remove_at(shard, at);
+            // A removal may shift a later entry back into `at`: the cursor stays to see it.
+            if !(drop && self.remove_at(shard, at)) {
+                shard.cursor = at + 1;
             }
         }
     }
@@ -784,14 +784,17 @@ fn best<W: Words>(
     let probes = buckets.min(EVICTION_PROBES);
     if refuses {
         // Only a state as good as new may go: probes from the sweep's cursor on, each asked
-        // that (cheaper than a score), none scored. The cursor moves past them, so that the
-        // refusals a shard sees search all of it in turn rather than the same sample.
+        // that (cheaper than a score), none scored. The cursor moves past those that may
+        // not go, so that the refusals a shard sees search all of it in turn rather than the
+        // same sample; it stops at the one found, since removing it may shift a later entry
+        // back into its bucket (never before it).
         let start = shard.cursor;
         shard.cursor = (start + probes) % buckets;
         for at in (0..probes).map(|i| (start + i) % buckets) {
             if let Some(e) = shard.entries.get_mut(at) {
                 seen += 1;
                 if score.expired(e.key.slot(), e.words.as_mut(), now) {
+                    shard.cursor = at;
                     return (Some((f64::INFINITY, at)), seen);
                 }
             }
