@@ -108,7 +108,7 @@ impl<T> Buckets<T> {
 
     /// Removes and returns the entry in bucket `at`, if any, shifting back each entry after
     /// it that may then be found nearer its home (`hash_of` gives an entry's hash). An entry
-    /// of a bucket after `at` may so move to `at` or before.
+    /// after `at` (wrapping) may so move back as far as `at`, never before it.
     pub(crate) fn remove_at(&mut self, at: usize, hash_of: impl Fn(&T) -> u64) -> Option<T> {
         let removed = self.slots[at].take()?;
         self.len -= 1;

@@ -735,8 +735,8 @@ impl Table {
         }
     }
 
-    /// Removes the entry at bucket `at`, if there is one. Entries after it may move back to
-    /// `at` or before (see [`Buckets::remove_at`]).
+    /// Removes the entry at bucket `at`, if there is one. Entries after it may move back, as
+    /// far as `at` (see [`Buckets::remove_at`]).
     fn remove_at<W: Words>(&self, shard: &mut Shard<W>, at: usize) -> bool {
         let Some(removed) = shard.entries.remove_at(at, |e| self.hash_of(e)) else {
             return false;
