@@ -13,10 +13,11 @@
 //! allocate (every bucket, used or not) and what keys and large states
 //! take outside them, so the bound holds for what the process really holds. A shard's table
 //! grows (doubling) only while the byte bound allows it and up to the size its share of the
-//! key bound needs (a quarter more than an even share, at three quarters full); beyond, an
-//! insert into a shard at three quarters of its buckets evicts in that shard, and a removal
-//! leaves no mark behind (see [`Buckets::remove_at`]). So no pattern of inserts and evictions
-//! makes a table larger than that.
+//! key bound needs (a quarter more than an even share and seven standard deviations of a
+//! random fill, at three quarters full); beyond, an insert into a shard at three quarters of
+//! its buckets evicts in that shard, and a removal leaves no mark behind (see
+//! [`Buckets::remove_at`]). So no pattern of inserts and evictions makes a table larger than
+//! that.
 //!
 //! To make room, an insert samples a few entries (of its shard, and of two other shards when
 //! its own table has room) and evicts the one whose state matters least, as its owner scores it
@@ -313,8 +314,12 @@ pub(crate) struct Table {
     bounds: Bounds,
     /// A shard's even share of `max_keys`.
     share: usize,
-    /// The most buckets a shard's table grows to: enough for a quarter more than its share of
-    /// `max_keys` at three quarters full. Beyond, an insert evicts in its own shard.
+    /// The most buckets a shard's table grows to: enough, at three quarters full, for a quarter
+    /// more than its share of `max_keys` and seven standard deviations of how many keys a
+    /// random fill puts in one shard (`7 * sqrt(share)`, plus 16), so that a store filling up
+    /// refuses or evicts for its key bound, not for one shard's luck (a fill of 1,000 keys
+    /// over 16 shards overflowed one shard in 2 of 10,000 fills at a quarter more). Beyond, an
+    /// insert evicts in its own shard.
     max_buckets: usize,
     keys: AtomicUsize,
     bytes: AtomicUsize,
@@ -345,7 +350,7 @@ impl Table {
         let count = bounds.shards.max(1).next_power_of_two();
         let share = bounds.max_keys / count;
         let max_buckets = share
-            .saturating_add(share / 4 + 16)
+            .saturating_add(share / 4 + 7 * share.isqrt() + 16)
             .saturating_mul(4)
             .div_ceil(3)
             .checked_next_power_of_two()
@@ -783,14 +788,15 @@ fn best<W: Words>(
     let (mut best, mut seen) = (None::<(f64, usize)>, 0);
     let probes = buckets.min(EVICTION_PROBES);
     if refuses {
-        // Only a state as good as new may go: probes from the sweep's cursor on, each asked
-        // that (cheaper than a score), none scored. The cursor moves past those that may
-        // not go, so that the refusals a shard sees search all of it in turn rather than the
-        // same sample; it stops at the one found, since removing it may shift a later entry
-        // back into its bucket (never before it).
-        let start = shard.cursor;
-        shard.cursor = (start + probes) % buckets;
-        for at in (0..probes).map(|i| (start + i) % buckets) {
+        // Only a state as good as new may go: entries from the sweep's cursor on, as many as
+        // an eviction probes buckets (in at most four times as many buckets, since a full
+        // store's tables may be a quarter full), each asked that (cheaper than a score), none
+        // scored. The cursor moves past those that may not go, so that the refusals a shard
+        // sees search all of it in turn rather than the same sample; it stops at the one
+        // found, since removing it may shift a later entry back into its bucket (never before
+        // it).
+        let mut at = shard.cursor % buckets;
+        for _ in 0..buckets.min(4 * EVICTION_PROBES) {
             if let Some(e) = shard.entries.get_mut(at) {
                 seen += 1;
                 if score.expired(e.key.slot(), e.words.as_mut(), now) {
@@ -798,7 +804,12 @@ fn best<W: Words>(
                     return (Some((f64::INFINITY, at)), seen);
                 }
             }
+            at = (at + 1) % buckets;
+            if seen == EVICTION_PROBES {
+                break;
+            }
         }
+        shard.cursor = at;
         return (None, seen);
     }
     let start = next_random(&mut shard.random) as usize;
