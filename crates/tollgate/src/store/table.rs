@@ -958,7 +958,36 @@ impl Table {
 
 #[cfg(test)]
 mod tests {
-    use super::Table;
+    use super::{Bounds, Table, load_limit};
+    use crate::store::WhenFull;
+
+    /// A store filled with `max_keys` random keys overflows no shard's table, but in under one
+    /// fill of a billion: the Chernoff bound on one shard's count (binomial, of mean `share`)
+    /// exceeding what its largest table holds at three quarters full, times the shards.
+    #[test]
+    fn a_random_fill_of_max_keys_fits_every_shard() {
+        for max_keys in [
+            1, 16, 100, 300, 1_000, 3_000, 10_000, 100_000, 1_000_000, 10_000_000,
+        ] {
+            for shards in [16, 64, 1_024] {
+                let table = Table::new(Bounds {
+                    max_keys,
+                    max_bytes: usize::MAX,
+                    shards,
+                    when_full: WhenFull::Refuse,
+                });
+                let mean = max_keys as f64 / shards as f64;
+                let holds = load_limit(table.max_buckets) as f64;
+                // P(X >= c) <= exp(-mean * h(c / mean)), h(x) = x ln x - x + 1, for c > mean.
+                let x = holds / mean;
+                let overflow = (-mean * (x * x.ln() - x + 1.0)).exp() * shards as f64;
+                assert!(
+                    overflow < 1e-9,
+                    "{max_keys} keys over {shards} shards: {holds} a shard, overflow {overflow:e}"
+                );
+            }
+        }
+    }
 
     /// A state of one to four words lives in a bucket of just its size: a 24-byte key (16
     /// bytes inline) and its words.
