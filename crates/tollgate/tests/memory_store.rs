@@ -494,7 +494,7 @@ fn a_full_store_that_refuses_makes_room_from_keys_that_expired_after_it_filled()
     // keys arrive: each must find one of the few expired states left, wherever it is. A
     // refusal searches 64 entries of its own shard and 64 of each of two other shards that
     // hold entries, each from where the last search there stopped, taking the shards in turn:
-    // the 16 shards (of at most 128 entries) these keys fill are searched whole within 16
+    // the 16 shards (of about 62 entries each) these keys fill are searched whole within 16
     // refusals (random samples refused 21-29 of the 100 here).
     let store = refusing(1_000);
     let clock = ManualClock::new();

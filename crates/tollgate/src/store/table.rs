@@ -47,7 +47,9 @@ const INLINE_KEY: usize = 18;
 /// Buckets an insert inspects at its shard's sweep cursor, dropping expired entries.
 const SWEEP_PER_INSERT: usize = 4;
 
-/// Buckets an eviction inspects, from a random point of the shard, for its candidates.
+/// Buckets an eviction inspects, from a random point of the shard, for its candidates; and
+/// entries a refusal's search asks, from the shard's cursor, in at most four times as many
+/// buckets.
 const EVICTION_PROBES: usize = 64;
 
 /// Occupied entries an eviction compares per shard it samples.
@@ -786,7 +788,6 @@ fn best<W: Words>(
         return (None, 0);
     }
     let (mut best, mut seen) = (None::<(f64, usize)>, 0);
-    let probes = buckets.min(EVICTION_PROBES);
     if refuses {
         // Only a state as good as new may go: entries from the sweep's cursor on, as many as
         // an eviction probes buckets (in at most four times as many buckets, since a full
@@ -813,7 +814,7 @@ fn best<W: Words>(
         return (None, seen);
     }
     let start = next_random(&mut shard.random) as usize;
-    for i in 0..probes {
+    for i in 0..buckets.min(EVICTION_PROBES) {
         let at = (start + i) % buckets;
         let Some(e) = shard.entries.get_mut(at) else {
             continue;
