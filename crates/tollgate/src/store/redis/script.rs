@@ -163,8 +163,7 @@ pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
         "batch", "settle", "add", "lease", "claim", "keep", "take", "expired", "reserve", "commit",
     ] {
         body.push_str(&format!(
-            "\nredis.register_function('__LIBRARY___{function}', \
-             function(keys, args) return {function}(keys, args) end)\n"
+            "\nredis.register_function('__LIBRARY___{function}', {function})\n"
         ));
     }
     let hash = Script::new(&body).get_hash()[..12].to_string();

@@ -146,8 +146,8 @@ local algorithms = {}
 local parsed, parsed_count = {}, 0
 
 -- The tiers of args[2]: each with its parameters and the position of its state words; the
--- list also has `words`, the state words of all tiers, the formats of state and reply, and
--- the state of a key never seen.
+-- list also has `words`, the state words of all tiers, the formats of state and reply, the
+-- state of a key never seen, and `one`, its only tier (false if it has several).
 local function tiers_of(packed)
   local tiers = parsed[packed]
   if tiers then return tiers end
@@ -169,6 +169,7 @@ local function tiers_of(packed)
     words, position = words + n, next
   end
   tiers.words = words
+  tiers.one = #tiers == 1 and tiers[1]
   tiers.state_format = '<' .. rep('d', words)
   tiers.zero_state = rep('\0', 8 * words)
   tiers.reply_format = '<' .. rep('d', 6 * #tiers)

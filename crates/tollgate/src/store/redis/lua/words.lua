@@ -100,8 +100,8 @@ local function words_of(decide, denied, expires_at, forgets)
     local w, original = read_state(tiers, stored, a, expires_at, forgets)
 
     local wants_write = a.writes
-    if #tiers == 1 then
-      local t = tiers[1]
+    local t = tiers.one
+    if t then
       local kept = stored and expires_at(t, w)
       local allowed, limit, remaining, reset_after, retry_after, delay = decide(t, w, a)
       if allowed ~= 1 and wants_write then denied(t, w, a) end
