@@ -3,7 +3,8 @@
 
 A system may also name a pattern other than the admitted check of one tier (see the
 `redis_cost` example): `gcra:denied`, `module_sub_windows:tiers8`,
-`module_concurrency:slots1000`, beside `floor_8k`, the floor writing as much as 1,000 words.
+`module_concurrency:slots1000`, `token_bucket:reported` (a report of metered work in place of
+each check), beside `floor_8k`, the floor writing as much as 1,000 words.
 
 For each system (every algorithm by the Lua functions and, as `module_<algorithm>`, by
 tollgate's Redis module, built here in release; two rules in one call; and the floors: a script of TIME,
@@ -125,7 +126,7 @@ def native(example, system, checks, workdir, module=None):
         load(example, port, system, checks)
         used = cpu(port) - before
         stats = cli(port, "info", "commandstats")
-        call = re.search(r"^cmdstat_(?:fcall|evalsha|cl\.throttle|tollgate\.check|tollgate\.batch):calls=(\d+),usec=(\d+),"
+        call = re.search(r"^cmdstat_(?:fcall|evalsha|cl\.throttle|tollgate\.check|tollgate\.batch|tollgate\.settle):calls=(\d+),usec=(\d+),"
                          r"usec_per_call=([\d.]+)", stats, re.M)
         return used * 1e6 / checks, float(call.group(3))
     finally:

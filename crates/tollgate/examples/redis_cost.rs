@@ -15,8 +15,10 @@
 //!
 //! An algorithm's name may end in a pattern other than the admitted check of one tier:
 //! `:denied` (one permit an hour, keys cycling over 100: after the first checks, every check
-//! is denied), `:tiers8` (eight tiers, of a second to a week, every check admitted) or, for
-//! the concurrency rule, `:slots1000` (1,000 slots a key: a state of 1,000 words).
+//! is denied), `:tiers8` (eight tiers, of a second to a week, every check admitted),
+//! `:reported` (a report of one permit of metered work after it ended, in place of each
+//! check: never in debt) or, for the concurrency rule, `:slots1000` (1,000 slots a key: a
+//! state of 1,000 words).
 //!
 //! Run: `cargo run --release -p tollgate --features redis --example redis_cost -- URL SYSTEM
 //! CHECKS [CALLERS]`
@@ -42,6 +44,7 @@ enum Pattern {
     Denied,
     Tiers8,
     Slots1000,
+    Reported,
 }
 
 impl Pattern {
@@ -51,6 +54,7 @@ impl Pattern {
             Some("denied") => Self::Denied,
             Some("tiers8") => Self::Tiers8,
             Some("slots1000") => Self::Slots1000,
+            Some("reported") => Self::Reported,
             Some(_) => return None,
         })
     }
@@ -126,7 +130,11 @@ impl Load {
         let key = format!("key-{}", n % keys);
         match self {
             Self::Limiter(limiter, false, pattern, source) => {
-                let decision = limiter.check(&key, 1).await.expect("a decision");
+                let decision = match pattern {
+                    Pattern::Reported => limiter.report(&key, 1).await,
+                    _ => limiter.check(&key, 1).await,
+                }
+                .expect("a decision");
                 assert_eq!(decision.source(), *source, "decided by {source:?}");
                 if *pattern != Pattern::Denied {
                     assert!(decision.allowed(), "every check is admitted");

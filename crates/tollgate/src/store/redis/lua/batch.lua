@@ -119,9 +119,10 @@ end
 -- reservation's real cost, each item reports what it exceeds the item's cost by, or gives back
 -- what it falls short of it by.)
 local function settle_items(keys, first_key, args, first_arg, actual)
-  local settled = attempt_of(args[first_arg])
-  local a = {now = settled.now, ttl_padding = settled.ttl_padding, credit_at = settled.credit_at}
-  local report, renew = settled.settle == 1, settled.settle == 3
+  -- The cached attempt of args[first_arg] (no delay, as the store sends a settlement): each
+  -- item's cost becomes its own in turn, as in a batch.
+  local a = attempt_of(args[first_arg])
+  local report, renew = a.settle == 1, a.settle == 3
   local described = args[first_arg + 1]
   local _, position = unpack_packed('<d', described)
   local first, reply, at = first_key, verdicts_of_batch, 0
@@ -151,24 +152,36 @@ local function settle_items(keys, first_key, args, first_arg, actual)
       a.cost = 0
       log_ask(tiers, keys, first, a, f.decide, reply, {}, at)
     else
-      local key = keys[first]
+      local key, one = keys[first], tiers.one
       local stored = call('GET', key)
       local w = read_state(tiers, stored, a, f.expires_at, f.forgets)
-      a.cost = 0
+      local kept
       if change then
-        local kept = stored and latest(tiers, w, f.expires_at)
         a.cost = cost
-        for t = 1, #tiers do change(tiers[t], w, a) end
-        a.cost = 0
-        ask(tiers, w, a, f.decide, reply, false, at)
-        write(key, stored, tiers, w, a, latest(tiers, w, f.expires_at), kept)
-      else
-        ask(tiers, w, a, f.decide, reply, false, at)
+        -- One tier, as most items have: its expiry without latest()'s call, and no loop.
+        if one then
+          kept = stored and f.expires_at(one, w)
+          change(one, w, a)
+        else
+          kept = stored and latest(tiers, w, f.expires_at)
+          for t = 1, #tiers do change(tiers[t], w, a) end
+        end
+      end
+      a.cost = 0
+      ask(tiers, w, a, f.decide, reply, false, at)
+      if change then
+        local expires
+        if one then
+          expires = f.expires_at(one, w)
+        else
+          expires = latest(tiers, w, f.expires_at)
+        end
+        write(key, stored, tiers, w, a, expires, kept)
       end
     end
     first, at = first + count, at + 6 * #tiers
   end
-  return pack(doubles(at), unpack(reply, 1, at))
+  return pack(formats[at] or doubles(at), unpack(reply, 1, at))
 end
 
 local function settle(keys, args)
