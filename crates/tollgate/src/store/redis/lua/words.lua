@@ -12,9 +12,8 @@
 -- after its `base`th value.
 local function ask(tiers, w, a, decide, verdicts, commit, base)
   a.writes = commit and a.cost > 0
-  local all = true
+  local all, v = true, base
   for i = 1, #tiers do
-    local v = base + 6 * (i - 1)
     local allowed, limit, remaining, reset_after, retry_after, delay = decide(tiers[i], w, a)
     -- In order: a table grows at its end for less than it costs to fill it from the back.
     verdicts[v + 1] = allowed
@@ -23,7 +22,7 @@ local function ask(tiers, w, a, decide, verdicts, commit, base)
     verdicts[v + 4] = reset_after
     verdicts[v + 5] = retry_after
     verdicts[v + 6] = delay
-    all = all and allowed == 1
+    all, v = all and allowed == 1, v + 6
   end
   return all
 end
@@ -64,11 +63,15 @@ local function write(key, stored, tiers, w, a, expires, kept)
   end
 end
 
--- When the words `w` of every tier are as good as new (µs).
+-- When the words `w` of every tier are as good as new (µs). (max() written out: a call of it
+-- per tier cost more than its comparison.)
 local function latest(tiers, w, expires_at)
   if #tiers == 1 then return expires_at(tiers[1], w) end
   local at = 0
-  for i = 1, #tiers do at = max(at, expires_at(tiers[i], w)) end
+  for i = 1, #tiers do
+    local expires = expires_at(tiers[i], w)
+    if expires > at then at = expires end
+  end
   return at
 end
 
