@@ -90,12 +90,7 @@ local function run_batch(keys, args, dry_run, timed)
             w = {unpack_packed(tiers.state_format, item.original)}
             for t = 1, #tiers do f.denied(tiers[t], w, a) end
           end
-          local expires
-          if one then
-            expires = f.expires_at(one, w)
-          else
-            expires = latest(tiers, w, f.expires_at)
-          end
+          local expires = one and f.expires_at(one, w) or latest(tiers, w, f.expires_at)
           write(keys[item.first], item.stored, tiers, w, a, expires, item.kept)
         end
       end
@@ -170,12 +165,7 @@ local function settle_items(keys, first_key, args, first_arg, actual)
       a.cost = 0
       ask(tiers, w, a, f.decide, reply, false, at)
       if change then
-        local expires
-        if one then
-          expires = f.expires_at(one, w)
-        else
-          expires = latest(tiers, w, f.expires_at)
-        end
+        local expires = one and f.expires_at(one, w) or latest(tiers, w, f.expires_at)
         write(key, stored, tiers, w, a, expires, kept)
       end
     end

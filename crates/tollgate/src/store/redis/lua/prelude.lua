@@ -147,7 +147,8 @@ local parsed, parsed_count = {}, 0
 
 -- The tiers of args[2]: each with its parameters and the position of its state words; the
 -- list also has `words`, the state words of all tiers, the formats of state and reply, the
--- state of a key never seen, and `one`, its only tier (false if it has several).
+-- state of a key never seen, and `one`, its only tier (false if it has several: as an
+-- expiry is a number, `one and expires_at(one, w) or latest(...)` finds one without a call).
 local function tiers_of(packed)
   local tiers = parsed[packed]
   if tiers then return tiers end
