@@ -1,7 +1,8 @@
 //! Batches on Redis: items of several rules and algorithms in one atomic call decide exactly
 //! as the memory store does; on a cluster, items of different slots are still all-or-nothing;
 //! under concurrency a shared key never admits more than its limit; shadow rules count but
-//! never deny; and an edited limit keeps its keys' state.
+//! never deny; an edited limit keeps its keys' state; and the functions and the module leave
+//! the same keys, expiring alike.
 
 mod support;
 
@@ -11,7 +12,7 @@ use std::time::Duration;
 use support::{RedisCluster, RedisServer};
 use tollgate::{
     Algorithm, Decisions, Error, Item, LeakyBucket, Limiter, ManualClock, MemoryStore, RedisStore,
-    Rule, Source, StoreTime, SubWindows, Tier, TokenBucket, WarmUp,
+    Rule, Settle, Source, StoreTime, SubWindows, Tier, TokenBucket, WarmUp,
 };
 
 /// xorshift64*: a reproducible stream.
@@ -237,6 +238,74 @@ async fn decide_as_in_memory(store: RedisStore, keys: [&str; 3], module: bool) {
         admitted > 100 && denied > 100,
         "{admitted} admitted, {denied} denied"
     );
+}
+
+/// The functions and the module on one server, each under its own prefix, given the same
+/// random batches and reports of them: the same decisions, and after every step each key of
+/// one has its twin in the other with the same value, expiring within 500 ms of it (what a
+/// batch writes, its TTL too, is the same whichever decides: instances with and without the
+/// module share keys).
+#[tokio::test]
+async fn batches_by_the_functions_and_the_module_leave_the_same_keys() {
+    let server = RedisServer::start_with(&["--loadmodule", support::redis_module()]);
+    let store = |prefix: &'static [u8], module: bool| {
+        RedisStore::builder(&server.url())
+            .store_time(StoreTime::Local)
+            .timeout(Duration::from_secs(5))
+            .key_prefix(prefix)
+            .module(module)
+            .build()
+    };
+    let (functions_clock, module_clock) = (ManualClock::new(), ManualClock::new());
+    let functions = limiter(store(b"f:", false).await.unwrap(), &functions_clock);
+    let module = limiter(store(b"m:", true).await.unwrap(), &module_clock);
+    let mut connection = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let names: Vec<&str> = rules().iter().map(|r| r.name()).collect();
+    let keys = ["a", "b", "c"];
+    let mut random = Random(0x2545_f491_4f6c_dd1d);
+    let mut by_module = 0;
+    for step in 0..400 {
+        let gap = Duration::from_micros(match random.below(10) {
+            0..=4 => 0,
+            5..=8 => random.below(100_000),
+            _ => random.below(2_000_000),
+        });
+        functions_clock.advance(gap);
+        module_clock.advance(gap);
+        let items: Vec<Item<'_>> = (0..1 + random.below(4))
+            .map(|_| {
+                let rule = names[random.below(names.len() as u64) as usize];
+                Item::new(rule, keys[random.below(3) as usize], random.below(4))
+            })
+            .collect();
+        let report = random.below(6) == 0;
+        let (expected, actual) = if report {
+            (
+                functions.settle_batch(&items, Settle::Report).await,
+                module.settle_batch(&items, Settle::Report).await,
+            )
+        } else {
+            (
+                functions.check_batch(&items).await,
+                module.check_batch(&items).await,
+            )
+        };
+        let at = format!("step {step}: {items:?}, report {report}");
+        assert_eq!(seen(&expected), seen(&actual), "{at}");
+        // A cost above a tier's capacity is refused before any store is asked.
+        if let Ok(decisions) = &actual {
+            by_module += decisions
+                .iter()
+                .filter(|d| d.source() == Source::RedisModule)
+                .count();
+        }
+        support::same_keys(&mut connection, "tg:", &at).await;
+    }
+    assert!(by_module > 200, "{by_module} decisions by the module");
 }
 
 #[tokio::test]

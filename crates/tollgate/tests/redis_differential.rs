@@ -228,7 +228,7 @@ async fn differential(stores: &[(RedisStore, tollgate::Source)], keys_of: Option
             same_on_each(op, &key, &expected, &redis, by_functions, &at).await;
             if let Some(connection) = &mut connection {
                 let at = format!("rule {}, step {step}", rule.name());
-                same_keys(connection, &format!("tg:{}:", rule.name()), &at).await;
+                support::same_keys(connection, &format!("tg:{}:", rule.name()), &at).await;
             }
             checks += 1;
         }
@@ -325,44 +325,6 @@ impl Op {
     }
 }
 
-/// Every key named `<prefix>...` under `f:` has its twin under `m:` and the other way round:
-/// the same value, and expiries within 500 ms of each other (they were written a moment
-/// apart).
-async fn same_keys(redis: &mut redis::aio::MultiplexedConnection, prefix: &str, at: &str) {
-    async fn keys(
-        redis: &mut redis::aio::MultiplexedConnection,
-        store: &str,
-        prefix: &str,
-    ) -> Vec<Vec<u8>> {
-        let mut keys: Vec<Vec<u8>> = redis::cmd("KEYS")
-            .arg(format!("{store}{prefix}*"))
-            .query_async(redis)
-            .await
-            .unwrap();
-        keys.iter_mut().for_each(|k| drop(k.drain(..store.len())));
-        keys.sort();
-        keys
-    }
-    let functions = keys(redis, "f:", prefix).await;
-    let module = keys(redis, "m:", prefix).await;
-    assert_eq!(functions, module, "{at}: the same keys");
-    for key in functions {
-        let mut pipe = redis::pipe();
-        for prefix in [&b"f:"[..], b"m:"] {
-            let name = [prefix, &key].concat();
-            // DUMP: the type and value, whatever the type, but not the expiry.
-            pipe.cmd("DUMP").arg(&name).cmd("PEXPIRETIME").arg(&name);
-        }
-        let (f, ef, m, em): (Vec<u8>, i64, Vec<u8>, i64) = pipe.query_async(redis).await.unwrap();
-        let key = String::from_utf8_lossy(&key);
-        assert_eq!(f, m, "{at}: the value of {key}");
-        assert!(
-            (ef - em).abs() <= 500 && (ef > 0) == (em > 0),
-            "{at}: {key} expires at {ef} by the functions, {em} by the module"
-        );
-    }
-}
-
 /// Calendar periods: days in Paris across the change to summer time (a day of 23 hours), a
 /// month in New York across 1 April, weeks from Sunday with an hourly tier: the Redis
 /// functions and the module, given each window's boundaries by the caller, decide as the
@@ -438,7 +400,7 @@ async fn calendar_periods_decide_identically_across_days_months_and_a_change_of_
             let at = format!("rule {}, step {step}", rule.name());
             same_on_each(op, &key, &expected, &redis, false, &at).await;
             let at = format!("rule {}, step {step}", rule.name());
-            same_keys(&mut connection, &format!("tg:{}:", rule.name()), &at).await;
+            support::same_keys(&mut connection, &format!("tg:{}:", rule.name()), &at).await;
         }
     }
 }

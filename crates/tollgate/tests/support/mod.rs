@@ -420,3 +420,41 @@ pub fn redis_module() -> &'static str {
         path.to_string_lossy().into_owned()
     })
 }
+
+/// Every key named `<prefix>...` under `f:` has its twin under `m:` and the other way round:
+/// the same value, and expiries within 500 ms of each other (they were written a moment
+/// apart).
+pub async fn same_keys(redis: &mut redis::aio::MultiplexedConnection, prefix: &str, at: &str) {
+    async fn keys(
+        redis: &mut redis::aio::MultiplexedConnection,
+        store: &str,
+        prefix: &str,
+    ) -> Vec<Vec<u8>> {
+        let mut keys: Vec<Vec<u8>> = redis::cmd("KEYS")
+            .arg(format!("{store}{prefix}*"))
+            .query_async(redis)
+            .await
+            .unwrap();
+        keys.iter_mut().for_each(|k| drop(k.drain(..store.len())));
+        keys.sort();
+        keys
+    }
+    let functions = keys(redis, "f:", prefix).await;
+    let module = keys(redis, "m:", prefix).await;
+    assert_eq!(functions, module, "{at}: the same keys");
+    for key in functions {
+        let mut pipe = redis::pipe();
+        for prefix in [&b"f:"[..], b"m:"] {
+            let name = [prefix, &key].concat();
+            // DUMP: the type and value, whatever the type, but not the expiry.
+            pipe.cmd("DUMP").arg(&name).cmd("PEXPIRETIME").arg(&name);
+        }
+        let (f, ef, m, em): (Vec<u8>, i64, Vec<u8>, i64) = pipe.query_async(redis).await.unwrap();
+        let key = String::from_utf8_lossy(&key);
+        assert_eq!(f, m, "{at}: the value of {key}");
+        assert!(
+            (ef - em).abs() <= 500 && (ef > 0) == (em > 0),
+            "{at}: {key} expires at {ef} by the functions, {em} by the module"
+        );
+    }
+}
