@@ -51,14 +51,19 @@ local function log_commit(tiers, keys, first, a, newest)
   end
 end
 
+-- The verdicts and newest times of a check: the same tables for every call, grown once to the
+-- most tiers a check has had (a call runs alone, its reply is packed before it returns, and
+-- each tier's entries are all set again).
+local verdicts_of_log, newest_of_log = {}, {}
+
 -- The function that checks a key of the algorithm of `decide`, which it keeps as an upvalue.
 local function log_of(decide)
   return function(keys, args)
-    local a, tiers = attempt_of(args[1]), tiers_of(args[2])
-    local verdicts, newest = {}, {}
+    local a, tiers = attempt_of(args[1]), parsed[args[2]] or tiers_of(args[2])
+    local verdicts, newest = verdicts_of_log, newest_of_log
     if log_ask(tiers, keys, 1, a, decide, verdicts, newest, 0) and a.cost > 0 then
       log_commit(tiers, keys, 1, a, newest)
     end
-    return pack(tiers.reply_format, unpack(verdicts))
+    return pack(tiers.reply_format, unpack(verdicts, 1, 6 * #tiers))
   end
 end
