@@ -75,6 +75,8 @@ fn rules() -> Vec<Rule> {
             vec![Tier::per_second(10).with_burst(4), Tier::new(12, ms(3_000))],
         ));
     }
+    // A report into this log takes 1,200 permits: more members than one ZADD sends.
+    rules.push(rule(Algorithm::SlidingLog, vec![Tier::new(1_200, ms(900))]));
     let warm_up = Algorithm::WarmUp(WarmUp::new(ms(2_000)));
     rules.push(rule(warm_up.clone(), vec![Tier::per_second(10)]));
     rules.push(rule(

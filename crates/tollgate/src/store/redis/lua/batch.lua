@@ -46,8 +46,13 @@ local function run_batch(keys, args, dry_run, timed)
     a.writes = false
     local allowed
     if f.log then
-      item.newest = {}
-      allowed = log_ask(tiers, keys, first, a, f.decide, reply, item.newest, at)
+      -- Its newest times' table kept with the item between calls: each tier's is set again.
+      local newest = item.newest
+      if not newest then
+        newest = {}
+        item.newest = newest
+      end
+      allowed = log_ask(tiers, keys, first, a, f.decide, reply, newest, at)
     else
       local stored = call('GET', keys[first])
       local w, original = read_state(tiers, stored, a, f.expires_at, f.forgets)
@@ -145,7 +150,7 @@ local function settle_items(keys, first_key, args, first_arg, actual)
         for t = 1, #tiers do change(tiers[t], keys[first + t - 1], a) end
       end
       a.cost = 0
-      log_ask(tiers, keys, first, a, f.decide, reply, {}, at)
+      log_ask(tiers, keys, first, a, f.decide, reply, newest_of_log, at)
     else
       local key, one = keys[first], tiers.one
       local stored = call('GET', key)

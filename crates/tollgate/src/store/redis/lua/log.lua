@@ -17,19 +17,24 @@ local function log_ask(tiers, keys, first, a, decide, verdicts, newest, base)
   return allowed
 end
 
+-- The scores and members of a ZADD: the same table for every call, grown once to the most
+-- one ZADD sends (1,000 values), and filled from its start each time.
+local members_to_add = {}
+
 -- Adds `count` members at time `at` to the set `key`, whose newest member is at `newest` (0
 -- for none): only members of that time can share a name with the new ones.
 local function log_add(key, at, count, newest)
   local at_stamp = decimal(at)
   local seen = 0
   if at <= newest then seen = call('ZCOUNT', key, at_stamp, at_stamp) end
-  local batch = {}
+  local members, n = members_to_add, 0
   for j = 1, count do
-    batch[#batch + 1] = at
-    batch[#batch + 1] = at_stamp .. ':' .. decimal(seen + j)
-    if #batch >= 1000 or j == count then
-      call('ZADD', key, unpack(batch))
-      batch = {}
+    members[n + 1] = at
+    members[n + 2] = at_stamp .. ':' .. decimal(seen + j)
+    n = n + 2
+    if n >= 1000 or j == count then
+      call('ZADD', key, unpack(members, 1, n))
+      n = 0
     end
   end
 end
@@ -51,9 +56,9 @@ local function log_commit(tiers, keys, first, a, newest)
   end
 end
 
--- The verdicts and newest times of a check: the same tables for every call, grown once to the
--- most tiers a check has had (a call runs alone, its reply is packed before it returns, and
--- each tier's entries are all set again).
+-- The verdicts and newest times of a check (the newest times of a settlement's look too): the
+-- same tables for every call, grown once to the most tiers a check has had (a call runs
+-- alone, its reply is packed before it returns, and each tier's entries are all set again).
 local verdicts_of_log, newest_of_log = {}, {}
 
 -- The function that checks a key of the algorithm of `decide`, which it keeps as an upvalue.
