@@ -311,13 +311,15 @@ async fn the_modules_command_declares_its_key() {
     );
 }
 
-/// On the server's clock, the module writes what the functions write: two stores on one
-/// server, one calling each, under two prefixes, end with the same values and expiry times.
+/// On the server's clock, the module writes what the functions write, for checks and reports
+/// alike: two stores on one server, one calling each, under two prefixes, end with the same
+/// values and expiry times.
 #[tokio::test]
 async fn at_the_servers_time_the_module_writes_what_the_functions_write() {
     let server = module_server(&[]);
     let stores = [("m:", true), ("f:", false)];
-    // A day: a window that ends between the two stores' checks would tell them apart.
+    // A day: a window that ends between the two stores' checks would tell them apart. Keys
+    // 0-3 are checked; keys 4-7 only reported (metered work), so a report writes them first.
     let rule = Rule::new("clock", Algorithm::FixedWindow, [Tier::per_day(100)]).unwrap();
     let mut limiters = Vec::new();
     for (prefix, module) in stores {
@@ -325,13 +327,18 @@ async fn at_the_servers_time_the_module_writes_what_the_functions_write() {
     }
     for i in 0..40 {
         for limiter in &limiters {
-            limiter.check(&format!("key-{}", i % 4), 1).await.unwrap();
+            let key = format!("key-{}", i % 8);
+            if i % 8 < 4 {
+                limiter.check(&key, 1).await.unwrap();
+            } else {
+                limiter.report(&key, 1).await.unwrap();
+            }
         }
     }
     // Sorted by name: the functions' keys (`f:`) first.
     let mut functions = contents(&mut connection(&server).await).await;
     let module = functions.split_off(functions.len() / 2);
-    assert_eq!(module.len(), 4);
+    assert_eq!(module.len(), 8);
     for ((f, fv, fe), (m, mv, me)) in functions.iter().zip(&module) {
         assert_eq!((&f[2..], fv, fe), (&m[2..], mv, me));
         assert!(*fe > 0);
