@@ -151,6 +151,17 @@ async fn a_server_killed_and_restarted_is_subscribed_to_again() {
     let mut management = Management::start(Some(("1".into(), vec![resource("foo", FOO)])), None);
     let server = start(&settings(&management));
     assert_eq!(ask(&server, "foo", &[("k1", "v1")]).await, (OK, 4));
+    // The client acknowledges version 1 after it applies the limits, so the acknowledgement
+    // can still be on its way when the limits answer; it is in before the kill, so that the
+    // resubscription below is the second request to hold that version.
+    let acked = std::time::Instant::now() + SECOND;
+    while !management.requests().iter().any(|r| r.version_info == "1") {
+        assert!(
+            std::time::Instant::now() < acked,
+            "version 1 never acknowledged"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     management.kill();
     server.wait_for_log("the xDS subscription broke", SECOND);
     // The last good limits keep serving.
