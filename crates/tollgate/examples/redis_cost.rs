@@ -17,7 +17,8 @@
 //! `:denied` (one permit an hour, keys cycling over 100: after the first checks, every check
 //! is denied), `:tiers8` (eight tiers, of a second to a week, every check admitted),
 //! `:reported` (a report of one permit of metered work after it ended, in place of each
-//! check: never in debt) or, for the concurrency rule, `:slots1000` (1,000 slots a key: a
+//! check: never in debt), `:reserved` (a reservation of one permit and its commit at one: two
+//! calls in place of each check) or, for the concurrency rule, `:slots1000` (1,000 slots a key: a
 //! state of 1,000 words).
 //!
 //! Run: `cargo run --release -p tollgate --features redis --example redis_cost -- URL SYSTEM
@@ -45,6 +46,7 @@ enum Pattern {
     Tiers8,
     Slots1000,
     Reported,
+    Reserved,
 }
 
 impl Pattern {
@@ -55,6 +57,7 @@ impl Pattern {
             Some("tiers8") => Self::Tiers8,
             Some("slots1000") => Self::Slots1000,
             Some("reported") => Self::Reported,
+            Some("reserved") => Self::Reserved,
             Some(_) => return None,
         })
     }
@@ -132,6 +135,15 @@ impl Load {
             Self::Limiter(limiter, false, pattern, source) => {
                 let decision = match pattern {
                     Pattern::Reported => limiter.report(&key, 1).await,
+                    Pattern::Reserved => {
+                        let rule = limiter.rule().name();
+                        let reservation = limiter
+                            .reserve(&[Item::new(rule, &key, 1)], None)
+                            .await
+                            .expect("a reservation");
+                        let id = reservation.id().expect("every estimate is admitted");
+                        limiter.commit(id, 1).await.map(|d| d[0])
+                    }
                     _ => limiter.check(&key, 1).await,
                 }
                 .expect("a decision");

@@ -11,29 +11,31 @@
 -- Returns the verdicts of every tier of every item, in order, as one item's reply does, then
 -- the time of the check (µs, a little-endian double): a check across cluster slots gives back
 -- what it took at that time when another slot denies.
--- (run_batch returns the verdicts, and the time if `timed`, then whether the batch was
--- admitted; `dry_run` makes it ask whatever args[2] says.)
+-- (run_batch does it for keys[first_key...] and args[first_arg...], and returns the
+-- verdicts, and the time if `timed`, then whether the batch was admitted; `dry_run` makes it
+-- ask whatever args[first_arg + 1] says.)
 
 -- The verdicts and items of the batch being run: the same tables for every call, grown once
 -- to the most a batch has had (a call runs alone, and its reply is packed before it returns;
 -- each item's fields are all set again).
 local verdicts_of_batch, items_of_batch = {}, {}
 
-local function run_batch(keys, args, dry_run, timed)
-  -- The cached attempt of args[1]: its cost becomes each item's in turn (attempt_of gives it
-  -- its own back at each call).
-  local a = attempt_of(args[1])
-  local n, described = #args - 2, args[2]
+local function run_batch(keys, first_key, args, first_arg, dry_run, timed)
+  -- The cached attempt of args[first_arg]: its cost becomes each item's in turn (attempt_of
+  -- gives it its own back at each call).
+  local a = attempt_of(args[first_arg])
+  local n, described = #args - first_arg - 1, args[first_arg + 1]
   local dry, position = unpack_packed('<d', described)
   local writes = dry ~= 1 and not dry_run
 
   -- Decide every item, its verdicts in `reply` from its `at`th value.
   local reply, items, admitted = verdicts_of_batch, items_of_batch, true
-  local first, at = 1, 0
+  local first, at = first_key, 0
   for i = 1, n do
     local algorithm, cost, shadow, count
     algorithm, cost, shadow, count, position = unpack_packed('<dddd', described, position)
-    local f, tiers = algorithms[algorithm], parsed[args[2 + i]] or tiers_of(args[2 + i])
+    local packed = args[first_arg + 1 + i]
+    local f, tiers = algorithms[algorithm], parsed[packed] or tiers_of(packed)
     local item = items[i]
     if not item then
       item = {}
@@ -106,7 +108,7 @@ local function run_batch(keys, args, dry_run, timed)
 end
 
 local function batch(keys, args)
-  return (run_batch(keys, args, false, true))
+  return (run_batch(keys, 1, args, 1, false, true))
 end
 
 -- A settlement: every item takes its cost whatever its key's state (a report), or gives it

@@ -12,10 +12,7 @@ local function reserve(keys, args)
   if not floor then bind() end
   local expires, ttl, most = unpack_packed('<ddd', args[1])
   local full = call('ZCARD', keys[1]) >= most
-  local batch_keys, batch_args = {}, {}
-  for i = 3, #keys do batch_keys[i - 2] = keys[i] end
-  for i = 3, #args do batch_args[i - 2] = args[i] end
-  local verdicts, admitted = run_batch(batch_keys, batch_args, full)
+  local verdicts, admitted = run_batch(keys, 3, args, 3, full)
   if full then return pack('<d', 0) .. verdicts end
   if not admitted then return pack('<d', 2) .. verdicts end
   call('SET', keys[2], args[2], 'PX', decimal(ttl))
