@@ -596,16 +596,11 @@ pub fn settle(check: &Check, items: &[Item<'_>]) -> Result<(Vec<u8>, Vec<Write>)
             let verdict = algorithm.decide(tier, &mut state[rule.tier_words(i)], &look);
             reply.extend(reply_of(&verdict));
         }
-        // As the functions' settlements write: a TTL from now (`PX`), whoever's clock.
-        let clock = Clock {
-            server_time: false,
-            ..check.clock
-        };
         stores.push(match changes {
             true => {
                 let expires = rule.expires_at(algorithm, &state);
                 item.prepared
-                    .write(item.stored, &state, expires, kept, clock)
+                    .write(item.stored, &state, expires, kept, check.clock)
             }
             false => Write::Nothing,
         });
