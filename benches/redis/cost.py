@@ -4,7 +4,8 @@
 A system may also name a pattern other than the admitted check of one tier (see the
 `redis_cost` example): `gcra:denied`, `module_sub_windows:tiers8`,
 `module_concurrency:slots1000`, `token_bucket:reported` (a report of metered work in place of
-each check), `gcra:reserved` (a reservation and its commit in place of each check), beside `floor_8k`, the floor writing as much as 1,000 words.
+each check), `gcra:reserved` (a reservation and its commit in place of each check), beside
+`floor_8k`, the floor writing as much as 1,000 words.
 
 For each system (every algorithm by the Lua functions and, as `module_<algorithm>`, by
 tollgate's Redis module, built here in release; two rules in one call; and the floors: a script of TIME,

@@ -17,9 +17,9 @@
 //! `:denied` (one permit an hour, keys cycling over 100: after the first checks, every check
 //! is denied), `:tiers8` (eight tiers, of a second to a week, every check admitted),
 //! `:reported` (a report of one permit of metered work after it ended, in place of each
-//! check: never in debt), `:reserved` (a reservation of one permit and its commit at one: two
-//! calls in place of each check) or, for the concurrency rule, `:slots1000` (1,000 slots a key: a
-//! state of 1,000 words).
+//! check: never in debt), `:reserved` (a reservation of one permit, committed at one permit:
+//! two calls in place of each check) or, for the concurrency rule, `:slots1000` (1,000 slots
+//! a key: a state of 1,000 words).
 //!
 //! Run: `cargo run --release -p tollgate --features redis --example redis_cost -- URL SYSTEM
 //! CHECKS [CALLERS]`

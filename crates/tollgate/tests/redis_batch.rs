@@ -178,6 +178,31 @@ async fn across_slots(cluster: RedisCluster, module: bool) {
     decide_as_in_memory(store, [&keys[0], &keys[1], &keys[2]], module).await;
 }
 
+/// The time until a timeline's next step, and its batch: one to four items of the rules
+/// `names` on `keys`, of costs 0-3 (warm-up's on the first key only: see [`across_slots`]).
+fn random_step<'a>(
+    random: &mut Random,
+    names: &[&'a str],
+    keys: [&'a str; 3],
+) -> (Duration, Vec<Item<'a>>) {
+    let gap = Duration::from_micros(match random.below(10) {
+        0..=4 => 0,
+        5..=8 => random.below(100_000),
+        _ => random.below(2_000_000),
+    });
+    let items = (0..1 + random.below(4))
+        .map(|_| {
+            let rule = names[random.below(names.len() as u64) as usize];
+            let key = match rule {
+                "warm" => keys[0],
+                _ => keys[random.below(3) as usize],
+            };
+            Item::new(rule, key, random.below(4))
+        })
+        .collect();
+    (gap, items)
+}
+
 /// Random batches of every rule on `keys`, at random times, decided by `store` and by the
 /// memory store: the same decisions at every step. With `module`, batches without a sliding
 /// log are decided by the module.
@@ -189,23 +214,9 @@ async fn decide_as_in_memory(store: RedisStore, keys: [&str; 3], module: bool) {
     let mut random = Random(0x9e37_79b9_7f4a_7c15);
     let (mut admitted, mut denied) = (0, 0);
     for step in 0..600 {
-        let gap = Duration::from_micros(match random.below(10) {
-            0..=4 => 0,
-            5..=8 => random.below(100_000),
-            _ => random.below(2_000_000),
-        });
+        let (gap, items) = random_step(&mut random, &names, keys);
         memory_clock.advance(gap);
         redis_clock.advance(gap);
-        let items: Vec<Item<'_>> = (0..1 + random.below(4))
-            .map(|_| {
-                let rule = names[random.below(names.len() as u64) as usize];
-                let key = match rule {
-                    "warm" => keys[0],
-                    _ => keys[random.below(3) as usize],
-                };
-                Item::new(rule, key, random.below(4))
-            })
-            .collect();
         let expected = memory.check_batch_now(&items);
         let actual = redis.check_batch(&items).await;
         assert_eq!(seen(&expected), seen(&actual), "step {step}: {items:?}");
@@ -248,17 +259,15 @@ async fn decide_as_in_memory(store: RedisStore, keys: [&str; 3], module: bool) {
 #[tokio::test]
 async fn batches_by_the_functions_and_the_module_leave_the_same_keys() {
     let server = RedisServer::start_with(&["--loadmodule", support::redis_module()]);
-    let store = |prefix: &'static [u8], module: bool| {
-        RedisStore::builder(&server.url())
-            .store_time(StoreTime::Local)
-            .timeout(Duration::from_secs(5))
-            .key_prefix(prefix)
-            .module(module)
-            .build()
-    };
     let (functions_clock, module_clock) = (ManualClock::new(), ManualClock::new());
-    let functions = limiter(store(b"f:", false).await.unwrap(), &functions_clock);
-    let module = limiter(store(b"m:", true).await.unwrap(), &module_clock);
+    let functions = limiter(
+        support::local_store(&server, b"f:", false).await,
+        &functions_clock,
+    );
+    let module = limiter(
+        support::local_store(&server, b"m:", true).await,
+        &module_clock,
+    );
     let mut connection = redis::Client::open(server.url())
         .unwrap()
         .get_multiplexed_async_connection()
@@ -269,19 +278,9 @@ async fn batches_by_the_functions_and_the_module_leave_the_same_keys() {
     let mut random = Random(0x2545_f491_4f6c_dd1d);
     let mut by_module = 0;
     for step in 0..400 {
-        let gap = Duration::from_micros(match random.below(10) {
-            0..=4 => 0,
-            5..=8 => random.below(100_000),
-            _ => random.below(2_000_000),
-        });
+        let (gap, items) = random_step(&mut random, &names, keys);
         functions_clock.advance(gap);
         module_clock.advance(gap);
-        let items: Vec<Item<'_>> = (0..1 + random.below(4))
-            .map(|_| {
-                let rule = names[random.below(names.len() as u64) as usize];
-                Item::new(rule, keys[random.below(3) as usize], random.below(4))
-            })
-            .collect();
         let report = random.below(6) == 0;
         let (expected, actual) = if report {
             (

@@ -10,7 +10,7 @@ use std::time::Duration;
 use support::RedisServer;
 use tollgate::{
     Algorithm, Clock, Decision, Error, Item, LeakyBucket, Limiter, ManualClock, RedisStore, Rule,
-    Settle, StoreTime, SubWindows, Tier, TokenBucket, WarmUp,
+    Settle, SubWindows, Tier, TokenBucket, WarmUp,
 };
 
 /// xorshift64*: a reproducible stream of arrival sequences.
@@ -107,7 +107,7 @@ fn seen(result: &Result<Decision, Error>) -> String {
 #[tokio::test]
 async fn memory_and_redis_functions_decide_identically_on_every_timeline() {
     let server = RedisServer::start();
-    let store = local_store(&server, b"", false).await;
+    let store = support::local_store(&server, b"", false).await;
     differential(&[(store, tollgate::Source::Redis)], None).await;
     let stats = server.cli(&["info", "commandstats"]);
     assert!(stats.contains("cmdstat_fcall:"), "{stats}");
@@ -125,7 +125,7 @@ async fn memory_and_redis_scripts_decide_identically_on_every_timeline() {
         "FCALL",
         "",
     ]);
-    let store = local_store(&server, b"", false).await;
+    let store = support::local_store(&server, b"", false).await;
     differential(&[(store, tollgate::Source::Redis)], None).await;
     let stats = server.cli(&["info", "commandstats"]);
     assert!(stats.contains("cmdstat_evalsha:"), "{stats}");
@@ -138,8 +138,8 @@ async fn memory_and_redis_scripts_decide_identically_on_every_timeline() {
 #[tokio::test]
 async fn memory_functions_and_the_module_decide_identically_on_every_timeline() {
     let server = RedisServer::start_with(&["--loadmodule", support::redis_module()]);
-    let functions = local_store(&server, b"f:", false).await;
-    let module = local_store(&server, b"m:", true).await;
+    let functions = support::local_store(&server, b"f:", false).await;
+    let module = support::local_store(&server, b"m:", true).await;
     differential(
         &[
             (functions, tollgate::Source::Redis),
@@ -150,19 +150,6 @@ async fn memory_functions_and_the_module_decide_identically_on_every_timeline() 
     .await;
     let stats = server.cli(&["info", "commandstats"]);
     assert!(stats.contains("cmdstat_tollgate.check:"), "{stats}");
-}
-
-/// A store on `server` on the limiter's clock (for manual clocks), its keys under `prefix`,
-/// calling tollgate's module where the server has it if `module`.
-async fn local_store(server: &RedisServer, prefix: &[u8], module: bool) -> RedisStore {
-    RedisStore::builder(&server.url())
-        .store_time(StoreTime::Local)
-        .timeout(Duration::from_secs(5))
-        .key_prefix(prefix)
-        .module(module)
-        .build()
-        .await
-        .unwrap()
 }
 
 /// Drives the memory store and each of `stores` through the same timelines of every rule of
@@ -337,11 +324,11 @@ async fn calendar_periods_decide_identically_across_days_months_and_a_change_of_
     let server = RedisServer::start_with(&["--loadmodule", support::redis_module()]);
     let stores = [
         (
-            local_store(&server, b"f:", false).await,
+            support::local_store(&server, b"f:", false).await,
             tollgate::Source::Redis,
         ),
         (
-            local_store(&server, b"m:", true).await,
+            support::local_store(&server, b"m:", true).await,
             tollgate::Source::RedisModule,
         ),
     ];

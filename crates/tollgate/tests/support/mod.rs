@@ -458,3 +458,20 @@ pub async fn same_keys(redis: &mut redis::aio::MultiplexedConnection, prefix: &s
         );
     }
 }
+
+/// A store on `server` on the limiter's clock (for manual clocks), its keys under `prefix`,
+/// calling tollgate's module where the server has it if `module`.
+pub async fn local_store(
+    server: &RedisServer,
+    prefix: &[u8],
+    module: bool,
+) -> tollgate::RedisStore {
+    tollgate::RedisStore::builder(&server.url())
+        .store_time(tollgate::StoreTime::Local)
+        .timeout(Duration::from_secs(5))
+        .key_prefix(prefix)
+        .module(module)
+        .build()
+        .await
+        .unwrap()
+}

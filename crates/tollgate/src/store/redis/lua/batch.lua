@@ -61,7 +61,8 @@ local function run_batch(keys, first_key, args, first_arg, dry_run, timed)
       item.stored, item.original, item.w = stored, original, w
       local one = tiers.one
       if one then
-        -- One tier, as most items have: decided as ask() does, without its call and loop.
+        -- One tier, as most items have: decided as ask() does, without its call and loop
+        -- (2.4% of a check of two rules: 114.3k instructions through ask(), 111.6k here).
         item.kept = stored and f.expires_at(one, w)
         a.writes = writes and cost > 0
         local verdict, limit, remaining, reset_after, retry_after, delay = f.decide(one, w, a)
@@ -159,15 +160,9 @@ local function settle_items(keys, first_key, args, first_arg, actual)
       local w = read_state(tiers, stored, a, f.expires_at, f.forgets)
       local kept
       if change then
+        kept = stored and (one and f.expires_at(one, w) or latest(tiers, w, f.expires_at))
         a.cost = cost
-        -- One tier, as most items have: its expiry without latest()'s call, and no loop.
-        if one then
-          kept = stored and f.expires_at(one, w)
-          change(one, w, a)
-        else
-          kept = stored and latest(tiers, w, f.expires_at)
-          for t = 1, #tiers do change(tiers[t], w, a) end
-        end
+        for t = 1, #tiers do change(tiers[t], w, a) end
       end
       a.cost = 0
       ask(tiers, w, a, f.decide, reply, false, at)
