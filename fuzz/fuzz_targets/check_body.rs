@@ -1,8 +1,8 @@
-//! Fuzz target `check_body`: see `crates/tollgate-server/tests/harness`, which the regression
-//! test `tests/fuzzed.rs` shares.
+//! Fuzz target `check_body`: see `crates/tollgate-server/tests/integration/harness`, which the regression
+//! test `tests/integration/fuzzed.rs` shares.
 #![no_main]
 
-#[path = "../../crates/tollgate-server/tests/harness/mod.rs"]
+#[path = "../../crates/tollgate-server/tests/integration/harness/mod.rs"]
 mod harness;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| harness::check_body(data));

@@ -1,8 +1,8 @@
-//! Fuzz target `native_config`: see `crates/tollgate-server/tests/harness`, which the regression
-//! test `tests/fuzzed.rs` shares.
+//! Fuzz target `native_config`: see `crates/tollgate-server/tests/integration/harness`, which the regression
+//! test `tests/integration/fuzzed.rs` shares.
 #![no_main]
 
-#[path = "../../crates/tollgate-server/tests/harness/mod.rs"]
+#[path = "../../crates/tollgate-server/tests/integration/harness/mod.rs"]
 mod harness;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| harness::native_config(data));
