@@ -17,38 +17,37 @@
 
 use std::time::Duration;
 
-use crate::algorithm::{
-    Algorithm, Attempt, Decide, LeakyBucket, Settle, SubWindows, Tier, TokenBucket, Verdict, WarmUp,
-};
+use crate::algorithm::{Algorithm, Attempt, Decide, Settle, Tier, Verdict};
+use crate::layout::{self, ALGORITHMS, Header, Kept, batch, doubles, tier};
 use crate::rule::Rule;
 
 /// What a store and a module must share to decide alike: a hash (64-bit FNV-1a) of the Lua
 /// functions' code, whose decisions the module's follow. The first eight bytes of the rule
 /// argument: a module built from other code refuses the call, and the store calls the
 /// functions.
-pub const CONTRACT: u64 = fnv1a(&[
-    include_str!("store/redis/lua/batch.lua"),
-    include_str!("store/redis/lua/concurrency.lua"),
-    include_str!("store/redis/lua/counters.lua"),
-    include_str!("store/redis/lua/fixed_window.lua"),
-    include_str!("store/redis/lua/gcra.lua"),
-    include_str!("store/redis/lua/hit_counter.lua"),
-    include_str!("store/redis/lua/interval_bucket.lua"),
-    include_str!("store/redis/lua/leaky_bucket.lua"),
-    include_str!("store/redis/lua/log.lua"),
-    include_str!("store/redis/lua/metered.lua"),
-    include_str!("store/redis/lua/prelude.lua"),
-    include_str!("store/redis/lua/reservations.lua"),
-    include_str!("store/redis/lua/sliding_log.lua"),
-    include_str!("store/redis/lua/sliding_window.lua"),
-    include_str!("store/redis/lua/sub_windows.lua"),
-    include_str!("store/redis/lua/token_bucket.lua"),
-    include_str!("store/redis/lua/warm_up.lua"),
-    include_str!("store/redis/lua/words.lua"),
-]);
+pub const CONTRACT: u64 = {
+    let mut hash = fnv1a(
+        0xcbf2_9ce4_8422_2325,
+        &[
+            include_str!("store/redis/lua/batch.lua"),
+            include_str!("store/redis/lua/counters.lua"),
+            include_str!("store/redis/lua/layout.lua"),
+            include_str!("store/redis/lua/log.lua"),
+            include_str!("store/redis/lua/metered.lua"),
+            include_str!("store/redis/lua/prelude.lua"),
+            include_str!("store/redis/lua/reservations.lua"),
+            include_str!("store/redis/lua/words.lua"),
+        ],
+    );
+    let mut i = 0;
+    while i < ALGORITHMS.len() {
+        hash = fnv1a(hash, &[ALGORITHMS[i].name, ALGORITHMS[i].lua]);
+        i += 1;
+    }
+    hash
+};
 
-const fn fnv1a(parts: &[&str]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+const fn fnv1a(mut hash: u64, parts: &[&str]) -> u64 {
     let mut p = 0;
     while p < parts.len() {
         let bytes = parts[p].as_bytes();
@@ -77,43 +76,18 @@ impl std::fmt::Display for Refused {
 /// calls the functions instead.
 pub const OTHER_VERSION: &str = "tollgate module of other code";
 
-/// Every algorithm's index, as the Lua library numbers it (from 1, in the order of
-/// `ALGORITHMS` in `store/redis/script.rs`) and batches name it.
-#[cfg(feature = "redis")]
-pub(crate) fn index(algorithm: &Algorithm) -> usize {
-    match algorithm {
-        Algorithm::FixedWindow => 1,
-        Algorithm::SlidingWindow => 2,
-        Algorithm::SubWindows(_) => 3,
-        Algorithm::SlidingLog => 4,
-        Algorithm::TokenBucket(_) => 5,
-        Algorithm::IntervalBucket => 6,
-        Algorithm::LeakyBucket(_) => 7,
-        Algorithm::Gcra => 8,
-        Algorithm::WarmUp(_) => 9,
-        Algorithm::HitCounter => 10,
-        Algorithm::Concurrency => 11,
-    }
-}
-
-/// Whether the module decides checks of `algorithm`.
+/// Whether the module decides checks of `algorithm`: those whose state is words.
 pub(crate) fn runs(algorithm: &Algorithm) -> bool {
-    !matches!(algorithm, Algorithm::SlidingLog)
+    layout::kept(algorithm) == Kept::Words
 }
 
 /// The argument that names a rule's algorithm to the module: [`CONTRACT`] (eight bytes,
-/// little-endian), then little-endian doubles: the algorithm's index, and its own parameters (sub-windows: count; token bucket: initial
-/// tokens or -1; leaky bucket: 1 for a shaper; warm-up: its period in µs, its cold factor).
+/// little-endian), then three little-endian doubles: the algorithm's index (see
+/// `layout::ALGORITHMS`) and its own parameters (`Decide::module_parameters`).
 #[cfg(feature = "redis")]
 pub(crate) fn rule_args(algorithm: &Algorithm) -> Vec<u8> {
-    let parameters = match algorithm {
-        Algorithm::SubWindows(a) => [f64::from(a.count), 0.0],
-        Algorithm::TokenBucket(a) => [a.initial_tokens.map_or(-1.0, |t| t as f64), 0.0],
-        Algorithm::LeakyBucket(a) => [f64::from(u8::from(*a == LeakyBucket::Shaper)), 0.0],
-        Algorithm::WarmUp(a) => [a.period.as_micros() as f64, a.cold_factor],
-        _ => [0.0, 0.0],
-    };
-    let doubles = [index(algorithm) as f64, parameters[0], parameters[1]];
+    let [p1, p2] = algorithm.module_parameters();
+    let doubles = [layout::index(algorithm) as f64, p1, p2];
     let doubles = doubles.into_iter().flat_map(f64::to_le_bytes);
     CONTRACT.to_le_bytes().into_iter().chain(doubles).collect()
 }
@@ -123,58 +97,27 @@ pub fn unled(arg: &[u8]) -> Option<&[u8]> {
     arg.strip_prefix(&[0])
 }
 
-/// Little-endian doubles, or `None` when `bytes` is not a whole number of them.
-fn doubles(bytes: &[u8]) -> Option<impl ExactSizeIterator<Item = f64> + '_> {
-    bytes.len().is_multiple_of(8).then(|| {
-        bytes
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes(c.try_into().expect("eight bytes")))
-    })
-}
-
 /// A whole number below 2^53, as every quantity of the contract is.
 fn whole(x: f64) -> Result<u64, Refused> {
-    if x >= 0.0 && x < crate::algorithm::MAX_EXACT as f64 && x.fract() == 0.0 {
-        Ok(x as u64)
-    } else {
-        Err(Refused("a quantity is not a whole number below 2^53"))
-    }
+    layout::whole(x).map_err(Refused)
 }
 
 /// The algorithm `rule_args` names.
 fn algorithm_of(args: &[u8]) -> Result<Algorithm, Refused> {
-    let (contract, rest) = args.split_first_chunk::<8>().ok_or(Refused(
-        "the rule argument is not a contract and three doubles",
-    ))?;
+    let not_rule = Refused("the rule argument is not a contract and three doubles");
+    let (contract, rest) = args.split_first_chunk::<8>().ok_or(not_rule)?;
     if u64::from_le_bytes(*contract) != CONTRACT {
         return Err(Refused(OTHER_VERSION));
     }
     let d: Vec<f64> = doubles(rest)
         .filter(|d| d.len() == 3)
-        .ok_or(Refused(
-            "the rule argument is not a contract and three doubles",
-        ))?
+        .ok_or(not_rule)?
         .collect();
-    Ok(match whole(d[0])? {
-        1 => Algorithm::FixedWindow,
-        2 => Algorithm::SlidingWindow,
-        3 => Algorithm::SubWindows(SubWindows {
-            count: u32::try_from(whole(d[1])?).map_err(|_| Refused("too many sub-windows"))?,
-        }),
-        5 => Algorithm::TokenBucket(TokenBucket {
-            initial_tokens: if d[1] < 0.0 { None } else { Some(whole(d[1])?) },
-        }),
-        6 => Algorithm::IntervalBucket,
-        7 if d[1] == 1.0 => Algorithm::LeakyBucket(LeakyBucket::Shaper),
-        7 => Algorithm::LeakyBucket(LeakyBucket::Meter),
-        8 => Algorithm::Gcra,
-        9 => Algorithm::WarmUp(
-            WarmUp::new(Duration::from_micros(whole(d[1])?)).with_cold_factor(d[2]),
-        ),
-        10 => Algorithm::HitCounter,
-        11 => Algorithm::Concurrency,
-        _ => return Err(Refused("no such algorithm in this module")),
-    })
+    let listed = usize::try_from(whole(d[0])?)
+        .ok()
+        .and_then(|i| ALGORITHMS.get(i.checked_sub(1)?))
+        .ok_or(Refused("no such algorithm in this module"))?;
+    (listed.of)([d[1], d[2]]).map_err(Refused)
 }
 
 /// A rule as the module decides it, from its arguments; cheap to keep, as a module keeps the
@@ -198,24 +141,26 @@ impl Prepared {
     pub fn new(rule_args: &[u8], tier_args: &[u8]) -> Result<Self, Refused> {
         let algorithm = algorithm_of(rule_args)?;
         let fields: Vec<f64> = doubles(tier_args)
-            .filter(|d| d.len() % 11 == 0 && d.len() > 0)
+            .filter(|d| d.len() % tier::DOUBLES == 0 && d.len() > 0)
             .ok_or(Refused("the tier argument is not eleven doubles per tier"))?
             .collect();
-        let mut tiers = Vec::with_capacity(fields.len() / 11);
-        for t in fields.chunks_exact(11) {
-            let (limit, period) = (whole(t[0])?, whole(t[1])?);
-            let tier = if algorithm.takes_calendar() && t[10] == 1.0 {
-                let bounds = [whole(t[6])?, whole(t[7])?, whole(t[8])?, whole(t[9])?];
-                Tier::given_windows(limit, period, bounds)
+        let mut tiers = Vec::with_capacity(fields.len() / tier::DOUBLES);
+        for t in fields.chunks_exact(tier::DOUBLES) {
+            let (limit, period) = (whole(t[tier::LIMIT])?, whole(t[tier::PERIOD])?);
+            let parameters = &t[tier::PARAMETERS..tier::DOUBLES];
+            let tier = if algorithm.takes_calendar() && parameters[4] == 1.0 {
+                let bounds = [0, 1, 2, 3].map(|i| whole(parameters[i]));
+                let [b0, b1, b2, b3] = bounds;
+                Tier::given_windows(limit, period, [b0?, b1?, b2?, b3?])
             } else {
                 let tier = Tier::new(limit, Duration::from_micros(period));
-                let burst = whole(t[2])?;
+                let burst = whole(t[tier::BURST])?;
                 let tier = if burst == limit {
                     tier
                 } else {
                     tier.with_burst(burst)
                 };
-                if algorithm.script_parameters(&tier).as_slice() != &t[6..11] {
+                if algorithm.script_parameters(&tier).as_slice() != parameters {
                     return Err(Refused("the tier parameters are not the algorithm's"));
                 }
                 tier
@@ -224,7 +169,8 @@ impl Prepared {
             let same = [tier.burst(), rate.per_permit, rate.per_micro, {
                 algorithm.words(&tier) as u64
             }];
-            if same.map(|n| n as f64) != [t[2], t[3], t[4], t[5]] {
+            let sent = [tier::BURST, tier::PER_PERMIT, tier::PER_MICRO, tier::WORDS].map(|i| t[i]);
+            if same.map(|n| n as f64) != sent {
                 return Err(Refused("the tier arguments are not the algorithm's"));
             }
             tiers.push(tier);
@@ -388,37 +334,24 @@ impl Check {
     /// [`Refused`] for an argument of the wrong shape, and on the server's time when
     /// `server_now()` is 0 (no clock read): never a decision at the epoch.
     pub fn new(args: &[u8], server_now: impl FnOnce() -> u64) -> Result<Self, Refused> {
-        let mut a = [0.0; 6];
-        let given = doubles(args)
-            .filter(|d| d.len() == 6)
-            .ok_or(Refused("the check argument is not six doubles"))?;
-        a.iter_mut().zip(given).for_each(|(a, d)| *a = d);
-        let settle = match a[4] {
-            0.0 => None,
-            1.0 => Some(Settle::Report),
-            2.0 => Some(Settle::Credit { at: whole(a[5])? }),
-            3.0 => Some(Settle::Renew),
-            _ => return Err(Refused("no such settlement")),
-        };
-        let server_time = a[0] < 0.0;
-        let now = if server_time {
-            match server_now() {
+        let header = Header::decode(args).map_err(Refused)?;
+        let (server_time, now) = match header.at {
+            None => match server_now() {
                 0 => return Err(Refused("the server's clock could not be read")),
-                now => now,
-            }
-        } else {
-            whole(a[0])?.max(1)
+                now => (true, now),
+            },
+            Some(at) => (false, at.max(1)),
         };
         Ok(Self {
             now,
-            cost: whole(a[1])?,
-            max_delay: if a[2] < 0.0 { None } else { Some(whole(a[2])?) },
-            settle,
+            cost: header.cost,
+            max_delay: header.max_delay,
+            settle: header.settle,
             clock: Clock {
                 now,
                 server_time,
                 // Whole milliseconds, as a store sends: a TTL is never negative nor NaN.
-                ttl_padding: whole(a[3])? as f64,
+                ttl_padding: header.ttl_padding as f64,
             },
         })
     }
@@ -450,17 +383,17 @@ pub struct Item<'a> {
 /// [`Refused`] for an argument of the wrong shape, or an item of several keys.
 pub fn described(args: &[u8]) -> Result<(bool, Vec<(u64, bool)>), Refused> {
     let d: Vec<f64> = doubles(args)
-        .filter(|d| d.len() % 4 == 1)
+        .filter(|d| d.len() % batch::ITEM == 1)
         .ok_or(Refused("the batch argument is not 1 + 4 doubles per item"))?
         .collect();
     let items = d[1..]
-        .chunks_exact(4)
-        .map(|item| match item[3] == 1.0 {
-            true => Ok((whole(item[1])?, item[2] == 1.0)),
+        .chunks_exact(batch::ITEM)
+        .map(|item| match item[batch::KEYS] == 1.0 {
+            true => Ok((whole(item[batch::COST])?, item[batch::SHADOW] == 1.0)),
             false => Err(Refused("the sliding log is not decided by the module")),
         })
         .collect::<Result<_, _>>()?;
-    Ok((d[0] == 1.0, items))
+    Ok((d[0] == f64::from(batch::LOOK), items))
 }
 
 /// Decides `items` all-or-nothing at `check`'s time, as `run_batch` in `lua/batch.lua`: every
@@ -497,7 +430,7 @@ fn decide_items(
         return Err(Refused("a settlement is not a check"));
     }
     let tiers: usize = items.iter().map(|i| i.prepared.rule.tiers().len()).sum();
-    let mut reply = Vec::with_capacity(48 * tiers);
+    let mut reply = Vec::with_capacity(layout::verdict::BYTES * tiers);
     // Every item's words, then two words per item: whether it was admitted, and when its
     // stored state was as good as new (read only where a key was stored).
     let words: usize = items.iter().map(|i| i.prepared.words).sum();
@@ -619,15 +552,9 @@ struct Clock {
 
 /// One tier's verdict as the functions reply it: six little-endian doubles.
 fn reply_of(v: &Verdict) -> impl Iterator<Item = u8> {
-    let fields = [
-        f64::from(u8::from(v.allowed)),
-        v.limit as f64,
-        v.remaining as f64,
-        v.reset_after as f64,
-        v.retry_after as f64,
-        v.delay as f64,
-    ];
-    fields.into_iter().flat_map(f64::to_le_bytes)
+    layout::encode_verdict(v)
+        .into_iter()
+        .flat_map(f64::to_le_bytes)
 }
 
 /// What a check comes to: the reply, and what to store.

@@ -52,6 +52,8 @@ mod error;
 pub mod inside;
 #[cfg(feature = "tower")]
 pub mod layer;
+#[cfg(feature = "inside-redis")]
+mod layout;
 mod limiter;
 mod permit;
 mod reservation;

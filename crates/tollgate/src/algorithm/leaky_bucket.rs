@@ -89,6 +89,10 @@ impl Decide for LeakyBucket {
         state[1] = now.max(last);
     }
 
+    fn module_parameters(&self) -> [f64; 2] {
+        [f64::from(u8::from(*self == Self::Shaper)), 0.0]
+    }
+
     fn script_parameters(&self, _tier: &Tier) -> [f64; 5] {
         let shaper = f64::from(u8::from(*self == Self::Shaper));
         [shaper, 0.0, 0.0, 0.0, 0.0]
@@ -105,6 +109,15 @@ impl Decide for LeakyBucket {
     fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {
         state[1] + tier.rate().micros(state[0])
     }
+}
+
+/// The leaky bucket of the module's parameters (see [`Decide::module_parameters`]): 1, a shaper.
+#[cfg(feature = "inside-redis")]
+pub(crate) fn of_parameters(p: [f64; 2]) -> Result<super::Algorithm, &'static str> {
+    Ok(super::Algorithm::LeakyBucket(match p[0] == 1.0 {
+        true => LeakyBucket::Shaper,
+        false => LeakyBucket::Meter,
+    }))
 }
 
 #[cfg(test)]

@@ -3,8 +3,9 @@
 //! An algorithm keeps, per key and tier, a fixed number of `u64` state words; all zeros is the
 //! state of a key never seen, so a store can start from zeros and drop any state that has
 //! become equivalent to zeros. [`Decide::decide`] reads the words at `now`, and when the attempt
-//! is admitted with `commit` set, writes the new state. The Redis scripts implement the same
-//! transitions over the same words (hash fields) and are checked against these.
+//! is admitted with `commit` set, writes the new state. The Redis functions implement the same
+//! transitions over the same words (a key's value: one little-endian double per word, see
+//! `layout`) and are checked against these; tollgate's Redis module runs these themselves.
 //!
 //! Every intermediate integer stays below 2^53 (rules are validated for it), so a script
 //! computing in doubles reaches the same decisions.
@@ -31,10 +32,17 @@ pub use sub_windows::SubWindows;
 pub use token_bucket::TokenBucket;
 pub use warm_up::WarmUp;
 
-pub(crate) use rate::Rate;
-pub(crate) use tier::MAX_EXACT;
+#[cfg(feature = "inside-redis")]
+pub(crate) use leaky_bucket::of_parameters as leaky_bucket_of;
+pub(crate) use rate::{MAX_EXACT, Rate};
+#[cfg(feature = "inside-redis")]
+pub(crate) use sub_windows::of_parameters as sub_windows_of;
 pub use tier::Tier;
+#[cfg(feature = "inside-redis")]
+pub(crate) use token_bucket::of_parameters as token_bucket_of;
 pub(crate) use verdict::Verdict;
+#[cfg(feature = "inside-redis")]
+pub(crate) use warm_up::of_parameters as warm_up_of;
 
 use concurrency::Concurrency;
 pub(crate) use fixed_window::FixedWindow;
@@ -175,6 +183,9 @@ impl Decide for Algorithm {
     }
     fn script_parameters(&self, tier: &Tier) -> [f64; 5] {
         self.imp().script_parameters(tier)
+    }
+    fn module_parameters(&self) -> [f64; 2] {
+        self.imp().module_parameters()
     }
     fn layout(&self, tier: &Tier, feed: &mut dyn FnMut(u64)) {
         self.imp().layout(tier, feed)
@@ -342,6 +353,13 @@ pub(crate) trait Decide {
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     fn script_parameters(&self, _tier: &Tier) -> [f64; 5] {
         [0.0; 5]
+    }
+
+    /// The algorithm's own parameters as tollgate's Redis module reads them from a rule's
+    /// argument (see `layout::ALGORITHMS`, whose row decodes them).
+    #[cfg_attr(not(feature = "inside-redis"), allow(dead_code))]
+    fn module_parameters(&self) -> [f64; 2] {
+        [0.0; 2]
     }
 
     /// Feeds what gives this tier's state words their meaning: by default the period and the

@@ -6,8 +6,11 @@
 //! rounding can make a bucket admit more, or less, than its rate.
 
 use super::Invalid;
-use super::MAX_EXACT;
 use super::Verdict;
+
+/// Integers up to 2^53 are exact in a double; every quantity an algorithm computes stays below
+/// this so the Redis Lua functions (doubles only) decide exactly as the Rust code does.
+pub(crate) const MAX_EXACT: u64 = 1 << 53;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct Rate {

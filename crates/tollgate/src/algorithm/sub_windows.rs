@@ -205,6 +205,10 @@ impl Decide for SubWindows {
         }
     }
 
+    fn module_parameters(&self) -> [f64; 2] {
+        [f64::from(self.count), 0.0]
+    }
+
     fn script_parameters(&self, _tier: &Tier) -> [f64; 5] {
         [f64::from(self.count), 0.0, 0.0, 0.0, 0.0]
     }
@@ -212,6 +216,14 @@ impl Decide for SubWindows {
     fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {
         (state[0] + u64::from(self.count)) * (tier.period_micros() / u64::from(self.count))
     }
+}
+
+/// The sub-windows of the module's parameters (see [`Decide::module_parameters`]).
+#[cfg(feature = "inside-redis")]
+pub(crate) fn of_parameters(p: [f64; 2]) -> Result<super::Algorithm, &'static str> {
+    let count = crate::layout::whole(p[0])?;
+    let count = u32::try_from(count).map_err(|_| "too many sub-windows")?;
+    Ok(super::Algorithm::SubWindows(SubWindows { count }))
 }
 
 #[cfg(test)]

@@ -2,11 +2,7 @@
 
 use std::time::Duration;
 
-use super::{Algorithm, Calendar, Decide, Rate};
-
-/// Integers up to 2^53 are exact in a double; every quantity an algorithm computes stays below
-/// this so the Redis Lua scripts (doubles only) decide exactly as the Rust code does.
-pub(crate) const MAX_EXACT: u64 = 1 << 53;
+use super::{Algorithm, Calendar, Decide, MAX_EXACT, Rate};
 
 /// One limit of a rule: at most `limit` permits per `period`, or per calendar period (a
 /// month in a time zone, see [`Calendar`]). Bucket algorithms also take a `burst` (their

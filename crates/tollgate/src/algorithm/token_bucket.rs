@@ -119,6 +119,10 @@ impl Decide for TokenBucket {
         }
     }
 
+    fn module_parameters(&self) -> [f64; 2] {
+        [self.initial_tokens.map_or(-1.0, |t| t as f64), 0.0]
+    }
+
     fn script_parameters(&self, _tier: &Tier) -> [f64; 5] {
         let initial = self.initial_tokens.map_or(-1.0, |tokens| tokens as f64);
         [initial, 0.0, 0.0, 0.0, 0.0]
@@ -156,6 +160,18 @@ impl Decide for TokenBucket {
             _ => full,
         }
     }
+}
+
+/// The token bucket of the module's parameters (see [`Decide::module_parameters`]).
+#[cfg(feature = "inside-redis")]
+pub(crate) fn of_parameters(p: [f64; 2]) -> Result<super::Algorithm, &'static str> {
+    let initial_tokens = match p[0] < 0.0 {
+        true => None,
+        false => Some(crate::layout::whole(p[0])?),
+    };
+    Ok(super::Algorithm::TokenBucket(TokenBucket {
+        initial_tokens,
+    }))
 }
 
 #[cfg(test)]

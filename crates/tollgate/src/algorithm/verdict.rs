@@ -46,20 +46,3 @@ impl Verdict {
         self
     }
 }
-
-#[cfg(feature = "redis")]
-impl Verdict {
-    /// A verdict as a Redis script returns it: allowed (1/0), limit, remaining, reset_after,
-    /// retry_after, delay.
-    pub(crate) fn from_reply(reply: [u64; 6]) -> Self {
-        let [allowed, limit, remaining, reset_after, retry_after, delay] = reply;
-        Self {
-            allowed: allowed == 1,
-            limit,
-            remaining,
-            reset_after,
-            retry_after,
-            delay,
-        }
-    }
-}

@@ -198,6 +198,10 @@ impl Decide for WarmUp {
         &[0]
     }
 
+    fn module_parameters(&self) -> [f64; 2] {
+        [self.period.as_micros() as f64, self.cold_factor]
+    }
+
     fn script_parameters(&self, tier: &Tier) -> [f64; 5] {
         let c = Curve::new(self, tier);
         [c.stable, c.threshold, c.max, c.slope, c.cooldown]
@@ -214,6 +218,16 @@ impl Decide for WarmUp {
             }
         }
     }
+}
+
+/// The warm-up of the module's parameters (see [`Decide::module_parameters`]): its period in
+/// µs and its cold factor.
+#[cfg(feature = "inside-redis")]
+pub(crate) fn of_parameters(p: [f64; 2]) -> Result<super::Algorithm, &'static str> {
+    let period = Duration::from_micros(crate::layout::whole(p[0])?);
+    Ok(super::Algorithm::WarmUp(
+        WarmUp::new(period).with_cold_factor(p[1]),
+    ))
 }
 
 #[cfg(test)]

@@ -21,10 +21,15 @@ use std::task::Poll;
 
 use tokio::sync::oneshot;
 
-use super::{Batched, Call, Mode, RedisStore, packed, script, store_error};
+use super::args::packed;
+use super::batch::{Batched, Call, Mode, futures_join};
+use super::connection::store_error;
+use super::script;
+use super::store::RedisStore;
 use crate::algorithm::Settle;
 use crate::decision::Source;
 use crate::error::Error;
+use crate::layout::{DOUBLE, batch};
 use crate::store::guard::Backend;
 
 /// One slot's part of a check.
@@ -128,7 +133,7 @@ pub(super) async fn take(
             .iter()
             .zip(taken.iter_mut())
             .filter_map(|(part, took)| Some(give_back(&store, now, part, took.take()?)));
-        super::futures_join(gives).await;
+        futures_join(gives).await;
     }
 }
 
@@ -166,11 +171,11 @@ fn read(part: &Part, reply: Result<Batched, Error>) -> (Outcome, Option<Taken>) 
     (Ok((verdicts, source)), took)
 }
 
-/// Where item `i`'s cost is in a batch call's second argument (see `lua/batch.lua`: after the
-/// mode, four doubles per item: algorithm, cost, shadow, number of keys).
+/// Where item `i`'s cost is in a batch call's second argument (see `layout::batch`: after
+/// the mode, each item's doubles).
 fn cost_at(i: usize) -> std::ops::Range<usize> {
-    let at = 8 + 32 * i + 8;
-    at..at + 8
+    let at = DOUBLE * (1 + batch::ITEM * i + batch::COST);
+    at..at + DOUBLE
 }
 
 /// Item `i`'s cost in a batch call.

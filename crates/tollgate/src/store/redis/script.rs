@@ -17,8 +17,15 @@ use std::sync::LazyLock;
 use redis::Script;
 
 use crate::algorithm::Algorithm;
+use crate::layout::{self, ALGORITHMS, Kept};
 
-const PRELUDE: &str = include_str!("lua/prelude.lua");
+/// The layout's names (`lua/layout.lua`, written from `layout.rs`), then the prelude.
+const PRELUDE: &str = concat!(
+    include_str!("lua/layout.lua"),
+    include_str!("lua/prelude.lua")
+);
+/// Both drivers, as the batch needs them: words, then the log.
+const DRIVERS: [&str; 2] = [include_str!("lua/words.lua"), include_str!("lua/log.lua")];
 const BATCH: &str = include_str!("lua/batch.lua");
 const COUNTERS: &str = include_str!("lua/counters.lua");
 const RESERVATIONS: &str = include_str!("lua/reservations.lua");
@@ -29,93 +36,31 @@ const METERED: &str = include_str!("lua/metered.lua");
 /// `Decide::renew`).
 const DEFAULTS: &str = "local forgets = false\nlocal slots = false\nlocal renew = nil\n";
 
-/// How an algorithm keeps its state, and so which driver runs it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Driver {
-    /// A few words per tier in one string key.
-    Words,
-    /// One sorted set per tier.
-    Log,
-}
-
-impl Driver {
-    fn code(self) -> &'static str {
-        match self {
-            Self::Words => include_str!("lua/words.lua"),
-            Self::Log => include_str!("lua/log.lua"),
-        }
-    }
-
-    /// The Lua function (of the keys and the arguments) that decides a check with the
-    /// algorithm defined just before it.
-    fn entry(self) -> &'static str {
-        match self {
-            Self::Words => "words_of(decide, denied, expires_at, forgets)",
-            Self::Log => "log_of(decide)",
-        }
+/// The Lua driver of each way an algorithm keeps its state.
+fn driver_code(kept: Kept) -> &'static str {
+    match kept {
+        Kept::Words => DRIVERS[0],
+        Kept::Log => DRIVERS[1],
     }
 }
 
-/// Every algorithm's name (as in its function's name), its code and its driver, in the order
-/// of [`index`].
-const ALGORITHMS: [(&str, &str, Driver); 11] = [
-    (
-        "fixed_window",
-        include_str!("lua/fixed_window.lua"),
-        Driver::Words,
-    ),
-    (
-        "sliding_window",
-        include_str!("lua/sliding_window.lua"),
-        Driver::Words,
-    ),
-    (
-        "sub_windows",
-        include_str!("lua/sub_windows.lua"),
-        Driver::Words,
-    ),
-    (
-        "sliding_log",
-        include_str!("lua/sliding_log.lua"),
-        Driver::Log,
-    ),
-    (
-        "token_bucket",
-        include_str!("lua/token_bucket.lua"),
-        Driver::Words,
-    ),
-    (
-        "interval_bucket",
-        include_str!("lua/interval_bucket.lua"),
-        Driver::Words,
-    ),
-    (
-        "leaky_bucket",
-        include_str!("lua/leaky_bucket.lua"),
-        Driver::Words,
-    ),
-    ("gcra", include_str!("lua/gcra.lua"), Driver::Words),
-    ("warm_up", include_str!("lua/warm_up.lua"), Driver::Words),
-    (
-        "hit_counter",
-        include_str!("lua/hit_counter.lua"),
-        Driver::Words,
-    ),
-    (
-        "concurrency",
-        include_str!("lua/concurrency.lua"),
-        Driver::Words,
-    ),
-];
+/// The Lua function (of the keys and the arguments) that decides a check with the algorithm
+/// defined just before it.
+fn entry_of(kept: Kept) -> &'static str {
+    match kept {
+        Kept::Words => "words_of(decide, denied, expires_at, forgets)",
+        Kept::Log => "log_of(decide)",
+    }
+}
 
 /// The Lua call that registers the algorithm defined just before it for batches.
-fn registration(driver: Driver) -> &'static str {
-    match driver {
-        Driver::Words => {
+fn registration(kept: Kept) -> &'static str {
+    match kept {
+        Kept::Words => {
             "{decide = decide, denied = denied, expires_at = expires_at, \
              forgets = forgets, debit = debit, credit = credit, renew = renew, slots = slots}"
         }
-        Driver::Log => "{decide = decide, debit = debit, credit = credit, log = true}",
+        Kept::Log => "{decide = decide, debit = debit, credit = credit, log = true}",
     }
 }
 
@@ -123,11 +68,12 @@ fn registration(driver: Driver) -> &'static str {
 /// [`ALGORITHMS`]); with `functions`, each also registered as its library's function.
 fn algorithm_blocks(functions: bool) -> String {
     let mut body = String::new();
-    for (i, (algorithm, code, driver)) in ALGORITHMS.into_iter().enumerate() {
+    for (i, listed) in ALGORITHMS.iter().enumerate() {
+        let (name, code, kept) = (listed.name, listed.lua, listed.kept);
         let function = if functions {
             format!(
-                "redis.register_function('__LIBRARY___{algorithm}', {})\n",
-                driver.entry()
+                "redis.register_function('__LIBRARY___{name}', {})\n",
+                entry_of(kept)
             )
         } else {
             String::new()
@@ -135,7 +81,7 @@ fn algorithm_blocks(functions: bool) -> String {
         body.push_str(&format!(
             "\ndo\n{DEFAULTS}{code}\nalgorithms[{}] = {}\n{function}end\n",
             i + 1,
-            registration(driver)
+            registration(kept)
         ));
     }
     body
@@ -153,7 +99,7 @@ pub(crate) struct Library {
 }
 
 pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
-    let mut body = format!("{PRELUDE}{}{}", Driver::Words.code(), Driver::Log.code());
+    let mut body = format!("{PRELUDE}{}{}", DRIVERS[0], DRIVERS[1]);
     body.push_str(&algorithm_blocks(true));
     body.push_str(BATCH);
     body.push_str(COUNTERS);
@@ -186,16 +132,17 @@ pub(crate) struct Entry {
 static ENTRIES: LazyLock<Vec<Entry>> = LazyLock::new(|| {
     ALGORITHMS
         .iter()
-        .map(|&(algorithm, code, driver)| {
+        .map(|listed| {
             let script = format!(
-                "{PRELUDE}{}{DEFAULTS}{code}\nreturn ({})(KEYS, ARGV)\n",
-                driver.code(),
-                driver.entry()
+                "{PRELUDE}{}{DEFAULTS}{}\nreturn ({})(KEYS, ARGV)\n",
+                driver_code(listed.kept),
+                listed.lua,
+                entry_of(listed.kept)
             );
             Entry {
-                function: format!("{}_{algorithm}", LIBRARY.name),
+                function: format!("{}_{}", LIBRARY.name, listed.name),
                 script: Script::new(&script),
-                key_per_tier: driver == Driver::Log,
+                key_per_tier: listed.kept == Kept::Log,
             }
         })
         .collect()
@@ -205,8 +152,8 @@ static ENTRIES: LazyLock<Vec<Entry>> = LazyLock::new(|| {
 pub(crate) static BATCH_ENTRY: LazyLock<Entry> = LazyLock::new(|| {
     let script = format!(
         "{PRELUDE}{}{}{}{BATCH}\nreturn batch(KEYS, ARGV)\n",
-        Driver::Words.code(),
-        Driver::Log.code(),
+        DRIVERS[0],
+        DRIVERS[1],
         algorithm_blocks(false)
     );
     Entry {
@@ -220,8 +167,8 @@ pub(crate) static BATCH_ENTRY: LazyLock<Entry> = LazyLock::new(|| {
 pub(crate) static SETTLE_ENTRY: LazyLock<Entry> = LazyLock::new(|| {
     let script = format!(
         "{PRELUDE}{}{}{}{BATCH}\nreturn settle(KEYS, ARGV)\n",
-        Driver::Words.code(),
-        Driver::Log.code(),
+        DRIVERS[0],
+        DRIVERS[1],
         algorithm_blocks(false)
     );
     Entry {
@@ -240,8 +187,8 @@ pub(crate) static COMMIT_ENTRY: LazyLock<Entry> = LazyLock::new(|| metered("comm
 fn metered(function: &str) -> Entry {
     let script = format!(
         "{PRELUDE}{}{}{}{BATCH}{METERED}\nreturn {function}(KEYS, ARGV)\n",
-        Driver::Words.code(),
-        Driver::Log.code(),
+        DRIVERS[0],
+        DRIVERS[1],
         algorithm_blocks(false)
     );
     Entry {
@@ -289,7 +236,7 @@ fn reservations(function: &str) -> Entry {
 
 /// How checks of `algorithm` alone are sent.
 pub(crate) fn entry(algorithm: &Algorithm) -> &'static Entry {
-    &ENTRIES[crate::inside::index(algorithm) - 1]
+    &ENTRIES[layout::index(algorithm) - 1]
 }
 
 #[cfg(test)]
@@ -302,9 +249,9 @@ mod tests {
         assert_eq!(gcra.function, format!("{}_gcra", LIBRARY.name));
         assert!(entry(&Algorithm::SlidingLog).key_per_tier);
         assert!(!gcra.key_per_tier);
-        for (i, (algorithm, _, _)) in ALGORITHMS.into_iter().enumerate() {
-            let registered = format!("redis.register_function('{}_{algorithm}'", LIBRARY.name);
-            assert!(LIBRARY.code.contains(&registered), "{algorithm}");
+        for (i, listed) in ALGORITHMS.iter().enumerate() {
+            let registered = format!("redis.register_function('{}_{}'", LIBRARY.name, listed.name);
+            assert!(LIBRARY.code.contains(&registered), "{}", listed.name);
             assert!(LIBRARY.code.contains(&format!("algorithms[{}] =", i + 1)));
         }
         assert!(LIBRARY.code.contains(&format!("'{}_batch'", LIBRARY.name)));

@@ -25,15 +25,15 @@ local function run_batch(keys, first_key, args, first_arg, dry_run, timed)
   -- gives it its own back at each call).
   local a = attempt_of(args[first_arg])
   local n, described = #args - first_arg - 1, args[first_arg + 1]
-  local dry, position = unpack_packed('<d', described)
-  local writes = dry ~= 1 and not dry_run
+  local dry, position = unpack_packed(BATCH_FORMAT, described)
+  local writes = dry ~= BATCH_LOOK and not dry_run
 
   -- Decide every item, its verdicts in `reply` from its `at`th value.
   local reply, items, admitted = verdicts_of_batch, items_of_batch, true
   local first, at = first_key, 0
   for i = 1, n do
     local algorithm, cost, shadow, count
-    algorithm, cost, shadow, count, position = unpack_packed('<dddd', described, position)
+    algorithm, cost, shadow, count, position = unpack_packed(ITEM_FORMAT, described, position)
     local packed = args[first_arg + 1 + i]
     local f, tiers = algorithms[algorithm], parsed[packed] or tiers_of(packed)
     local item = items[i]
@@ -80,7 +80,7 @@ local function run_batch(keys, first_key, args, first_arg, dry_run, timed)
     end
     item.allowed = allowed
     admitted = admitted and (allowed or shadow == 1)
-    first, at = first + count, at + 6 * #tiers
+    first, at = first + count, at + VERDICT_DOUBLES * #tiers
   end
 
   -- Store: the costs of an admitted batch, or what denials record.
@@ -125,13 +125,13 @@ local function settle_items(keys, first_key, args, first_arg, actual)
   -- The cached attempt of args[first_arg] (no delay, as the store sends a settlement): each
   -- item's cost becomes its own in turn, as in a batch.
   local a = attempt_of(args[first_arg])
-  local report, renew = a.settle == 1, a.settle == 3
+  local report, renew = a.settle == SETTLE_REPORT, a.settle == SETTLE_RENEW
   local described = args[first_arg + 1]
-  local _, position = unpack_packed('<d', described)
+  local _, position = unpack_packed(BATCH_FORMAT, described)
   local first, reply, at = first_key, verdicts_of_batch, 0
   for i = first_arg + 2, #args do
     local algorithm, cost, shadow, count
-    algorithm, cost, shadow, count, position = unpack_packed('<dddd', described, position)
+    algorithm, cost, shadow, count, position = unpack_packed(ITEM_FORMAT, described, position)
     local f, tiers = algorithms[algorithm], parsed[args[i]] or tiers_of(args[i])
     local change = f.credit
     if actual then
@@ -171,7 +171,7 @@ local function settle_items(keys, first_key, args, first_arg, actual)
         write(key, stored, tiers, w, a, expires, kept)
       end
     end
-    first, at = first + count, at + 6 * #tiers
+    first, at = first + count, at + VERDICT_DOUBLES * #tiers
   end
   return pack(formats[at] or doubles(at), unpack(reply, 1, at))
 end

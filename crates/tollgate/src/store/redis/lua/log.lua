@@ -9,7 +9,7 @@
 local function log_ask(tiers, keys, first, a, decide, verdicts, newest, base)
   local allowed = true
   for i = 1, #tiers do
-    local v = base + 6 * (i - 1)
+    local v = base + VERDICT_DOUBLES * (i - 1)
     newest[i], verdicts[v + 1], verdicts[v + 2], verdicts[v + 3], verdicts[v + 4],
       verdicts[v + 5], verdicts[v + 6] = decide(tiers[i], keys[first + i - 1], a)
     allowed = allowed and verdicts[v + 1] == 1
@@ -69,6 +69,6 @@ local function log_of(decide)
     if log_ask(tiers, keys, 1, a, decide, verdicts, newest, 0) and a.cost > 0 then
       log_commit(tiers, keys, 1, a, newest)
     end
-    return pack(tiers.reply_format, unpack(verdicts, 1, 6 * #tiers))
+    return pack(tiers.reply_format, unpack(verdicts, 1, VERDICT_DOUBLES * #tiers))
   end
 end

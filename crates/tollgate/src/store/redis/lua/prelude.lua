@@ -3,18 +3,16 @@
 -- it; on servers without functions, one EVAL script per algorithm instead). A call is one
 -- atomic step: nothing can expire or change between reading a key and writing it.
 --
--- args[1]  six little-endian doubles: now in microseconds since the Unix epoch (-1 to read
---          the server's TIME); the cost in permits (0 looks without consuming); the longest
---          delay the caller accepts from a shaper in µs (-1 for none); milliseconds added to
---          every TTL (0 on the server's time; more on the caller's, whose clock says when
---          state expires while Redis expires keys by its own; plus the store's expiry jitter);
---          what a settlement does (0 none: a check; 1 a report, which takes the cost whatever
---          the state; 2 a credit, which gives back the cost taken at the next double, µs; 3 a
---          renewal of slots held)
--- args[2]  eleven little-endian doubles per tier: limit, period (µs), burst, per_permit,
+-- args[1]  the header (HEADER_FORMAT): now in µs since the Unix epoch (-1 to read the
+--          server's TIME), the cost in permits (0 looks), the longest delay accepted from a
+--          shaper (µs, -1 for none), ms added to every TTL, what a settlement does
+--          (SETTLE_*: a report takes the cost whatever the state, a credit gives back the cost
+--          taken at credit_at, a renewal renews slots held), credit_at (µs)
+-- args[2]  each tier's arguments (TIER_FORMAT): limit, period (µs), burst, per_permit,
 --          per_micro, state words, and five algorithm parameters
--- Returns one string of six little-endian doubles per tier, in order: allowed (1/0), limit,
--- remaining, reset_after (µs), retry_after (µs), delay (µs). The caller combines them.
+-- Returns one string of VERDICT_DOUBLES little-endian doubles per tier, in order: allowed
+-- (1/0), limit, remaining, reset_after (µs), retry_after (µs), delay (µs).
+-- The names in capitals are layout.lua's, written from src/layout.rs, where each is defined.
 --
 -- Lua numbers are doubles. Rules are validated so that every integer here stays below 2^53:
 -- the arithmetic is exact and follows src/algorithm operation for operation. Numbers given to
@@ -154,9 +152,9 @@ local function tiers_of(packed)
   if tiers then return tiers end
   tiers = {}
   local words, position = 0, 1
-  for i = 1, #packed / 88 do
+  for i = 1, #packed / TIER_BYTES do
     local limit, period, burst, per_permit, per_micro, n, p1, p2, p3, p4, p5, next =
-      unpack_packed('<ddddddddddd', packed, position)
+      unpack_packed(TIER_FORMAT, packed, position)
     -- A rule's state is at most 2^20 words (rule.rs: MAX_WORDS); more, from a caller other
     -- than the library, would keep Redis busy making its format. Once per tier argument.
     if not (n >= 0 and n % 1 == 0 and words + n <= 1048576) then
@@ -173,7 +171,7 @@ local function tiers_of(packed)
   tiers.one = #tiers == 1 and tiers[1]
   tiers.state_format = '<' .. rep('d', words)
   tiers.zero_state = rep('\0', 8 * words)
-  tiers.reply_format = '<' .. rep('d', 6 * #tiers)
+  tiers.reply_format = '<' .. rep('d', VERDICT_DOUBLES * #tiers)
   if parsed_count >= 1000 then parsed, parsed_count = {}, 0 end
   parsed[packed], parsed_count = tiers, parsed_count + 1
   return tiers
@@ -193,7 +191,7 @@ local function attempt_of(packed)
   if not a then
     if not floor then bind() end
     local now, cost, max_delay, ttl_padding, settle, credit_at =
-      unpack_packed('<dddddd', packed)
+      unpack_packed(HEADER_FORMAT, packed)
     -- Times and costs below 2^53, as the library sends: a time of 1e300 from another caller
     -- made loops whose step no longer moved it (x + 1 == x) run for good.
     if not (now < MAX_EXACT and cost >= 0 and cost <= MAX_EXACT and max_delay < MAX_EXACT

@@ -22,7 +22,7 @@ local function ask(tiers, w, a, decide, verdicts, commit, base)
     verdicts[v + 4] = reset_after
     verdicts[v + 5] = retry_after
     verdicts[v + 6] = delay
-    all, v = all and allowed == 1, v + 6
+    all, v = all and allowed == 1, v + VERDICT_DOUBLES
   end
   return all
 end
@@ -119,6 +119,6 @@ local function words_of(decide, denied, expires_at, forgets)
       for i = 1, #tiers do denied(tiers[i], w, a) end
     end
     write(key, stored, tiers, w, a, latest(tiers, w, expires_at), kept)
-    return pack(tiers.reply_format, unpack(verdicts, 1, 6 * #tiers))
+    return pack(tiers.reply_format, unpack(verdicts, 1, VERDICT_DOUBLES * #tiers))
   end
 end

@@ -1,0 +1,14 @@
+-- The layout of what the store, this library and tollgate's module exchange, written from
+-- src/layout.rs (TOLLGATE_BLESS=1 cargo test -p tollgate --lib layout): do not edit.
+-- A call's header: now (µs; -1 the server's TIME), cost, max_delay (µs; -1 none), ttl_padding (ms),
+-- settle, credit_at (µs).
+local HEADER_FORMAT = '<dddddd'
+-- What a settlement does (the header's settle; else a credit).
+local SETTLE_REPORT, SETTLE_RENEW = 1, 3
+-- A tier's arguments: limit, period (µs), burst, per_permit, per_micro, state words, p1..p5.
+local TIER_FORMAT, TIER_BYTES = '<ddddddddddd', 88
+-- A tier's verdict: allowed (1/0), limit, remaining, reset_after (µs), retry_after (µs), delay (µs).
+local VERDICT_DOUBLES = 6
+-- A batch's description: what it does (BATCH_LOOK asks and writes nothing), then per item its
+-- algorithm's index, cost, shadow (1/0) and number of keys.
+local BATCH_LOOK, BATCH_FORMAT, ITEM_FORMAT = 1, '<d', '<dddd'
