@@ -16,7 +16,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
-use super::openapi::{ErrorBody, RuleList};
+use super::answers::{ErrorBody, RuleList};
 use crate::config::parse_rule_spec;
 use crate::service::EditError;
 

@@ -235,7 +235,7 @@ fn source_name(source: Source) -> &'static str {
         ),
     ),
     responses(
-        (status = 200, description = "Admitted: every rule admits, and each consumed the cost.", body = super::openapi::CheckAnswer, headers(
+        (status = 200, description = "Admitted: every rule admits, and each consumed the cost.", body = super::answers::CheckAnswer, headers(
             ("X-RateLimit-Limit" = u64, description = "The binding tier's capacity."),
             ("X-RateLimit-Remaining" = u64, description = "What the binding tier would still admit now."),
             ("X-RateLimit-Reset" = u64, description = "Seconds, rounded up, until the binding tier is full again."),
@@ -243,12 +243,12 @@ fn source_name(source: Source) -> &'static str {
             ("RateLimit" = String, description = "The binding tier's policy, what it would still admit and the seconds to wait or until full: `\"name\";r=0;t=1`."),
             ("Tollgate-Permit" = String, description = "When a concurrency rule admitted: the permit its slots are held under (also `permit` in the body)."),
         )),
-        (status = 429, description = "Denied: some rule denies; nothing was consumed. `Retry-After` says when the same request would be admitted.", body = super::openapi::CheckAnswer, example = json!({"allowed": false, "decisions": [{"rule": "get-product", "allowed": false, "limit": 1000, "remaining": 0, "reset_after_ms": 4210, "retry_after_ms": 4210, "window_s": 10, "shadowed": false, "source": "memory"}]})),
-        (status = 400, description = "A body that is not a check: an unknown rule, a bad key, a cost no tier can admit, a stated limit the rule's algorithm cannot take, not UTF-8.", body = super::openapi::ErrorBody),
-        (status = 403, description = "A `limit` stated, and no rule the check applies to takes one (`caller_limit: true`): nothing counted. Also a key on a deny list whose entry answers 403: then the body is a check's answer (decisions of source `list`), nothing counted.", body = super::openapi::Forbidden),
-        (status = 413, description = "A body over `server.max_body_bytes`.", body = super::openapi::ErrorBody),
-        (status = 415, description = "Not `application/json`.", body = super::openapi::ErrorBody),
-        (status = 422, description = "JSON of the wrong shape (an unknown field, a negative cost).", body = super::openapi::ErrorBody),
+        (status = 429, description = "Denied: some rule denies; nothing was consumed. `Retry-After` says when the same request would be admitted.", body = super::answers::CheckAnswer, example = json!({"allowed": false, "decisions": [{"rule": "get-product", "allowed": false, "limit": 1000, "remaining": 0, "reset_after_ms": 4210, "retry_after_ms": 4210, "window_s": 10, "shadowed": false, "source": "memory"}]})),
+        (status = 400, description = "A body that is not a check: an unknown rule, a bad key, a cost no tier can admit, a stated limit the rule's algorithm cannot take, not UTF-8.", body = super::answers::ErrorBody),
+        (status = 403, description = "A `limit` stated, and no rule the check applies to takes one (`caller_limit: true`): nothing counted. Also a key on a deny list whose entry answers 403: then the body is a check's answer (decisions of source `list`), nothing counted.", body = super::answers::Forbidden),
+        (status = 413, description = "A body over `server.max_body_bytes`.", body = super::answers::ErrorBody),
+        (status = 415, description = "Not `application/json`.", body = super::answers::ErrorBody),
+        (status = 422, description = "JSON of the wrong shape (an unknown field, a negative cost).", body = super::answers::ErrorBody),
     ),
 )]
 pub(super) async fn check(state: AppState, request: axum::extract::Request) -> Response {
@@ -490,7 +490,7 @@ fn answer_outcome(
                 permit.expires_in.as_millis()
             );
             let mut response = match json {
-                true => super::metered::answer(&Outcome::of(decisions), StatusCode::OK, &before),
+                true => outcome_answer(&Outcome::of(decisions), StatusCode::OK, &before),
                 false => answer(&decisions, denied, false),
             };
             let id = HeaderValue::from_str(&permit.id).expect("a permit id is hex digits");
@@ -604,7 +604,7 @@ const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
             ("Tollgate-Permit" = String, description = "When a concurrency rule admitted: the permit its slots are held under, to release with `POST /v1/release`."),
         )),
         (status = 429, description = "Denied (or the `deny_status` asked for: 401, 403); `Retry-After` says when."),
-        (status = 400, description = "No `X-Original-URI`, or a bad `deny_status` or cost.", body = super::openapi::ErrorBody),
+        (status = 400, description = "No `X-Original-URI`, or a bad `deny_status` or cost.", body = super::answers::ErrorBody),
     ),
 )]
 pub(super) async fn auth(
@@ -663,4 +663,21 @@ pub(super) async fn auth(
         .check_request(&request, query.cost.unwrap_or(1), None)
         .await;
     answer_outcome(outcome, denied, false)
+}
+
+/// `outcome` as JSON (`before` written ahead of its fields), with the rate limit fields and
+/// `status`.
+pub(super) fn outcome_answer(outcome: &Outcome, status: StatusCode, before: &str) -> Response {
+    let json = answer_json(outcome.allowed(), &outcome.decisions);
+    let mut body = Vec::with_capacity(json.len() + before.len());
+    body.push(b'{');
+    body.extend_from_slice(before.as_bytes());
+    body.extend_from_slice(&json[1..]);
+    let mut fields = HeaderMap::with_capacity(8);
+    fields.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    tollgate::layer::headers::add(&mut fields, &outcome.decisions);
+    (status, fields, body).into_response()
 }

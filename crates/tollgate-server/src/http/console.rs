@@ -38,7 +38,7 @@ use utoipa_axum::routes;
 
 use super::AppState;
 use super::admin::Admin;
-use super::openapi::{
+use super::answers::{
     AuditLog, ConsoleRule, ConsoleRules, ErrorBody, Explained, Overview, PlacedError,
     PreviewAnswer, Validated,
 };

@@ -16,7 +16,7 @@ use utoipa_axum::routes;
 
 use super::AppState;
 use super::admin::{Admin, edit_error, error};
-use super::openapi::ErrorBody;
+use super::answers::ErrorBody;
 use crate::config::{ListEntry, ListKind, parse_duration};
 
 /// The lists' routes, with their documentation.

@@ -10,7 +10,7 @@
 //! Every answer carries the rate limit header fields, as a check's does.
 
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use utoipa::ToSchema;
@@ -18,9 +18,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
-use super::check::{Asked, answer_json, json_body, parsed, refused};
-use super::openapi::{CheckAnswer, ErrorBody, ReservationAnswer};
-use crate::service::Outcome;
+use super::answers::{CheckAnswer, ErrorBody, ReservationAnswer};
+use super::check::{Asked, json_body, outcome_answer, parsed, refused};
 
 /// The metered routes, with their documentation.
 pub(super) fn router() -> OpenApiRouter<AppState> {
@@ -29,23 +28,6 @@ pub(super) fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(reserve))
         .routes(routes!(commit))
         .routes(routes!(cancel))
-}
-
-/// `outcome` as JSON (`before` written ahead of its fields), with the rate limit fields and
-/// `status`.
-pub(super) fn answer(outcome: &Outcome, status: StatusCode, before: &str) -> Response {
-    let json = answer_json(outcome.allowed(), &outcome.decisions);
-    let mut body = Vec::with_capacity(json.len() + before.len());
-    body.push(b'{');
-    body.extend_from_slice(before.as_bytes());
-    body.extend_from_slice(&json[1..]);
-    let mut fields = HeaderMap::with_capacity(8);
-    fields.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    tollgate::layer::headers::add(&mut fields, &outcome.decisions);
-    (status, fields, body).into_response()
 }
 
 /// Takes the cost of work done, whatever the keys' state: past a limit the key is in debt, and
@@ -91,7 +73,7 @@ async fn report(State(state): State<AppState>, request: axum::extract::Request) 
         .report(asked.target(), cost, body.limit.as_ref())
         .await
     {
-        Ok(outcome) => answer(&outcome, StatusCode::OK, ""),
+        Ok(outcome) => outcome_answer(&outcome, StatusCode::OK, ""),
         Err(e) => refused(e),
     }
 }
@@ -152,7 +134,7 @@ async fn reserve(State(state): State<AppState>, request: axum::extract::Request)
                 ),
                 None => "\"id\":null,".to_string(),
             };
-            answer(&reserved.outcome, status, &before)
+            outcome_answer(&reserved.outcome, status, &before)
         }
         Err(e) => refused(e),
     }
@@ -198,7 +180,7 @@ async fn commit(
         }
     };
     match state.service.commit(&id, commit.cost).await {
-        Ok(outcome) => answer(&outcome, StatusCode::OK, ""),
+        Ok(outcome) => outcome_answer(&outcome, StatusCode::OK, ""),
         Err(e) => refused(e),
     }
 }
@@ -217,7 +199,7 @@ async fn commit(
 )]
 async fn cancel(State(state): State<AppState>, Path(id): Path<String>) -> Response {
     match state.service.cancel(&id).await {
-        Ok(outcome) => answer(&outcome, StatusCode::OK, ""),
+        Ok(outcome) => outcome_answer(&outcome, StatusCode::OK, ""),
         Err(e) => refused(e),
     }
 }

@@ -22,6 +22,7 @@
 //! `RateLimit-Policy` and `RateLimit` fields (draft-ietf-httpapi-ratelimit-headers).
 
 pub mod admin;
+pub mod answers;
 mod check;
 pub mod console;
 mod health;

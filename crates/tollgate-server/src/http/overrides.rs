@@ -16,7 +16,7 @@ use utoipa_axum::routes;
 
 use super::AppState;
 use super::admin::{Admin, edit_error, error};
-use super::openapi::{ErrorBody, OverrideList};
+use super::answers::{ErrorBody, OverrideList};
 use crate::config::{OverrideEntry, TierSpec, parse_duration};
 
 /// The overrides' routes, with their documentation.

@@ -14,8 +14,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
+use super::answers::{CheckAnswer, ErrorBody};
 use super::check::refused;
-use super::openapi::{CheckAnswer, ErrorBody};
 
 /// The permit routes, with their documentation.
 pub(super) fn router() -> OpenApiRouter<AppState> {
@@ -63,7 +63,7 @@ async fn release(State(state): State<AppState>, body: axum::body::Bytes) -> Resp
         Err(refused) => return *refused,
     };
     match state.service.release(&permit).await {
-        Ok(outcome) => super::metered::answer(&outcome, StatusCode::OK, ""),
+        Ok(outcome) => super::check::outcome_answer(&outcome, StatusCode::OK, ""),
         Err(e) => refused(e),
     }
 }
