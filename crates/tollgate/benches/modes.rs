@@ -1,4 +1,4 @@
-//! The source documents' load test, for the three Redis modes side by side in one run: three
+//! A multi-tenant load test, for the three Redis modes side by side in one run: three
 //! instances (each its own store and connection), 25 tenants, 1000 requests per second in all,
 //! spread at random over tenants and instances, one rule of a fixed window of 10 s per tenant;
 //! the hybrid store syncs once a second. It starts its own `redis-server`.

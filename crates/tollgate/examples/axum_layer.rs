@@ -1,4 +1,4 @@
-//! The source documents' multi-tenant service as an axum app behind tollgate's tower layer:
+//! A multi-tenant service as an axum app behind tollgate's tower layer:
 //! per organization (the `X-Org` header), GET a product 1000 times and PUT one 100 times per
 //! aligned 10-second window; each organization's flood stays its own. Each method's limit is
 //! its method router's `route_layer`, so a method a route does not have (405) spends nothing,

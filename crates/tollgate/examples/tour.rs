@@ -1,4 +1,4 @@
-//! A tour of the algorithms: the traffic patterns of the source documents, run through every
+//! A tour of the algorithms: uniform traffic, bursts and a spike at a window's edge, run through every
 //! algorithm at 100 permits per minute on a manual clock, with what each one admits.
 //!
 //! Run: `cargo run --release -p tollgate --example tour`

@@ -1,4 +1,4 @@
-//! `tollgate simulate`: the source documents' pictures as golden tables (the fixed window's 2x
+//! `tollgate simulate`: the algorithms' known pictures as golden tables (the fixed window's 2x
 //! at a window edge, the sliding log's exactness, the shaper's smooth output), and charts that
 //! are real images.
 

@@ -100,7 +100,7 @@ mod tests {
     #[test]
     fn admits_twice_the_limit_around_a_window_edge() {
         // 100 per minute: 100 in the last 100 ms of one window, 100 in the first 100 ms of the
-        // next. The seeds' "critical mutation": 200 within 200 ms.
+        // next: 200 within 200 ms, the burst at a window's edge that fixed windows are known for.
         let mut key = Key::new(Algorithm::FixedWindow, [Tier::per_minute(100)]);
         key.at(START + 59 * SECOND + 900_000);
         assert_eq!(key.admitted(150, 1), 100);

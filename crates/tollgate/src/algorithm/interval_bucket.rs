@@ -1,4 +1,4 @@
-//! Interval-refill bucket (the seed's hard cap on a paid third-party API): the bucket is
+//! Interval-refill bucket (a hard cap on calls to a paid third-party API): the bucket is
 //! refilled to the full `limit` once per `period`, the period starting at the first request
 //! after the previous one ended. Never more than `limit` in one period, no burst above it; like
 //! a fixed window whose start follows the traffic instead of the clock.

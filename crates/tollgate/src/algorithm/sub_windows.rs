@@ -43,7 +43,7 @@ impl Ring<'_> {
     }
 
     /// Permits in the window whose newest sub-window is `at` (at or after the newest written,
-    /// so no slot read belongs to an overwritten sub-window). When `at` is the newest written
+    /// so no cell read belongs to an overwritten sub-window). When `at` is the newest written
     /// (and a whole ring after the epoch), the window is the whole ring, summed without
     /// finding where it starts.
     #[inline]
@@ -92,18 +92,18 @@ impl Ring<'_> {
 #[inline]
 fn advance(state: &mut [u64], count: u64, current: u64) -> usize {
     let stale = (state[0] + 1).max(current.saturating_sub(count - 1));
-    let slot = (current % count) as usize;
+    let cell = (current % count) as usize;
     if stale <= current {
         // Back from `current`'s counter to `stale`'s, wrapping around the ring.
         let ring = &mut state[1..=count as usize];
-        let mut at = slot;
+        let mut at = cell;
         for _ in stale..=current {
             ring[at] = 0;
             at = at.checked_sub(1).unwrap_or(ring.len() - 1);
         }
     }
     state[0] = current;
-    1 + slot
+    1 + cell
 }
 
 impl Decide for SubWindows {
@@ -182,8 +182,8 @@ impl Decide for SubWindows {
             return Verdict::allow(limit, limit - used, reset_after);
         }
         if attempt.writes() {
-            let slot = advance(state, count, current);
-            state[slot] += cost;
+            let cell = advance(state, count, current);
+            state[cell] += cost;
         }
         Verdict::allow(limit, limit - used - cost, (current + count) * length - now)
     }
@@ -191,17 +191,17 @@ impl Decide for SubWindows {
     fn debit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64) {
         let count = u64::from(self.count);
         let current = (now / (tier.period_micros() / count)).max(state[0]);
-        let slot = advance(state, count, current);
-        state[slot] = state[slot].saturating_add(cost).min(MAX_EXACT - 1);
+        let cell = advance(state, count, current);
+        state[cell] = state[cell].saturating_add(cost).min(MAX_EXACT - 1);
     }
 
     fn credit(&self, tier: &Tier, state: &mut [u64], _now: u64, cost: u64, at: u64) {
         let count = u64::from(self.count);
         let index = at / (tier.period_micros() / count);
-        // Only a sub-window still held: not overwritten by a later one in its slot.
+        // Only a sub-window still held: not overwritten by a later one in its cell.
         if index <= state[0] && state[0] - index < count {
-            let slot = &mut state[1 + (index % count) as usize];
-            *slot = slot.saturating_sub(cost);
+            let cell = &mut state[1 + (index % count) as usize];
+            *cell = cell.saturating_sub(cost);
         }
     }
 

@@ -11,7 +11,7 @@
 
 /// Buckets, a power of two of them (or none), each empty or holding one entry.
 pub(crate) struct Buckets<T> {
-    slots: Box<[Option<T>]>,
+    cells: Box<[Option<T>]>,
     len: usize,
 }
 
@@ -19,13 +19,13 @@ impl<T> Buckets<T> {
     /// No buckets; the first insert needs [`Self::resize`] first.
     pub(crate) fn new() -> Self {
         Self {
-            slots: Box::default(),
+            cells: Box::default(),
             len: 0,
         }
     }
 
     pub(crate) fn num_buckets(&self) -> usize {
-        self.slots.len()
+        self.cells.len()
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -39,22 +39,22 @@ impl<T> Buckets<T> {
     /// The bucket an entry of `hash` is looked for from.
     #[inline(always)]
     fn home(&self, hash: u64) -> usize {
-        hash as usize & (self.slots.len() - 1)
+        hash as usize & (self.cells.len() - 1)
     }
 
     /// The bucket of the entry of `hash` that `is` accepts.
     #[inline(always)]
     fn position(&self, hash: u64, is: impl Fn(&T) -> bool) -> Option<usize> {
-        let slots = &*self.slots;
-        if slots.is_empty() {
+        let cells = &*self.cells;
+        if cells.is_empty() {
             return None;
         }
         // Masked where it indexes, so that no bounds check is left in the loop.
-        let mask = slots.len() - 1;
+        let mask = cells.len() - 1;
         let mut at = hash as usize;
         loop {
             at &= mask;
-            match &slots[at] {
+            match &cells[at] {
                 None => return None,
                 Some(entry) if is(entry) => return Some(at),
                 Some(_) => at += 1,
@@ -65,17 +65,17 @@ impl<T> Buckets<T> {
     #[inline(always)]
     pub(crate) fn find_mut(&mut self, hash: u64, is: impl Fn(&T) -> bool) -> Option<&mut T> {
         let at = self.position(hash, is)?;
-        self.slots[at].as_mut()
+        self.cells[at].as_mut()
     }
 
     /// The entry in bucket `at`, if any (`at` below [`Self::num_buckets`]).
     pub(crate) fn get(&self, at: usize) -> Option<&T> {
-        self.slots[at].as_ref()
+        self.cells[at].as_ref()
     }
 
     /// The entry in bucket `at`, if any (`at` below [`Self::num_buckets`]).
     pub(crate) fn get_mut(&mut self, at: usize) -> Option<&mut T> {
-        self.slots[at].as_mut()
+        self.cells[at].as_mut()
     }
 
     /// Inserts `entry` of `hash`, which the table must not hold, into the first empty bucket
@@ -84,13 +84,13 @@ impl<T> Buckets<T> {
     /// # Panics
     /// If the buckets would be left without an empty one (the owner grows them first).
     pub(crate) fn insert(&mut self, hash: u64, entry: T) {
-        assert!(self.len + 1 < self.slots.len(), "a bucket stays empty");
-        let mask = self.slots.len() - 1;
+        assert!(self.len + 1 < self.cells.len(), "a bucket stays empty");
+        let mask = self.cells.len() - 1;
         let mut at = self.home(hash);
-        while self.slots[at].is_some() {
+        while self.cells[at].is_some() {
             at = (at + 1) & mask;
         }
-        self.slots[at] = Some(entry);
+        self.cells[at] = Some(entry);
         self.len += 1;
     }
 
@@ -110,16 +110,16 @@ impl<T> Buckets<T> {
     /// it that may then be found nearer its home (`hash_of` gives an entry's hash). An entry
     /// after `at` (wrapping) may so move back as far as `at`, never before it.
     pub(crate) fn remove_at(&mut self, at: usize, hash_of: impl Fn(&T) -> u64) -> Option<T> {
-        let removed = self.slots[at].take()?;
+        let removed = self.cells[at].take()?;
         self.len -= 1;
-        let mask = self.slots.len() - 1;
+        let mask = self.cells.len() - 1;
         let mut hole = at;
         let mut next = (at + 1) & mask;
-        while let Some(entry) = &self.slots[next] {
+        while let Some(entry) = &self.cells[next] {
             // It may fill the hole unless its home lies after the hole, up to where it is.
             let from_home = next.wrapping_sub(self.home(hash_of(entry))) & mask;
             if from_home >= next.wrapping_sub(hole) & mask {
-                self.slots[hole] = self.slots[next].take();
+                self.cells[hole] = self.cells[next].take();
                 hole = next;
             }
             next = (next + 1) & mask;
@@ -132,7 +132,7 @@ impl<T> Buckets<T> {
     pub(crate) fn resize(&mut self, buckets: usize, hash_of: impl Fn(&T) -> u64) {
         assert!(buckets.is_power_of_two() && buckets > self.len);
         let old = std::mem::replace(
-            &mut self.slots,
+            &mut self.cells,
             std::iter::repeat_with(|| None).take(buckets).collect(),
         );
         self.len = 0;

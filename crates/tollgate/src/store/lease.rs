@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use super::guard::{GuardPlan, Guarded, Route, StoreFailures};
 use super::redis::{CounterItem, RedisStore, StoreTime, counter_key, packed};
-use super::slots::{Slots, Versions};
+use super::tags::{Tags, Versions};
 use super::table::{Access, Bounds, Score, Table, WhenFull};
 use super::{Planned, Store};
 use crate::algorithm::Algorithm;
@@ -121,7 +121,7 @@ struct Inner {
     leasing: Box<[tokio::sync::Mutex<()>]>,
     hasher: foldhash::fast::RandomState,
     table: Table,
-    slots: Slots,
+    tags: Tags,
     /// Keys that hold a lease, each once (marked `HELD`), for shutdown to give back.
     held: Mutex<Vec<Held>>,
     clock: SystemClock,
@@ -167,7 +167,7 @@ impl Held {
     fn accesses(held: &[Held]) -> Vec<Access<'_>> {
         held.iter()
             .map(|h| Access {
-                slot: h.shape.slot,
+                tag: h.shape.tag,
                 key: &h.key,
                 words: h.shape.words,
             })
@@ -184,7 +184,7 @@ pub struct LeasePlan {
 
 #[derive(Debug)]
 struct Shape {
-    slot: u32,
+    tag: u32,
     words: usize,
     /// `tg:c:<rule>:<fingerprint>:`
     prefix: Vec<u8>,
@@ -274,7 +274,7 @@ impl LeaseStore {
                     shards: (threads * 8).clamp(16, 1_024),
                     when_full: WhenFull::Evict,
                 }),
-                slots: Slots::default(),
+                tags: Tags::default(),
                 held: Mutex::new(Vec::new()),
                 clock,
                 offset: AtomicI64::new(0),
@@ -333,7 +333,7 @@ impl Inner {
             .iter()
             .map(|i| {
                 let mut hasher = self.hasher.build_hasher();
-                hasher.write_u32(i.plan.shape.slot);
+                hasher.write_u32(i.plan.shape.tag);
                 hasher.write(i.key);
                 hasher.finish() as usize % LEASING_STRIPES
             })
@@ -349,7 +349,7 @@ impl Inner {
 
     fn scorer(&self) -> Scorer<'_> {
         Scorer {
-            slots: self.slots.read(),
+            tags: self.tags.read(),
         }
     }
 
@@ -357,7 +357,7 @@ impl Inner {
         items
             .iter()
             .map(|i| Access {
-                slot: i.plan.shape.slot,
+                tag: i.plan.shape.tag,
                 key: i.key,
                 words: i.plan.shape.words,
             })
@@ -663,7 +663,7 @@ impl Store for LeaseStore {
     fn plan(&self, rule: &Rule) -> Result<LeasePlan, Error> {
         Self::holds(rule)?;
         let shape = Shape {
-            slot: self.inner.slots.slot(rule)?,
+            tag: self.inner.tags.tag(rule)?,
             words: KEY_WORDS + TIER_WORDS * rule.tiers().len(),
             prefix: self.inner.redis.counter_prefix(rule),
         };
@@ -801,12 +801,12 @@ impl Store for LeaseStore {
 /// them only wastes those permits, but still); keys whose window is over may go; otherwise
 /// the more a key has left, the less it matters.
 struct Scorer<'a> {
-    slots: RwLockReadGuard<'a, Versions>,
+    tags: RwLockReadGuard<'a, Versions>,
 }
 
 impl Score for Scorer<'_> {
-    fn score(&self, slot: u32, words: &mut [u64], now: u64) -> Option<f64> {
-        let rule = self.slots.newest(slot)?;
+    fn score(&self, tag: u32, words: &mut [u64], now: u64) -> Option<f64> {
+        let rule = self.tags.newest(tag)?;
         let (mut least, mut live) = (1.0_f64, false);
         for (t, tier) in rule.tiers().iter().enumerate() {
             let tw = tier_mut(words, t);

@@ -1,7 +1,7 @@
 //! The in-memory store: the state words of every key of every rule, in one bounded, sharded
 //! table (see [`table`](super::table)).
 //!
-//! Each rule layout gets a slot in the table, by name and [fingerprint](Rule::fingerprint),
+//! Each rule layout gets a tag in the table, by name and [fingerprint](Rule::fingerprint),
 //! so rules share one bound, and a rule whose limit is edited (a hot reload) keeps its keys'
 //! state. A check hashes the key once, locks one shard and runs the rule over the key's words
 //! in place; a key is inserted only when its state is no longer all zeros, so looks and
@@ -14,7 +14,7 @@ use std::sync::{Arc, RwLockReadGuard};
 
 use super::MAX_KEY_LEN;
 use super::book::{Book, ReservationRecord};
-use super::slots::{Slots, Versions};
+use super::tags::{Tags, Versions};
 pub use super::table::WhenFull;
 use super::table::{Bounds, Class, Entry, Locked, Score, Shard, Table, Words};
 use super::{LocalStore, Planned, Store};
@@ -34,15 +34,15 @@ pub struct MemoryStore {
 
 struct Inner {
     table: Table,
-    slots: Slots,
+    tags: Tags,
     /// Open reservations.
     book: Book,
 }
 
-/// What a rule is in this store: its slot and where its keys' words live.
+/// What a rule is in this store: its tag and where its keys' words live.
 #[derive(Debug, Clone)]
 pub struct MemoryPlan {
-    slot: u32,
+    tag: u32,
     words: usize,
     class: Class,
 }
@@ -157,7 +157,7 @@ impl MemoryStoreBuilder {
         Ok(MemoryStore {
             inner: Arc::new(Inner {
                 table: Table::new(self.bounds),
-                slots: Slots::default(),
+                tags: Tags::default(),
                 book: Book::new(self.max_reservations),
             }),
         })
@@ -218,14 +218,14 @@ impl MemoryStore {
     }
 
     fn registry(&self) -> RwLockReadGuard<'_, Versions> {
-        self.inner.slots.read()
+        self.inner.tags.read()
     }
 
     /// Decides one item: one shard lock, the algorithm dispatched statically.
     #[inline]
     fn check_one(&self, item: &Planned<'_, MemoryPlan>, attempt: Attempt) -> Decision {
         let table = &self.inner.table;
-        let hash = table.hash(item.plan.slot, item.key);
+        let hash = table.hash(item.plan.tag, item.key);
         let shard = table.shard(hash);
         match item.plan.class {
             Class::One => self.check_in(&table.one[shard], item, hash, attempt),
@@ -262,8 +262,8 @@ impl MemoryStore {
         hash: u64,
         item: &Planned<'_, MemoryPlan>,
     ) -> Option<&'s mut W> {
-        let slot = item.plan.slot;
-        let entry = shard.entries.find_mut(hash, |e| e.key.is(slot, item.key))?;
+        let tag = item.plan.tag;
+        let entry = shard.entries.find_mut(hash, |e| e.key.is(tag, item.key))?;
         if W::EXACT && entry.words.as_ref().len() != item.plan.words {
             self.adopt(entry, item);
         }
@@ -274,7 +274,7 @@ impl MemoryStore {
     fn adopt<W: Words>(&self, entry: &mut Entry<W>, item: &Planned<'_, MemoryPlan>) {
         let old_len = entry.words.as_ref().len();
         let mut words = W::zeroed(item.plan.words);
-        if let Some(previous) = self.registry().version(item.plan.slot, old_len) {
+        if let Some(previous) = self.registry().version(item.plan.tag, old_len) {
             item.rule
                 .adopt(previous, entry.words.as_ref(), words.as_mut());
         }
@@ -300,7 +300,7 @@ impl MemoryStore {
         let scorer = Scorer {
             registry: self.registry(),
         };
-        let entry = Entry::new(item.plan.slot, item.key, words);
+        let entry = Entry::new(item.plan.tag, item.key, words);
         self.inner.table.insert(shard, hash, entry, now, &scorer)
     }
 
@@ -314,7 +314,7 @@ impl MemoryStore {
         let table = &self.inner.table;
         let hashes: Vec<u64> = items
             .iter()
-            .map(|i| table.hash(i.plan.slot, i.key))
+            .map(|i| table.hash(i.plan.tag, i.key))
             .collect();
         let wanted = |class: Class| -> Vec<usize> {
             items
@@ -415,8 +415,8 @@ impl Store for MemoryStore {
             crate::Algorithm::SlidingLog => Class::Many,
             _ => Class::of(words),
         };
-        let slot = self.inner.slots.slot(rule)?;
-        Ok(MemoryPlan { slot, words, class })
+        let tag = self.inner.tags.tag(rule)?;
+        Ok(MemoryPlan { tag, words, class })
     }
 
     fn check(
@@ -477,7 +477,7 @@ impl Store for MemoryStore {
         for item in items {
             self.inner
                 .table
-                .forget(item.plan.slot, item.key, item.plan.class);
+                .forget(item.plan.tag, item.key, item.plan.class);
         }
         ready(Ok(()))
     }
@@ -565,27 +565,27 @@ struct Scorer<'a> {
 }
 
 impl Scorer<'_> {
-    /// The rule that wrote `words` of `slot`: `Err(true)` when no rule of that slot is planned
+    /// The rule that wrote `words` of `tag`: `Err(true)` when no rule of that tag is planned
     /// any more (its state is of no use), `Err(false)` when none is known of that size.
-    fn rule(&self, slot: u32, words: &[u64]) -> Result<&Rule, bool> {
-        let newest = self.registry.newest(slot).ok_or(true)?;
+    fn rule(&self, tag: u32, words: &[u64]) -> Result<&Rule, bool> {
+        let newest = self.registry.newest(tag).ok_or(true)?;
         if newest.words() <= words.len() {
             return Ok(newest);
         }
         // Kept under an earlier version whose state was smaller.
-        self.registry.version(slot, words.len()).ok_or(false)
+        self.registry.version(tag, words.len()).ok_or(false)
     }
 
-    /// Whether `words` of `slot` have been as good as new for `grace` of their rule (µs), or
+    /// Whether `words` of `tag` have been as good as new for `grace` of their rule (µs), or
     /// belong to no rule planned any more.
     fn expired_for(
         &self,
-        slot: u32,
+        tag: u32,
         words: &[u64],
         now: u64,
         grace: impl FnOnce(&Rule) -> Option<u64>,
     ) -> bool {
-        let rule = match self.rule(slot, words) {
+        let rule = match self.rule(tag, words) {
             Ok(rule) => rule,
             Err(gone) => return gone,
         };
@@ -595,8 +595,8 @@ impl Scorer<'_> {
 }
 
 impl Score for Scorer<'_> {
-    fn score(&self, slot: u32, words: &mut [u64], now: u64) -> Option<f64> {
-        let rule = match self.rule(slot, words) {
+    fn score(&self, tag: u32, words: &mut [u64], now: u64) -> Option<f64> {
+        let rule = match self.rule(tag, words) {
             Ok(rule) => rule,
             Err(true) => return None,
             Err(false) => return Some(1.0),
@@ -613,14 +613,14 @@ impl Score for Scorer<'_> {
     /// As good as new for the rule's longest period: a key that comes back within a period of
     /// its state's expiry stays in place, so the turn of a fixed window, when every key's
     /// state expires at once, does not drop and insert again each key that is still in use.
-    fn idle(&self, slot: u32, words: &mut [u64], now: u64) -> bool {
-        self.expired_for(slot, words, now, |rule| {
+    fn idle(&self, tag: u32, words: &mut [u64], now: u64) -> bool {
+        self.expired_for(tag, words, now, |rule| {
             rule.tiers().iter().map(Tier::period_micros).max()
         })
     }
 
-    fn expired(&self, slot: u32, words: &mut [u64], now: u64) -> bool {
-        self.expired_for(slot, words, now, |_| None)
+    fn expired(&self, tag: u32, words: &mut [u64], now: u64) -> bool {
+        self.expired_for(tag, words, now, |_| None)
     }
 }
 
@@ -745,7 +745,7 @@ impl Batch<'_> {
             hash: u64,
         ) {
             let shard = locked.shard(table.shard(hash));
-            table.remove(shard, hash, item.plan.slot, item.key);
+            table.remove(shard, hash, item.plan.tag, item.key);
         }
         let table = &self.store.inner.table;
         match item.plan.class {

@@ -8,7 +8,7 @@ mod book;
 mod buckets;
 mod lock;
 mod memory;
-mod slots;
+mod tags;
 mod table;
 
 #[cfg(feature = "redis")]
@@ -251,7 +251,7 @@ impl<'a, P> Planned<'a, P> {
 /// Stores are cheap to clone (clones share their state and connections) and safe to use from
 /// any number of tasks at once. Implemented by the stores of this crate.
 pub trait Store: Clone + Send + Sync + 'static {
-    /// What the store prepares once per rule: a slot in a table, key names, arguments.
+    /// What the store prepares once per rule: a tag in a table, key names, arguments.
     type Plan: fmt::Debug + Send + Sync + 'static;
 
     /// Prepares `rule` for checks. Planning a rule again (a hot reload) is cheap, and a rule

@@ -1,5 +1,5 @@
 //! The sharded table that holds the state words of keys in process memory, for any number of
-//! rules at once: each entry is keyed by a rule's slot (a `u32` the owning store gives each
+//! rules at once: each entry is keyed by a rule's tag (a `u32` the owning store gives each
 //! rule layout) and the key's bytes.
 //!
 //! A key's operation hashes once, locks one shard (of many; never a global lock) and works on
@@ -62,16 +62,16 @@ const OTHER_SHARDS: usize = 2;
 /// that the new state is not kept.
 const MAX_EVICTIONS_PER_INSERT: usize = 64;
 
-/// A rule slot and a key's bytes, inline when short.
+/// A rule tag and a key's bytes, inline when short.
 #[derive(Clone)]
 pub(crate) enum KeyBytes {
     Inline {
         len: u8,
-        slot: [u8; 4],
+        tag: [u8; 4],
         bytes: [u8; INLINE_KEY],
     },
     Heap {
-        slot: u32,
+        tag: u32,
         bytes: Box<[u8]>,
     },
 }
@@ -80,27 +80,27 @@ const _: () = assert!(std::mem::size_of::<KeyBytes>() == 24);
 
 impl KeyBytes {
     #[inline]
-    fn new(slot: u32, key: &[u8]) -> Self {
+    fn new(tag: u32, key: &[u8]) -> Self {
         if key.len() <= INLINE_KEY {
             let mut bytes = [0; INLINE_KEY];
             bytes[..key.len()].copy_from_slice(key);
             Self::Inline {
                 len: key.len() as u8,
-                slot: slot.to_le_bytes(),
+                tag: tag.to_le_bytes(),
                 bytes,
             }
         } else {
             Self::Heap {
-                slot,
+                tag,
                 bytes: key.into(),
             }
         }
     }
 
-    /// Whether this is `key` of `slot`. Compared in place with fixed-size reads: this runs on
+    /// Whether this is `key` of `tag`. Compared in place with fixed-size reads: this runs on
     /// every check.
     #[inline(always)]
-    pub(crate) fn is(&self, slot: u32, key: &[u8]) -> bool {
+    pub(crate) fn is(&self, tag: u32, key: &[u8]) -> bool {
         fn ends<const N: usize>(stored: &[u8; INLINE_KEY], key: &[u8]) -> bool {
             let len = key.len();
             stored[..N] == key[..N] && stored[len - N..len] == key[len - N..]
@@ -108,9 +108,9 @@ impl KeyBytes {
         match self {
             Self::Inline {
                 len,
-                slot: stored,
+                tag: stored,
                 bytes,
-            } if usize::from(*len) == key.len() && u32::from_le_bytes(*stored) == slot => {
+            } if usize::from(*len) == key.len() && u32::from_le_bytes(*stored) == tag => {
                 match key.len() {
                     16.. => ends::<16>(bytes, key),
                     8.. => ends::<8>(bytes, key),
@@ -120,16 +120,16 @@ impl KeyBytes {
             }
             Self::Inline { .. } => false,
             Self::Heap {
-                slot: stored,
+                tag: stored,
                 bytes,
-            } => *stored == slot && **bytes == *key,
+            } => *stored == tag && **bytes == *key,
         }
     }
 
-    pub(crate) fn slot(&self) -> u32 {
+    pub(crate) fn tag(&self) -> u32 {
         match self {
-            Self::Inline { slot, .. } => u32::from_le_bytes(*slot),
-            Self::Heap { slot, .. } => *slot,
+            Self::Inline { tag, .. } => u32::from_le_bytes(*tag),
+            Self::Heap { tag, .. } => *tag,
         }
     }
 
@@ -185,9 +185,9 @@ pub(crate) struct Entry<W> {
 }
 
 impl<W: Words> Entry<W> {
-    pub(crate) fn new(slot: u32, key: &[u8], words: W) -> Self {
+    pub(crate) fn new(tag: u32, key: &[u8], words: W) -> Self {
         Self {
-            key: KeyBytes::new(slot, key),
+            key: KeyBytes::new(tag, key),
             words,
         }
     }
@@ -229,20 +229,20 @@ pub(crate) type Shards<W> = Box<[CachePadded<ShardLock<Shard<W>>>]>;
 /// new (dropping it changes nothing), else how little it matters: the entry with the highest
 /// score is evicted first. Called under the entry's shard lock.
 pub(crate) trait Score {
-    fn score(&self, slot: u32, words: &mut [u64], now: u64) -> Option<f64>;
+    fn score(&self, tag: u32, words: &mut [u64], now: u64) -> Option<f64>;
 
     /// Whether the sweep may drop the entry now: by default as soon as its state is as good
     /// as new. An owner may keep such a state for a while, so that a key back soon after its
     /// state expired (every key of a fixed window, at the window's turn) is found in place
     /// rather than dropped and inserted again; an eviction still takes it first.
-    fn idle(&self, slot: u32, words: &mut [u64], now: u64) -> bool {
-        self.expired(slot, words, now)
+    fn idle(&self, tag: u32, words: &mut [u64], now: u64) -> bool {
+        self.expired(tag, words, now)
     }
 
     /// Whether the state is as good as new (`score` is `None`), which an owner may tell more
     /// cheaply than it scores a state.
-    fn expired(&self, slot: u32, words: &mut [u64], now: u64) -> bool {
-        self.score(slot, words, now).is_none()
+    fn expired(&self, tag: u32, words: &mut [u64], now: u64) -> bool {
+        self.score(tag, words, now).is_none()
     }
 }
 
@@ -378,11 +378,11 @@ impl Table {
         }
     }
 
-    /// The hash of `key` of `slot`: the key's, told apart between slots by an odd multiple of
-    /// the slot, so that one key under several rules spreads over the table.
+    /// The hash of `key` of `tag`: the key's, told apart between tags by an odd multiple of
+    /// the tag, so that one key under several rules spreads over the table.
     #[inline]
-    pub(crate) fn hash(&self, slot: u32, key: &[u8]) -> u64 {
-        self.hasher.hash_one(key) ^ u64::from(slot).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    pub(crate) fn hash(&self, tag: u32, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key) ^ u64::from(tag).wrapping_mul(0x9e37_79b9_7f4a_7c15)
     }
 
     /// The shard of a hash: its high bits (a shard's buckets use the low bits).
@@ -497,7 +497,7 @@ impl Table {
 
     /// The hash of `entry`'s key, for the buckets to place it.
     fn hash_of<W>(&self, entry: &Entry<W>) -> u64 {
-        self.hash(entry.key.slot(), entry.key.key())
+        self.hash(entry.key.tag(), entry.key.key())
     }
 
     /// Doubles the buckets of `shard`'s table (a first table has four), counting its bytes.
@@ -714,27 +714,27 @@ impl Table {
         }
     }
 
-    /// Forgets `key` of `slot`, whose words live in `class`: its next check finds it new.
-    pub(crate) fn forget(&self, slot: u32, key: &[u8], class: Class) {
-        fn of<W: Words>(table: &Table, shards: &Shards<W>, hash: u64, slot: u32, key: &[u8]) {
+    /// Forgets `key` of `tag`, whose words live in `class`: its next check finds it new.
+    pub(crate) fn forget(&self, tag: u32, key: &[u8], class: Class) {
+        fn of<W: Words>(table: &Table, shards: &Shards<W>, hash: u64, tag: u32, key: &[u8]) {
             let mut shard = shards[table.shard(hash)].lock();
-            table.remove(&mut shard, hash, slot, key);
+            table.remove(&mut shard, hash, tag, key);
         }
-        let hash = self.hash(slot, key);
+        let hash = self.hash(tag, key);
         match class {
-            Class::One => of(self, &self.one, hash, slot, key),
-            Class::Two => of(self, &self.two, hash, slot, key),
-            Class::Three => of(self, &self.three, hash, slot, key),
-            Class::Four => of(self, &self.four, hash, slot, key),
-            Class::Many => of(self, &self.many, hash, slot, key),
+            Class::One => of(self, &self.one, hash, tag, key),
+            Class::Two => of(self, &self.two, hash, tag, key),
+            Class::Three => of(self, &self.three, hash, tag, key),
+            Class::Four => of(self, &self.four, hash, tag, key),
+            Class::Many => of(self, &self.many, hash, tag, key),
         }
     }
 
-    /// Removes the entry of `key` of `slot`, if held.
-    pub(crate) fn remove<W: Words>(&self, shard: &mut Shard<W>, hash: u64, slot: u32, key: &[u8]) {
+    /// Removes the entry of `key` of `tag`, if held.
+    pub(crate) fn remove<W: Words>(&self, shard: &mut Shard<W>, hash: u64, tag: u32, key: &[u8]) {
         let removed = shard
             .entries
-            .remove(hash, |e| e.key.is(slot, key), |e| self.hash_of(e));
+            .remove(hash, |e| e.key.is(tag, key), |e| self.hash_of(e));
         if let Some(removed) = removed {
             self.keys.fetch_sub(1, Ordering::Relaxed);
             self.bytes
@@ -758,11 +758,11 @@ impl Table {
 /// Whether the sweep may drop `entry`: once idle while the store is roomy, else as soon as
 /// its state is as good as new.
 fn sweepable<W: Words>(entry: &mut Entry<W>, now: u64, score: &dyn Score, roomy: bool) -> bool {
-    let (slot, words) = (entry.key.slot(), entry.words.as_mut());
+    let (tag, words) = (entry.key.tag(), entry.words.as_mut());
     if roomy {
-        score.idle(slot, words, now)
+        score.idle(tag, words, now)
     } else {
-        score.expired(slot, words, now)
+        score.expired(tag, words, now)
     }
 }
 
@@ -800,7 +800,7 @@ fn best<W: Words>(
         for _ in 0..buckets.min(4 * EVICTION_PROBES) {
             if let Some(e) = shard.entries.get_mut(at) {
                 seen += 1;
-                if score.expired(e.key.slot(), e.words.as_mut(), now) {
+                if score.expired(e.key.tag(), e.words.as_mut(), now) {
                     shard.cursor = at;
                     return (Some((f64::INFINITY, at)), seen);
                 }
@@ -819,7 +819,7 @@ fn best<W: Words>(
         let Some(e) = shard.entries.get_mut(at) else {
             continue;
         };
-        let Some(s) = score.score(e.key.slot(), e.words.as_mut(), now) else {
+        let Some(s) = score.score(e.key.tag(), e.words.as_mut(), now) else {
             return (Some((f64::INFINITY, at)), seen + 1);
         };
         if best.is_none_or(|(b, _)| s > b) {
@@ -837,7 +837,7 @@ fn best<W: Words>(
     let first = (0..buckets).find(|&at| shard.entries.get(at).is_some());
     let best = first.and_then(|at| {
         let e = shard.entries.get_mut(at)?;
-        let s = score.score(e.key.slot(), e.words.as_mut(), now);
+        let s = score.score(e.key.tag(), e.words.as_mut(), now);
         Some((s.unwrap_or(f64::INFINITY), at))
     });
     (best, 1)
@@ -868,11 +868,11 @@ impl<'a, W> Locked<'a, W> {
     }
 }
 
-/// One key of [`Table::access`]: `key` of `slot`, whose state is `words` words.
+/// One key of [`Table::access`]: `key` of `tag`, whose state is `words` words.
 #[cfg(feature = "redis")]
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Access<'a> {
-    pub(crate) slot: u32,
+    pub(crate) tag: u32,
     pub(crate) key: &'a [u8],
     pub(crate) words: usize,
 }
@@ -890,7 +890,7 @@ impl Table {
         score: &dyn Score,
         f: impl FnOnce(&mut [Vec<u64>]) -> R,
     ) -> R {
-        let hashes: Vec<u64> = keys.iter().map(|k| self.hash(k.slot, k.key)).collect();
+        let hashes: Vec<u64> = keys.iter().map(|k| self.hash(k.tag, k.key)).collect();
         let wanted = |class: Class| -> Vec<usize> {
             keys.iter()
                 .zip(&hashes)
@@ -929,7 +929,7 @@ impl Table {
 
     fn read<W: Words>(&self, locked: &mut Locked<'_, W>, hash: u64, k: &Access<'_>) -> Vec<u64> {
         let shard = locked.shard(self.shard(hash));
-        match shard.entries.find_mut(hash, |e| e.key.is(k.slot, k.key)) {
+        match shard.entries.find_mut(hash, |e| e.key.is(k.tag, k.key)) {
             Some(entry) => entry.words.as_ref()[..k.words].to_vec(),
             None => vec![0; k.words],
         }
@@ -945,14 +945,14 @@ impl Table {
         score: &dyn Score,
     ) {
         let shard = locked.shard(self.shard(hash));
-        if let Some(entry) = shard.entries.find_mut(hash, |e| e.key.is(k.slot, k.key)) {
+        if let Some(entry) = shard.entries.find_mut(hash, |e| e.key.is(k.tag, k.key)) {
             entry.words.as_mut()[..k.words].copy_from_slice(words);
             return;
         }
         if words.iter().any(|&w| w != 0) {
             let mut stored = W::zeroed(k.words);
             stored.as_mut()[..k.words].copy_from_slice(words);
-            self.insert(shard, hash, Entry::new(k.slot, k.key, stored), now, score);
+            self.insert(shard, hash, Entry::new(k.tag, k.key, stored), now, score);
         }
     }
 }

@@ -11,7 +11,7 @@
 //!     tiers: [{ limit: 1000, period: 10s }]
 //! ```
 //!
-//! The source documents' spelling is accepted too: `slas` for `rules`, `pathPattern` for
+//! An older spelling (of the SLA files this format grew from) is accepted too: `slas` for `rules`, `pathPattern` for
 //! `path`, `threshold` for `limit`, a period in seconds.
 
 mod rule;

@@ -36,7 +36,7 @@ impl Inner {
 
     pub(super) fn scorer(&self) -> Scorer<'_> {
         Scorer {
-            slots: self.slots.read(),
+            tags: self.tags.read(),
         }
     }
 

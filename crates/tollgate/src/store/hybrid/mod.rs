@@ -37,7 +37,7 @@ use tokio::sync::Notify;
 
 use super::guard::{GuardPlan, Guarded, StoreFailures};
 use super::redis::{CounterItem, RedisStore, StoreTime, counter_key, packed};
-use super::slots::{Slots, Versions};
+use super::tags::{Tags, Versions};
 use super::table::{Access, Bounds, Score, Table, WhenFull};
 use super::{LocalStore, Planned, Store};
 use crate::algorithm::Tier;
@@ -136,7 +136,7 @@ struct Inner {
     /// This instance's name in the claims: random, new for each store.
     id: Vec<u8>,
     table: Table,
-    slots: Slots,
+    tags: Tags,
     /// Keys used since the last sync, each once (marked `QUEUED` in its words).
     queue: Mutex<Vec<Queued>>,
     wake: Arc<Notify>,
@@ -183,12 +183,12 @@ pub struct HybridPlan {
     guard: GuardPlan,
 }
 
-/// The table accesses of `items`: each key in its rule's slot, with its words.
+/// The table accesses of `items`: each key in its rule's tag, with its words.
 fn accesses<'a>(items: &[Planned<'a, HybridPlan>]) -> Vec<Access<'a>> {
     items
         .iter()
         .map(|i| Access {
-            slot: i.plan.shape.slot,
+            tag: i.plan.shape.tag,
             key: i.key,
             words: i.plan.shape.words,
         })
@@ -197,7 +197,7 @@ fn accesses<'a>(items: &[Planned<'a, HybridPlan>]) -> Vec<Access<'a>> {
 
 #[derive(Debug)]
 struct Shape {
-    slot: u32,
+    tag: u32,
     words: usize,
     sliding: bool,
     /// `tg:c:<rule>:<fingerprint>:`
@@ -282,7 +282,7 @@ impl HybridStore {
                 shards: (threads * 8).clamp(16, 1_024),
                 when_full: WhenFull::Evict,
             }),
-            slots: Slots::default(),
+            tags: Tags::default(),
             queue: Mutex::new(Vec::new()),
             wake: Arc::new(Notify::new()),
             urgent: Arc::new(AtomicBool::new(false)),
@@ -458,7 +458,7 @@ impl Store for HybridStore {
     fn plan(&self, rule: &Rule) -> Result<HybridPlan, Error> {
         let sliding = sliding(rule)?;
         let shape = Shape {
-            slot: self.inner.slots.slot(rule)?,
+            tag: self.inner.tags.tag(rule)?,
             words: KEY_WORDS + TIER_WORDS * rule.tiers().len(),
             sliding,
             prefix: self.inner.redis.counter_prefix(rule),
@@ -573,7 +573,7 @@ impl Store for HybridStore {
 }
 
 /// The counters of `key` of `rule` in Redis around `now`: each tier's window of now and the
-/// windows either side of it, all in the key's slot.
+/// windows either side of it, all in the key's Cluster slot.
 pub(crate) fn window_counters(prefix: &[u8], key: &[u8], rule: &Rule, now: u64) -> Vec<Vec<u8>> {
     let mut names = Vec::new();
     for (tier, t) in rule.tiers().iter().enumerate() {
@@ -610,12 +610,12 @@ impl LocalStore for HybridStore {
 /// left of its limit, the less its counts matter. Forgetting a claim only leaves it unused
 /// until it lapses.
 struct Scorer<'a> {
-    slots: RwLockReadGuard<'a, Versions>,
+    tags: RwLockReadGuard<'a, Versions>,
 }
 
 impl Score for Scorer<'_> {
-    fn score(&self, slot: u32, words: &mut [u64], now: u64) -> Option<f64> {
-        let rule = self.slots.newest(slot)?;
+    fn score(&self, tag: u32, words: &mut [u64], now: u64) -> Option<f64> {
+        let rule = self.tags.newest(tag)?;
         if words[FLAGS] & QUEUED != 0 {
             return Some(-1.0);
         }

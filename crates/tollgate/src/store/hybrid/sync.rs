@@ -1,6 +1,6 @@
 //! The hybrid store's sync: every interval (sooner when a check runs out of claim) it pushes
-//! what this instance admitted, renews its claims and reads the counts back, in one call per
-//! slot of the counters function.
+//! what this instance admitted, renews its claims and reads the counts back, in one call of
+//! the counters function (one per Cluster slot on a cluster).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -62,7 +62,7 @@ impl Inner {
         let accesses: Vec<Access<'_>> = queued
             .iter()
             .map(|q| Access {
-                slot: q.shape.slot,
+                tag: q.shape.tag,
                 key: &q.key,
                 words: q.shape.words,
             })
