@@ -17,7 +17,7 @@
 
 use std::time::Duration;
 
-use crate::algorithm::{Algorithm, Attempt, Decide, Settle, Tier, Verdict};
+use crate::algorithm::{Algorithm, Attempt, Decide, Micros, Settle, Tier, Verdict};
 use crate::layout::{self, ALGORITHMS, Header, Kept, batch, doubles, tier};
 use crate::rule::Rule;
 
@@ -247,7 +247,7 @@ impl Prepared {
         if let Some(value) = stored {
             self.read(value, state)?;
             let (rule, algorithm) = (&self.rule, self.rule.algorithm());
-            if algorithm.forgets() && rule.expires_at(algorithm, state) <= now {
+            if algorithm.forgets() && rule.expires_at(algorithm, state).get() <= now {
                 state.fill(0);
             }
         }
@@ -447,11 +447,11 @@ fn decide_items(
         state = rest;
         item.prepared.state_into(item.stored, check.now, words)?;
         let kept = match item.stored {
-            Some(_) => rule.expires_at(algorithm, words),
+            Some(_) => rule.expires_at(algorithm, words).get(),
             None => 0,
         };
         let attempt = Attempt {
-            now: check.now,
+            now: Micros::new(check.now),
             cost: item.cost,
             max_delay: check.max_delay,
             commit: writes,
@@ -484,7 +484,7 @@ fn decide_items(
             words.fill(0);
             item.prepared.state_into(item.stored, check.now, words)?;
             let attempt = Attempt {
-                now: check.now,
+                now: Micros::new(check.now),
                 cost: item.cost,
                 max_delay: check.max_delay,
                 commit: true,
@@ -492,7 +492,7 @@ fn decide_items(
             };
             rule.denied(algorithm, words, &attempt);
         }
-        let expires = rule.expires_at(algorithm, words);
+        let expires = rule.expires_at(algorithm, words).get();
         store(
             item.prepared
                 .write(item.stored, words, expires, kept, check.clock),
@@ -520,18 +520,20 @@ pub fn settle(check: &Check, items: &[Item<'_>]) -> Result<(Vec<u8>, Vec<Write>)
         // is, even one read as new.
         let changes =
             item.cost > 0 && (!matches!(settle, Settle::Renew) || algorithm.holds_slots());
-        let kept = item.stored.map(|_| rule.expires_at(algorithm, &state));
+        let kept = item
+            .stored
+            .map(|_| rule.expires_at(algorithm, &state).get());
         if changes {
-            rule.settle_tiers(algorithm, &mut state, now, item.cost, settle);
+            rule.settle_tiers(algorithm, &mut state, Micros::new(now), item.cost, settle);
         }
-        let look = Attempt::look(now);
+        let look = Attempt::look(Micros::new(now));
         for (i, tier) in rule.tiers().iter().enumerate() {
             let verdict = algorithm.decide(tier, &mut state[rule.tier_words(i)], &look);
             reply.extend(reply_of(&verdict));
         }
         stores.push(match changes {
             true => {
-                let expires = rule.expires_at(algorithm, &state);
+                let expires = rule.expires_at(algorithm, &state).get();
                 item.prepared
                     .write(item.stored, &state, expires, kept, check.clock)
             }

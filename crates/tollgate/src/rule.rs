@@ -4,7 +4,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::algorithm::{Algorithm, Attempt, Decide, Invalid, Settle, Tier, Verdict};
+use crate::algorithm::{Algorithm, Attempt, Decide, Invalid, Micros, Settle, Tier, Verdict};
 use crate::decision::{Decision, Label, Policy, Source, intern};
 use crate::error::{Error, RuleError};
 
@@ -490,7 +490,7 @@ impl Rule {
         &self,
         algorithm: &A,
         state: &mut [u64],
-        now: u64,
+        now: Micros,
         cost: u64,
         settle: Settle,
     ) {
@@ -498,7 +498,9 @@ impl Rule {
             let words = &mut state[self.tier_words(i)];
             match settle {
                 Settle::Report => algorithm.debit(tier, words, now, cost),
-                Settle::Credit { at } => algorithm.credit(tier, words, now, cost, at),
+                Settle::Credit { at } => {
+                    algorithm.credit(tier, words, now, cost, Micros::new(at));
+                }
                 Settle::Renew => algorithm.renew(tier, words, now, cost),
             }
         }
@@ -512,13 +514,13 @@ impl Rule {
     }
 
     /// When a key's `state` becomes equivalent to a key never seen, in every tier.
-    pub(crate) fn expires_at<A: Decide>(&self, algorithm: &A, state: &[u64]) -> u64 {
+    pub(crate) fn expires_at<A: Decide>(&self, algorithm: &A, state: &[u64]) -> Micros {
         self.tiers()
             .iter()
             .enumerate()
             .map(|(i, tier)| algorithm.expires_at(tier, &state[self.tier_words(i)]))
             .max()
-            .unwrap_or(0)
+            .unwrap_or_default()
     }
 
     /// Rejects a cost that some tier can never admit.

@@ -12,7 +12,7 @@
 //! crashed holder would have kept until its lease ended.
 
 use super::Verdict;
-use super::{Attempt, Decide, Invalid, Tier};
+use super::{Attempt, Decide, Invalid, Micros, Tier};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Concurrency;
@@ -67,7 +67,7 @@ impl Decide for Concurrency {
     /// `reset_after` when every slot held is free, `retry_after` when enough are.
     #[inline]
     fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
-        let (limit, now, cost) = (tier.limit(), attempt.now, attempt.cost);
+        let (limit, now, cost) = (tier.limit(), attempt.now.get(), attempt.cost);
         // One pass: the slots held, and when the last lease ends (now when none is later).
         let (held, last) = state.iter().fold((0u64, now), |(held, last), &end| {
             (held + u64::from(end > now), last.max(end))
@@ -90,18 +90,21 @@ impl Decide for Concurrency {
     }
 
     /// Takes up to `cost` free slots (at most every slot is held).
-    fn debit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64) {
+    fn debit(&self, tier: &Tier, state: &mut [u64], now: Micros, cost: u64) {
+        let now = now.get();
         let until = now + tier.period_micros();
         let free = state.iter_mut().filter(|end| **end <= now);
         free.take(cost as usize).for_each(|end| *end = until);
     }
 
     /// Frees `cost` held slots, those whose leases end first.
-    fn credit(&self, _tier: &Tier, state: &mut [u64], now: u64, cost: u64, _at: u64) {
+    fn credit(&self, _tier: &Tier, state: &mut [u64], now: Micros, cost: u64, _at: Micros) {
+        let now = now.get();
         earliest(state, now, cost, None);
     }
 
-    fn renew(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64) {
+    fn renew(&self, tier: &Tier, state: &mut [u64], now: Micros, cost: u64) {
+        let now = now.get();
         earliest(state, now, cost, Some(now + tier.period_micros()));
     }
 
@@ -109,8 +112,8 @@ impl Decide for Concurrency {
         true
     }
 
-    fn expires_at(&self, _tier: &Tier, state: &[u64]) -> u64 {
-        state.iter().copied().max().unwrap_or(0)
+    fn expires_at(&self, _tier: &Tier, state: &[u64]) -> Micros {
+        Micros::new(state.iter().copied().max().unwrap_or(0))
     }
 }
 

@@ -5,7 +5,7 @@
 //! State words: `[window start (µs), permits counted in it]`.
 
 use super::Verdict;
-use super::{Attempt, Decide};
+use super::{Attempt, Decide, Micros};
 use super::{MAX_EXACT, Tier};
 
 /// The window of `now`: its start, its end and its count in `state`; a count from a later
@@ -47,7 +47,7 @@ impl Decide for FixedWindow {
 
     #[inline]
     fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
-        let (limit, now) = (tier.limit(), attempt.now);
+        let (limit, now) = (tier.limit(), attempt.now.get());
         let (start, end, count) = window(tier, state, now);
         let reset_after = end - now;
         let after = count.saturating_add(attempt.cost);
@@ -62,21 +62,23 @@ impl Decide for FixedWindow {
         }
     }
 
-    fn debit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64) {
+    fn debit(&self, tier: &Tier, state: &mut [u64], now: Micros, cost: u64) {
+        let now = now.get();
         let (start, _, count) = window(tier, state, now);
         state[0] = start;
         state[1] = count.saturating_add(cost).min(MAX_EXACT - 1);
     }
 
-    fn credit(&self, tier: &Tier, state: &mut [u64], _now: u64, cost: u64, at: u64) {
+    fn credit(&self, tier: &Tier, state: &mut [u64], _now: Micros, cost: u64, at: Micros) {
+        let at = at.get();
         // Only while the window of `at` is the one counted: a later window never held it.
         if state[0] == tier.window(at).0 {
             state[1] = state[1].saturating_sub(cost);
         }
     }
 
-    fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {
-        tier.window(state[0]).1
+    fn expires_at(&self, tier: &Tier, state: &[u64]) -> Micros {
+        Micros::new(tier.window(state[0]).1)
     }
 }
 

@@ -8,7 +8,7 @@
 //! State words: `[TAT (µs)]`, or `[TAT (µs), TAT fraction]`.
 
 use super::Verdict;
-use super::{Attempt, Decide, Invalid};
+use super::{Attempt, Decide, Invalid, Micros};
 use super::{MAX_EXACT, Tier};
 
 /// The TAT and its fraction at `now`: once the TAT has passed, the bucket is empty and the
@@ -67,7 +67,7 @@ impl Decide for Gcra {
     #[inline]
     fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
         let rate = tier.rate();
-        let now = attempt.now;
+        let now = attempt.now.get();
         let (tat, fraction) = schedule(state, now, rate.per_micro);
         let level = (tat - now)
             .saturating_mul(rate.per_micro)
@@ -83,7 +83,8 @@ impl Decide for Gcra {
         verdict
     }
 
-    fn debit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64) {
+    fn debit(&self, tier: &Tier, state: &mut [u64], now: Micros, cost: u64) {
+        let now = now.get();
         let rate = tier.rate();
         // The level in units, kept below 2^53 so that it stays exact in a double.
         let level = level(state, now, rate.per_micro)
@@ -92,15 +93,16 @@ impl Decide for Gcra {
         set_level(state, now, rate.per_micro, level);
     }
 
-    fn credit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64, _at: u64) {
+    fn credit(&self, tier: &Tier, state: &mut [u64], now: Micros, cost: u64, _at: Micros) {
+        let now = now.get();
         let rate = tier.rate();
         // Never below empty: the schedule moves back by the cost, never before now.
         let level = level(state, now, rate.per_micro).saturating_sub(rate.units(cost));
         set_level(state, now, rate.per_micro, level);
     }
 
-    fn expires_at(&self, _tier: &Tier, state: &[u64]) -> u64 {
-        state[0] + u64::from(state.get(1).is_some_and(|&f| f > 0))
+    fn expires_at(&self, _tier: &Tier, state: &[u64]) -> Micros {
+        Micros::new(state[0] + u64::from(state.get(1).is_some_and(|&f| f > 0)))
     }
 }
 

@@ -12,7 +12,7 @@
 
 use super::Verdict;
 use super::fixed_window::window;
-use super::{Attempt, Decide, FixedWindow};
+use super::{Attempt, Decide, FixedWindow, Micros};
 use super::{MAX_EXACT, Tier};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,7 +49,7 @@ impl Decide for HitCounter {
     }
 
     fn denied(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) {
-        let (start, _, count) = window(tier, state, attempt.now);
+        let (start, _, count) = window(tier, state, attempt.now.get());
         let after = count.saturating_add(attempt.cost).min(MAX_EXACT - 1);
         if after > tier.limit() {
             state[0] = start;
@@ -57,16 +57,16 @@ impl Decide for HitCounter {
         }
     }
 
-    fn debit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64) {
+    fn debit(&self, tier: &Tier, state: &mut [u64], now: Micros, cost: u64) {
         FixedWindow.debit(tier, state, now, cost);
     }
 
-    fn credit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64, at: u64) {
+    fn credit(&self, tier: &Tier, state: &mut [u64], now: Micros, cost: u64, at: Micros) {
         FixedWindow.credit(tier, state, now, cost, at);
     }
 
-    fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {
-        tier.window(state[0]).1
+    fn expires_at(&self, tier: &Tier, state: &[u64]) -> Micros {
+        Micros::new(tier.window(state[0]).1)
     }
 }
 

@@ -6,7 +6,7 @@
 //! State words: `[permits used in the current period, its start (µs; 0 = none)]`.
 
 use super::Verdict;
-use super::{Attempt, Decide};
+use super::{Attempt, Decide, Micros};
 use super::{MAX_EXACT, Tier};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,7 +23,7 @@ impl Decide for IntervalBucket {
 
     #[inline]
     fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
-        let (limit, period, now) = (tier.limit(), tier.period_micros(), attempt.now);
+        let (limit, period, now) = (tier.limit(), tier.period_micros(), attempt.now.get());
         let [used, start] = [state[0], state[1]];
         let running = start != 0 && now < start + period;
         let (used, start) = if running { (used, start) } else { (0, now) };
@@ -42,7 +42,8 @@ impl Decide for IntervalBucket {
         Verdict::allow(limit, limit - after, reset_after)
     }
 
-    fn debit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64) {
+    fn debit(&self, tier: &Tier, state: &mut [u64], now: Micros, cost: u64) {
+        let now = now.get();
         let [used, start] = [state[0], state[1]];
         let running = start != 0 && now < start + tier.period_micros();
         let (used, start) = if running { (used, start) } else { (0, now) };
@@ -50,7 +51,8 @@ impl Decide for IntervalBucket {
         state[1] = start;
     }
 
-    fn credit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64, at: u64) {
+    fn credit(&self, tier: &Tier, state: &mut [u64], now: Micros, cost: u64, at: Micros) {
+        let (now, at) = (now.get(), at.get());
         let start = state[1];
         // Only within the period `at` was taken in: a new period starts full. A period with
         // nothing left taken in it is as if it never started: the next check starts one.
@@ -62,11 +64,11 @@ impl Decide for IntervalBucket {
         }
     }
 
-    fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {
-        match state[1] {
+    fn expires_at(&self, tier: &Tier, state: &[u64]) -> Micros {
+        Micros::new(match state[1] {
             0 => 0,
             start => start + tier.period_micros(),
-        }
+        })
     }
 }
 

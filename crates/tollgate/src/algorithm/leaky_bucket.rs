@@ -6,7 +6,7 @@
 //! State words: `[water level (rate units), time of the last admission (µs)]`.
 
 use super::Verdict;
-use super::{Attempt, Decide, Invalid};
+use super::{Attempt, Decide, Invalid, Micros};
 use super::{MAX_EXACT, Tier};
 
 /// Parameters of [`Algorithm::LeakyBucket`](super::Algorithm::LeakyBucket).
@@ -48,7 +48,7 @@ impl Decide for LeakyBucket {
     fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
         let rate = tier.rate();
         let [level, last] = [state[0], state[1]];
-        let level = level.saturating_sub(rate.drained(attempt.now.saturating_sub(last)));
+        let level = level.saturating_sub(rate.drained(attempt.now.get().saturating_sub(last)));
         let verdict = rate.bucket(tier.burst(), level, attempt.cost);
         let verdict = match self {
             Self::Meter => verdict,
@@ -68,12 +68,13 @@ impl Decide for LeakyBucket {
         };
         if verdict.allowed && attempt.writes() {
             state[0] = level + rate.units(attempt.cost);
-            state[1] = attempt.now.max(last);
+            state[1] = attempt.now.get().max(last);
         }
         verdict
     }
 
-    fn debit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64) {
+    fn debit(&self, tier: &Tier, state: &mut [u64], now: Micros, cost: u64) {
+        let now = now.get();
         let rate = tier.rate();
         let [level, last] = [state[0], state[1]];
         let level = level.saturating_sub(rate.drained(now.saturating_sub(last)));
@@ -81,7 +82,8 @@ impl Decide for LeakyBucket {
         state[1] = now.max(last);
     }
 
-    fn credit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64, _at: u64) {
+    fn credit(&self, tier: &Tier, state: &mut [u64], now: Micros, cost: u64, _at: Micros) {
+        let now = now.get();
         let rate = tier.rate();
         let [level, last] = [state[0], state[1]];
         let level = level.saturating_sub(rate.drained(now.saturating_sub(last)));
@@ -106,8 +108,8 @@ impl Decide for LeakyBucket {
         }
     }
 
-    fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {
-        state[1] + tier.rate().micros(state[0])
+    fn expires_at(&self, tier: &Tier, state: &[u64]) -> Micros {
+        Micros::new(state[1] + tier.rate().micros(state[0]))
     }
 }
 

@@ -17,6 +17,7 @@ mod gcra;
 mod hit_counter;
 mod interval_bucket;
 mod leaky_bucket;
+mod micros;
 mod rate;
 mod sliding_log;
 mod sliding_window;
@@ -34,6 +35,7 @@ pub use warm_up::WarmUp;
 
 #[cfg(feature = "inside-redis")]
 pub(crate) use leaky_bucket::of_parameters as leaky_bucket_of;
+pub(crate) use micros::Micros;
 pub(crate) use rate::{MAX_EXACT, Rate};
 #[cfg(feature = "inside-redis")]
 pub(crate) use sub_windows::of_parameters as sub_windows_of;
@@ -166,19 +168,19 @@ impl Decide for Algorithm {
     fn denied(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) {
         self.imp().denied(tier, state, attempt)
     }
-    fn debit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64) {
+    fn debit(&self, tier: &Tier, state: &mut [u64], now: Micros, cost: u64) {
         self.imp().debit(tier, state, now, cost)
     }
-    fn credit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64, at: u64) {
+    fn credit(&self, tier: &Tier, state: &mut [u64], now: Micros, cost: u64, at: Micros) {
         self.imp().credit(tier, state, now, cost, at)
     }
-    fn renew(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64) {
+    fn renew(&self, tier: &Tier, state: &mut [u64], now: Micros, cost: u64) {
         self.imp().renew(tier, state, now, cost)
     }
     fn holds_slots(&self) -> bool {
         self.imp().holds_slots()
     }
-    fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {
+    fn expires_at(&self, tier: &Tier, state: &[u64]) -> Micros {
         self.imp().expires_at(tier, state)
     }
     fn script_parameters(&self, tier: &Tier) -> [f64; 5] {
@@ -210,8 +212,8 @@ pub(crate) trait Visit<'a> {
 /// One check of one tier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Attempt {
-    /// Microseconds since the Unix epoch, at least 1 (0 marks "never" in state words).
-    pub(crate) now: u64,
+    /// Since the Unix epoch, at least 1 µs (0 marks "never" in state words).
+    pub(crate) now: Micros,
     /// Permits asked for; 0 looks without consuming.
     pub(crate) cost: u64,
     /// The longest delay the caller accepts from a shaping algorithm; `None` for a plain check
@@ -244,7 +246,7 @@ pub enum Settle {
 
 impl Attempt {
     /// A look at `now`: a check of no cost that writes nothing.
-    pub(crate) fn look(now: u64) -> Self {
+    pub(crate) fn look(now: Micros) -> Self {
         Self {
             now,
             cost: 0,
@@ -323,7 +325,7 @@ pub(crate) trait Decide {
     /// through its weighting); the sliding log keeps at most `limit` entries, so a report past
     /// its limit fills it (a look admits, a permit does not) for at most one period.
     /// Quantities saturate below 2^53.
-    fn debit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64);
+    fn debit(&self, tier: &Tier, state: &mut [u64], now: Micros, cost: u64);
 
     /// Gives back `cost` permits taken at `at` (µs; a reservation that used less than its
     /// estimate, or none of it), where the algorithm can: a window gives back while the
@@ -331,11 +333,11 @@ pub(crate) trait Decide {
     /// sliding window counter), a bucket lowers its level (never below empty), the sliding
     /// log drops up to `cost` entries logged at or after `at`; warm-up keeps what it took.
     /// Never gives back more than is counted.
-    fn credit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64, at: u64);
+    fn credit(&self, tier: &Tier, state: &mut [u64], now: Micros, cost: u64, at: Micros);
 
     /// Renews the lease of `cost` slots held at `now` (see [`Settle::Renew`]); nothing but
     /// for an algorithm that [holds slots](Self::holds_slots).
-    fn renew(&self, _tier: &Tier, _state: &mut [u64], _now: u64, _cost: u64) {}
+    fn renew(&self, _tier: &Tier, _state: &mut [u64], _now: Micros, _cost: u64) {}
 
     /// Whether a check takes slots held until given back, rather than permits of a rate: a
     /// reservation's items of such a rule give their whole cost back when it is settled,
@@ -346,7 +348,7 @@ pub(crate) trait Decide {
 
     /// The time (µs since the epoch) from which `state` is equivalent to all zeros and may be
     /// dropped; the TTL a store gives it.
-    fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64;
+    fn expires_at(&self, tier: &Tier, state: &[u64]) -> Micros;
 
     /// The algorithm's parameters for one tier as its Redis script reads them (`p1`..`p5`).
     /// Doubles computed here reach the script unchanged, so both compute with the same ones.

@@ -6,7 +6,7 @@ use proptest::prelude::*;
 
 use super::Tier;
 use super::testing::START;
-use super::{Algorithm, Attempt, Decide, LeakyBucket, SubWindows, TokenBucket, WarmUp};
+use super::{Algorithm, Attempt, Decide, LeakyBucket, Micros, SubWindows, TokenBucket, WarmUp};
 use crate::rule::Rule;
 
 /// Periods divisible by every sub-window count used below.
@@ -70,7 +70,7 @@ fn arrivals() -> impl Strategy<Value = Vec<(u64, u64)>> {
 
 fn attempt(now: u64, cost: u64, commit: bool) -> Attempt {
     Attempt {
-        now,
+        now: Micros::new(now),
         cost,
         max_delay: None,
         commit,
@@ -178,7 +178,7 @@ proptest! {
             rule.evaluate(rule.algorithm(), &mut state, attempt(now, c.min(rule.capacity()), true));
         }
         let cost = cost.min(rule.capacity());
-        let at = rule.expires_at(rule.algorithm(), &state).max(now);
+        let at = rule.expires_at(rule.algorithm(), &state).get().max(now);
         let mut kept = state.clone();
         let mut fresh = vec![0; rule.words()];
         let kept = rule.evaluate(rule.algorithm(), &mut kept, attempt(at, cost, true));

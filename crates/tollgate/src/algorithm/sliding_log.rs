@@ -7,7 +7,7 @@
 
 use super::Tier;
 use super::Verdict;
-use super::{Attempt, Decide, Invalid};
+use super::{Attempt, Decide, Invalid, Micros};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SlidingLog;
@@ -127,7 +127,7 @@ impl Decide for SlidingLog {
         let (limit, period, now, cost) = (
             tier.limit(),
             tier.period_micros(),
-            attempt.now,
+            attempt.now.get(),
             attempt.cost,
         );
         let log = Log::new(state, limit);
@@ -156,7 +156,8 @@ impl Decide for SlidingLog {
         Verdict::allow(limit, limit - used - cost, reset_after)
     }
 
-    fn debit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64) {
+    fn debit(&self, tier: &Tier, state: &mut [u64], now: Micros, cost: u64) {
+        let now = now.get();
         let limit = tier.limit();
         let log = Log::new(state, limit);
         let (at, next) = (now.max(log.recent(1).unwrap_or(0)), log.next());
@@ -164,7 +165,8 @@ impl Decide for SlidingLog {
         log_permits(state, limit, next, cost.min(limit), at);
     }
 
-    fn credit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64, at: u64) {
+    fn credit(&self, tier: &Tier, state: &mut [u64], now: Micros, cost: u64, at: Micros) {
+        let (now, at) = (now.get(), at.get());
         let (limit, period) = (tier.limit(), tier.period_micros());
         let log = Log::new(state, limit);
         // The entries held, oldest first; up to `cost` of those still in the window and
@@ -200,10 +202,10 @@ impl Decide for SlidingLog {
         }
     }
 
-    fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {
+    fn expires_at(&self, tier: &Tier, state: &[u64]) -> Micros {
         let log = Log::new(state, tier.limit());
-        log.recent(1)
-            .map_or(0, |newest| newest + tier.period_micros())
+        let newest = log.recent(1);
+        Micros::new(newest.map_or(0, |newest| newest + tier.period_micros()))
     }
 }
 

@@ -7,7 +7,7 @@
 //! both reach the same decisions; with `limit x period` below 2^53 it is exact.
 
 use super::Verdict;
-use super::{Attempt, Decide};
+use super::{Attempt, Decide, Micros};
 use super::{MAX_EXACT, Tier};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,7 +129,7 @@ impl Decide for SlidingWindow {
 
     #[inline]
     fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
-        let (limit, now, cost) = (tier.limit(), attempt.now, attempt.cost);
+        let (limit, now, cost) = (tier.limit(), attempt.now.get(), attempt.cost);
         let mut windows = Windows::at(state, now, tier.period_micros());
         // The previous window's weight is worked out once for both estimates at `now`.
         let weighted = windows.weighted_previous(now);
@@ -152,13 +152,15 @@ impl Decide for SlidingWindow {
         }
     }
 
-    fn debit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64) {
+    fn debit(&self, tier: &Tier, state: &mut [u64], now: Micros, cost: u64) {
+        let now = now.get();
         let w = Windows::at(state, now, tier.period_micros());
         let current = w.current.saturating_add(cost).min(MAX_EXACT - 1);
         state.copy_from_slice(&[w.start, w.previous, current]);
     }
 
-    fn credit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64, at: u64) {
+    fn credit(&self, tier: &Tier, state: &mut [u64], now: Micros, cost: u64, at: Micros) {
+        let (now, at) = (now.get(), at.get());
         let period = tier.period_micros();
         let mut w = Windows::at(state, now, period);
         let window = at - at % period;
@@ -172,9 +174,9 @@ impl Decide for SlidingWindow {
         state.copy_from_slice(&[w.start, w.previous, w.current]);
     }
 
-    fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {
+    fn expires_at(&self, tier: &Tier, state: &[u64]) -> Micros {
         let period = tier.period_micros();
-        Windows::at(state, state[0], period).reset_at()
+        Micros::new(Windows::at(state, state[0], period).reset_at())
     }
 }
 

@@ -6,7 +6,7 @@
 //! where a sub-window's index is its start time divided by its length.
 
 use super::Verdict;
-use super::{Attempt, Decide, Invalid};
+use super::{Attempt, Decide, Invalid, Micros};
 use super::{MAX_EXACT, Tier};
 
 /// Parameters of [`Algorithm::SubWindows`](super::Algorithm::SubWindows).
@@ -139,7 +139,7 @@ impl Decide for SubWindows {
     fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
         let count = u64::from(self.count);
         let length = tier.period_micros() / count;
-        let (limit, now, cost) = (tier.limit(), attempt.now, attempt.cost);
+        let (limit, now, cost) = (tier.limit(), attempt.now.get(), attempt.cost);
         // Under load the newest sub-window written is now's: found without a division. A
         // sub-window written by a clock ahead of ours is treated as the current one.
         let newest = state[0];
@@ -188,14 +188,16 @@ impl Decide for SubWindows {
         Verdict::allow(limit, limit - used - cost, (current + count) * length - now)
     }
 
-    fn debit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64) {
+    fn debit(&self, tier: &Tier, state: &mut [u64], now: Micros, cost: u64) {
+        let now = now.get();
         let count = u64::from(self.count);
         let current = (now / (tier.period_micros() / count)).max(state[0]);
         let cell = advance(state, count, current);
         state[cell] = state[cell].saturating_add(cost).min(MAX_EXACT - 1);
     }
 
-    fn credit(&self, tier: &Tier, state: &mut [u64], _now: u64, cost: u64, at: u64) {
+    fn credit(&self, tier: &Tier, state: &mut [u64], _now: Micros, cost: u64, at: Micros) {
+        let at = at.get();
         let count = u64::from(self.count);
         let index = at / (tier.period_micros() / count);
         // Only a sub-window still held: not overwritten by a later one in its cell.
@@ -213,8 +215,10 @@ impl Decide for SubWindows {
         [f64::from(self.count), 0.0, 0.0, 0.0, 0.0]
     }
 
-    fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {
-        (state[0] + u64::from(self.count)) * (tier.period_micros() / u64::from(self.count))
+    fn expires_at(&self, tier: &Tier, state: &[u64]) -> Micros {
+        Micros::new(
+            (state[0] + u64::from(self.count)) * (tier.period_micros() / u64::from(self.count)),
+        )
     }
 }
 

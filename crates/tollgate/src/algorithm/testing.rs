@@ -3,7 +3,7 @@
 
 use super::Tier;
 use crate::Decision;
-use crate::algorithm::{Algorithm, Attempt};
+use crate::algorithm::{Algorithm, Attempt, Micros};
 use crate::clock::ManualClock;
 use crate::rule::Rule;
 
@@ -47,7 +47,7 @@ impl Key {
     pub(crate) fn attempt(&mut self, cost: u64, max_delay: Option<u64>) -> Decision {
         self.rule.check_cost(cost).expect("cost within capacity");
         let attempt = Attempt {
-            now: self.now,
+            now: Micros::new(self.now),
             cost,
             max_delay,
             commit: true,
@@ -60,7 +60,7 @@ impl Key {
     /// Settles `cost` at the current time as `settle` says, then looks.
     pub(crate) fn settle(&mut self, cost: u64, settle: crate::algorithm::Settle) -> Decision {
         let attempt = Attempt {
-            now: self.now,
+            now: Micros::new(self.now),
             cost,
             max_delay: None,
             commit: true,

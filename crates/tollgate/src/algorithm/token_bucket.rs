@@ -6,7 +6,7 @@
 //! future: the bucket refills from then on, so the debt is paid back at the bucket's rate.
 
 use super::Verdict;
-use super::{Attempt, Decide, Invalid};
+use super::{Attempt, Decide, Invalid, Micros};
 use super::{MAX_EXACT, Tier};
 
 /// Parameters of [`Algorithm::TokenBucket`](super::Algorithm::TokenBucket).
@@ -65,20 +65,21 @@ impl Decide for TokenBucket {
     fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
         let (rate, burst) = (tier.rate(), tier.burst());
         let capacity = rate.units(burst);
-        let (tokens, last) = self.refilled(tier, state, attempt.now);
+        let (tokens, last) = self.refilled(tier, state, attempt.now.get());
         // The bucket's emptiness is a leaky bucket's level: one arithmetic for both; a debt
         // is a level above the bucket's capacity.
-        let debt = rate.drained(last.saturating_sub(attempt.now));
+        let debt = rate.drained(last.saturating_sub(attempt.now.get()));
         let level = (capacity - tokens).saturating_add(debt);
         let verdict = rate.bucket(burst, level, attempt.cost);
         if verdict.allowed && attempt.writes() {
             state[0] = tokens - rate.units(attempt.cost);
-            state[1] = attempt.now.max(last);
+            state[1] = attempt.now.get().max(last);
         }
         verdict
     }
 
-    fn debit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64) {
+    fn debit(&self, tier: &Tier, state: &mut [u64], now: Micros, cost: u64) {
+        let now = now.get();
         let rate = tier.rate();
         let (tokens, last) = self.refilled(tier, state, now);
         let need = rate.units(cost);
@@ -98,7 +99,8 @@ impl Decide for TokenBucket {
         }
     }
 
-    fn credit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64, _at: u64) {
+    fn credit(&self, tier: &Tier, state: &mut [u64], now: Micros, cost: u64, _at: Micros) {
+        let now = now.get();
         let rate = tier.rate();
         let capacity = rate.units(tier.burst());
         let (tokens, last) = self.refilled(tier, state, now);
@@ -135,7 +137,7 @@ impl Decide for TokenBucket {
     fn denied(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) {
         if let (Some(initial), 0) = (self.initial_tokens, state[1]) {
             state[0] = tier.rate().units(initial);
-            state[1] = attempt.now;
+            state[1] = attempt.now.get();
         }
     }
 
@@ -147,18 +149,18 @@ impl Decide for TokenBucket {
         }
     }
 
-    fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {
+    fn expires_at(&self, tier: &Tier, state: &[u64]) -> Micros {
         let rate = tier.rate();
         let full = match state[1] {
-            0 => return 0,
+            0 => return Micros::new(0),
             last => last + rate.micros(rate.units(tier.burst()).saturating_sub(state[0])),
         };
         // A full bucket differs from a new one that starts partly empty: it is forgotten once
         // it has stayed full for a whole period.
-        match self.initial_tokens {
+        Micros::new(match self.initial_tokens {
             Some(initial) if initial < tier.burst() => full + tier.period_micros(),
             _ => full,
-        }
+        })
     }
 }
 

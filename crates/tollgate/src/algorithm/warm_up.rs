@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use super::Verdict;
-use super::{Attempt, Decide, Invalid};
+use super::{Attempt, Decide, Invalid, Micros};
 use super::{MAX_EXACT, Tier};
 
 /// Parameters of [`Algorithm::WarmUp`](super::Algorithm::WarmUp).
@@ -160,7 +160,7 @@ impl Decide for WarmUp {
     #[inline]
     fn decide(&self, tier: &Tier, state: &mut [u64], attempt: &Attempt) -> Verdict {
         let curve = Curve::new(self, tier);
-        let (limit, now) = (tier.limit(), attempt.now);
+        let (limit, now) = (tier.limit(), attempt.now.get());
         let (stored, next) = self.at(&curve, state, now);
         let delay = next - now;
         let patience = attempt.max_delay.unwrap_or(0);
@@ -179,7 +179,8 @@ impl Decide for WarmUp {
         Verdict::allow(limit, remaining, next_after - now).with_delay(delay)
     }
 
-    fn debit(&self, tier: &Tier, state: &mut [u64], now: u64, cost: u64) {
+    fn debit(&self, tier: &Tier, state: &mut [u64], now: Micros, cost: u64) {
+        let now = now.get();
         let curve = Curve::new(self, tier);
         let (stored, next) = self.at(&curve, state, now);
         let cost = cost as f64;
@@ -191,7 +192,7 @@ impl Decide for WarmUp {
 
     /// Warm-up keeps what it took: its schedule's cost depends on how cold the key was, which
     /// a later give-back cannot undo.
-    fn credit(&self, _tier: &Tier, _state: &mut [u64], _now: u64, _cost: u64, _at: u64) {}
+    fn credit(&self, _tier: &Tier, _state: &mut [u64], _now: Micros, _cost: u64, _at: Micros) {}
 
     /// The permits stored, a double.
     fn double_words(&self) -> &'static [usize] {
@@ -207,16 +208,16 @@ impl Decide for WarmUp {
         [c.stable, c.threshold, c.max, c.slope, c.cooldown]
     }
 
-    fn expires_at(&self, tier: &Tier, state: &[u64]) -> u64 {
+    fn expires_at(&self, tier: &Tier, state: &[u64]) -> Micros {
         let curve = Curve::new(self, tier);
-        match state[1] {
+        Micros::new(match state[1] {
             0 => 0,
             next => {
                 // One microsecond more, so that rounding cannot leave it a hair below cold.
                 let cooling = (curve.max - f64::from_bits(state[0])) * curve.cooldown;
                 next + cooling.ceil() as u64 + 1
             }
-        }
+        })
     }
 }
 

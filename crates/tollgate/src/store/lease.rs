@@ -26,8 +26,8 @@ use std::time::Duration;
 
 use super::guard::{GuardPlan, Guarded, Route, StoreFailures};
 use super::redis::{CounterItem, RedisStore, StoreTime, counter_key, packed};
-use super::tags::{Tags, Versions};
 use super::table::{Access, Bounds, Score, Table, WhenFull};
+use super::tags::{Tags, Versions};
 use super::{Planned, Store};
 use crate::algorithm::Algorithm;
 use crate::algorithm::Tier;

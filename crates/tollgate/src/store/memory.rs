@@ -14,12 +14,12 @@ use std::sync::{Arc, RwLockReadGuard};
 
 use super::MAX_KEY_LEN;
 use super::book::{Book, ReservationRecord};
-use super::tags::{Tags, Versions};
 pub use super::table::WhenFull;
 use super::table::{Bounds, Class, Entry, Locked, Score, Shard, Table, Words};
+use super::tags::{Tags, Versions};
 use super::{LocalStore, Planned, Store};
 use crate::algorithm::Tier;
-use crate::algorithm::{Attempt, Decide, Visit};
+use crate::algorithm::{Attempt, Decide, Micros, Visit};
 use crate::decision::{Decision, Decisions, Source};
 use crate::error::{Error, RuleError};
 use crate::rule::{FailurePolicy, Rule};
@@ -333,7 +333,7 @@ impl MemoryStore {
             many: Locked::lock(&table.many, wanted(Class::Many)),
         };
         let attempt = |cost, commit| Attempt {
-            now,
+            now: Micros::new(now),
             cost,
             max_delay,
             commit,
@@ -492,7 +492,7 @@ impl LocalStore for MemoryStore {
         max_delay: Option<u64>,
     ) -> Decision {
         let attempt = Attempt {
-            now,
+            now: Micros::new(now),
             cost: item.cost,
             max_delay,
             commit: true,
@@ -529,7 +529,7 @@ impl MemoryStore {
     ) -> Decisions {
         let decided = items.iter().map(|item| {
             let attempt = Attempt {
-                now,
+                now: Micros::new(now),
                 cost: item.cost,
                 max_delay: None,
                 commit: true,
@@ -589,7 +589,9 @@ impl Scorer<'_> {
             Ok(rule) => rule,
             Err(gone) => return gone,
         };
-        let expires = rule.expires_at(rule.algorithm(), &words[..rule.words()]);
+        let expires = rule
+            .expires_at(rule.algorithm(), &words[..rule.words()])
+            .get();
         expires.saturating_add(grace(rule).unwrap_or(0)) <= now
     }
 }
@@ -603,10 +605,10 @@ impl Score for Scorer<'_> {
         };
         let state = &mut words[..rule.words()];
         let algorithm = rule.algorithm();
-        if rule.expires_at(algorithm, state) <= now {
+        if rule.expires_at(algorithm, state).get() <= now {
             return None;
         }
-        let binding = rule.evaluate(algorithm, state, Attempt::look(now));
+        let binding = rule.evaluate(algorithm, state, Attempt::look(Micros::new(now)));
         Some(binding.remaining() as f64 / binding.limit().max(1) as f64)
     }
 
@@ -655,7 +657,7 @@ impl<'a, W: Words> Visit<'a> for Check<'_, '_, W> {
         }
         let mut state = W::zeroed(words);
         let decision = rule.evaluate(algorithm, &mut state.as_mut()[..words], attempt);
-        let decision = if store.keep(&mut shard, hash, item, state, attempt.now) {
+        let decision = if store.keep(&mut shard, hash, item, state, attempt.now.get()) {
             decision
         } else {
             unkept(item, decision)

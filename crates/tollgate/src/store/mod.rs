@@ -8,8 +8,8 @@ mod book;
 mod buckets;
 mod lock;
 mod memory;
-mod tags;
 mod table;
+mod tags;
 
 #[cfg(feature = "redis")]
 mod breaker;

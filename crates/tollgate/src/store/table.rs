@@ -119,10 +119,7 @@ impl KeyBytes {
                 }
             }
             Self::Inline { .. } => false,
-            Self::Heap {
-                tag: stored,
-                bytes,
-            } => *stored == tag && **bytes == *key,
+            Self::Heap { tag: stored, bytes } => *stored == tag && **bytes == *key,
         }
     }
 

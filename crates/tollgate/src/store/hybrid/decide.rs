@@ -135,7 +135,7 @@ impl Inner {
         max_delay: Option<u64>,
     ) -> (Decision, Wants) {
         let look = Attempt {
-            now,
+            now: Micros::new(now),
             cost: item.cost,
             max_delay,
             commit: false,

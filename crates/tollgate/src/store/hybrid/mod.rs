@@ -37,12 +37,12 @@ use tokio::sync::Notify;
 
 use super::guard::{GuardPlan, Guarded, StoreFailures};
 use super::redis::{CounterItem, RedisStore, StoreTime, counter_key, packed};
-use super::tags::{Tags, Versions};
 use super::table::{Access, Bounds, Score, Table, WhenFull};
+use super::tags::{Tags, Versions};
 use super::{LocalStore, Planned, Store};
 use crate::algorithm::Tier;
 use crate::algorithm::Verdict;
-use crate::algorithm::{Algorithm, Attempt, Decide, FixedWindow, SlidingWindow};
+use crate::algorithm::{Algorithm, Attempt, Decide, FixedWindow, Micros, SlidingWindow};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, Decisions, Source};
 use crate::error::Error;
