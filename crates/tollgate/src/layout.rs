@@ -109,6 +109,35 @@ pub(crate) mod batch {
     pub(crate) const ITEM: usize = 4;
 }
 
+/// The hybrid and lease stores' counters (`lua/counters.lua`): doubles per item of each call,
+/// and per item of each reply (after the reply's first double, the time).
+pub(crate) mod counters {
+    /// An add's item: delta, TTL (ms) of a counter it creates.
+    pub(crate) const ADD: usize = 2;
+    /// A lease's item: want, need, limit, TTL (ms), threshold, rate (per s), window end (µs),
+    /// stale (µs).
+    pub(crate) const LEASE: usize = 8;
+    /// A claim's item: kind, delta, TTL (ms), limit, want, keep, claim TTL (µs), period (µs),
+    /// window start (µs).
+    pub(crate) const CLAIM: usize = 9;
+    /// An add's answer per item: the count after.
+    pub(crate) const ADDED: usize = 1;
+    /// A lease's answer per item: granted, counted after.
+    pub(crate) const LEASED: usize = 2;
+    /// A claim's answer per item: count, others' claims, claim, claimers, previous count.
+    pub(crate) const CLAIMED: usize = 5;
+}
+
+/// The reservations' book (`lua/reservations.lua`, `lua/metered.lua`).
+pub(crate) mod book {
+    /// A record kept: its expiry (µs), the record's TTL (ms), the most records kept.
+    pub(crate) const KEEP: usize = 3;
+    /// A commit: the actual cost, now (µs).
+    pub(crate) const COMMIT: usize = 2;
+    /// Expired records asked for: now (µs), the most to return.
+    pub(crate) const EXPIRED: usize = 2;
+}
+
 /// How an algorithm keeps its state on Redis, and so which Lua driver runs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kept {
@@ -354,6 +383,24 @@ pub(crate) fn lua() -> String {
          (µs), delay (µs).",
         &["VERDICT_DOUBLES"],
         &[verdict::DOUBLES.to_string()],
+    );
+    line(
+        "The counters' items: an add's, a lease's, a claim's (see layout.rs, counters).",
+        &["ADD_FORMAT", "LEASE_FORMAT", "CLAIM_FORMAT"],
+        &[
+            doubles(counters::ADD),
+            doubles(counters::LEASE),
+            doubles(counters::CLAIM),
+        ],
+    );
+    line(
+        "The book's arguments: a record kept, a commit, expired records asked for.",
+        &["KEEP_FORMAT", "COMMIT_FORMAT", "EXPIRED_FORMAT"],
+        &[
+            doubles(book::KEEP),
+            doubles(book::COMMIT),
+            doubles(book::EXPIRED),
+        ],
     );
     line(
         "A batch's description: what it does (BATCH_LOOK asks and writes nothing), then per \

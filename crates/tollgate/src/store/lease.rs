@@ -35,6 +35,7 @@ use crate::algorithm::Verdict;
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, Decisions, Source};
 use crate::error::Error;
+use crate::layout::counters;
 use crate::rule::Rule;
 
 /// Settings of a [`LeaseStore`].
@@ -482,7 +483,7 @@ impl Inner {
                 lessees.extend_from_slice(b":lessees");
                 let ttl = period / 1_000 + 1_000;
                 let threshold = (tier.limit() as f64 * self.config.threshold).ceil();
-                let args = packed([
+                let args = packed::<{ counters::LEASE }>([
                     n.want as f64,
                     n.need as f64,
                     tier.limit() as f64,
@@ -595,7 +596,7 @@ impl Inner {
         let keys: Vec<Vec<u8>> = returns.iter().map(|(k, _)| k.clone()).collect();
         let args: Vec<Vec<u8>> = returns
             .iter()
-            .map(|&(_, unused)| packed([-(unused as f64), 0.0]))
+            .map(|&(_, unused)| packed::<{ counters::ADD }>([-(unused as f64), 0.0]))
             .collect();
         self.redis.add(&keys, &args).await?;
         let total: u64 = returns.iter().map(|&(_, n)| n).sum();

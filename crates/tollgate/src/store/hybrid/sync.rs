@@ -8,6 +8,7 @@ use std::sync::{Arc, Weak};
 use tokio::sync::Notify;
 
 use super::*;
+use crate::layout::counters;
 
 /// The sync task: every interval, or soon after a check asks, until the store is dropped or
 /// shut down.
@@ -107,7 +108,7 @@ impl Inner {
         // First, this instance as running (a key of its own: on a cluster, a call of its own).
         let presence = CounterItem {
             keys: vec![self.redis.key(INSTANCES_KEY)],
-            args: packed([
+            args: packed::<{ counters::CLAIM }>([
                 3.0,
                 0.0,
                 (3 * interval / 1_000) as f64,
@@ -142,7 +143,7 @@ impl Inner {
                 } else {
                     kind
                 };
-                let args = packed([
+                let args = packed::<{ counters::CLAIM }>([
                     kind,
                     p.delta as f64,
                     ttl as f64,

@@ -8,13 +8,15 @@ use super::keys::{by_slot, slot};
 use super::script::{self, Entry};
 use super::store::RedisStore;
 use crate::error::Error;
+use crate::layout::counters;
 
 impl RedisStore {
     /// Adds to window counters (see `lua/counters.lua`): `args` holds each key's delta and
     /// TTL; the answer's values are the counts after.
     pub(crate) async fn add(&self, keys: &[Vec<u8>], args: &[Vec<u8>]) -> Result<Answer, Error> {
         let items = CounterItem::one_key_each(keys, args);
-        self.counters(&script::ADD_ENTRY, &[], &items, 1).await
+        self.counters(&script::ADD_ENTRY, &[], &items, counters::ADDED)
+            .await
     }
 
     /// Leases from window counters for the instance `id` at `now` (as for
@@ -27,7 +29,7 @@ impl RedisStore {
         items: &[CounterItem],
     ) -> Result<Answer, Error> {
         let time = packed([self.caller_time(now)]);
-        self.counters(&script::LEASE_ENTRY, &[id, &time], items, 2)
+        self.counters(&script::LEASE_ENTRY, &[id, &time], items, counters::LEASED)
             .await
     }
 
@@ -41,7 +43,7 @@ impl RedisStore {
         items: &[CounterItem],
     ) -> Result<Answer, Error> {
         let time = packed([self.caller_time(now)]);
-        self.counters(&script::CLAIM_ENTRY, &[id, &time], items, 5)
+        self.counters(&script::CLAIM_ENTRY, &[id, &time], items, counters::CLAIMED)
             .await
     }
 

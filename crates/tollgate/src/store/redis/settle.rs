@@ -14,7 +14,8 @@ use super::script::{self, Entry};
 use super::store::RedisStore;
 use crate::decision::{Decision, Decisions, Source};
 use crate::error::Error;
-use crate::store::book::{self, ReservationRecord};
+use crate::layout::book;
+use crate::store::book::{ReservationRecord, full};
 use crate::store::guard::{Failure, Route};
 use crate::store::{Committed, Planned, Settle};
 
@@ -128,7 +129,7 @@ impl RedisStore {
         keys.extend(call.keys);
         // The record outlives its expiry by an hour, for whoever settles expired ones.
         let ttl_ms = record.expires.saturating_sub(now) / 1_000 + 3_600_000;
-        let book = packed([
+        let book = packed::<{ book::KEEP }>([
             record.expires as f64,
             ttl_ms as f64,
             self.max_reservations as f64,
@@ -179,7 +180,7 @@ impl RedisStore {
         let remote = |_| self.remote_reserve(items, now, record, &route, &outcome);
         let decisions = self.guard.decide(items, now, None, &route, remote).await;
         match outcome.load(Ordering::Relaxed) {
-            o if o == Reserved::Full as u8 => Err(book::full(self.max_reservations)),
+            o if o == Reserved::Full as u8 => Err(full(self.max_reservations)),
             o if o == Reserved::Kept as u8 => {
                 self.remembered.remember(record);
                 Ok((decisions, true))
@@ -207,7 +208,7 @@ impl RedisStore {
         let mut keys = vec![self.book_key(None), self.book_key(Some(id))];
         keys.extend(call.keys);
         let header = self.header_of(now, 0, None, Some(Settle::Credit { at }));
-        let costs = packed([actual as f64, now as f64]);
+        let costs = packed::<{ book::COMMIT }>([actual as f64, now as f64]);
         let mut args: Vec<&[u8]> = vec![&costs, &header];
         args.extend(call.args[1..].iter().map(Vec::as_slice));
         let reply = self
@@ -236,7 +237,7 @@ impl RedisStore {
         let (index, name) = (self.book_key(None), self.book_key(Some(&record.id)));
         // The record outlives its expiry by an hour, for whoever settles expired ones.
         let ttl_ms = record.expires.saturating_sub(now) / 1_000 + 3_600_000;
-        let args = packed([
+        let args = packed::<{ book::KEEP }>([
             record.expires as f64,
             ttl_ms as f64,
             self.max_reservations as f64,
@@ -250,7 +251,7 @@ impl RedisStore {
             .map(|b| f64::from_le_bytes(b.try_into().unwrap_or_default()))
         {
             Some(1.0) => Ok(()),
-            _ => Err(book::full(self.max_reservations)),
+            _ => Err(full(self.max_reservations)),
         }
     }
 
@@ -274,7 +275,7 @@ impl RedisStore {
         now: u64,
         limit: usize,
     ) -> Result<Vec<ReservationRecord>, Error> {
-        let args = packed([now as f64, limit as f64]);
+        let args = packed::<{ book::EXPIRED }>([now as f64, limit as f64]);
         let keys = [self.book_key(None)];
         let reply = self
             .book_call(&script::EXPIRED_ENTRY, &keys, &[&args], now)

@@ -15,7 +15,7 @@ local function add(keys, args)
   for i = 1, #keys do
     local key = keys[i]
     local delta, ttl
-    delta, ttl, position = unpack_packed('<dd', args[1], position)
+    delta, ttl, position = unpack_packed(ADD_FORMAT, args[1], position)
     local count
     if delta > 0 then
       count = call('INCRBY', key, decimal(delta))
@@ -66,7 +66,7 @@ local function lease(keys, args)
     local counter, lessees = keys[2 * i - 1], keys[2 * i]
     local want, need, limit, ttl, threshold, rate, window_end, stale
     want, need, limit, ttl, threshold, rate, window_end, stale, position =
-      unpack_packed('<dddddddd', packed, position)
+      unpack_packed(LEASE_FORMAT, packed, position)
     local used = tonumber(call('GET', counter) or '0')
     local left = max(limit - used, 0)
     local held = call('HGETALL', lessees)
@@ -138,7 +138,7 @@ local function claim(keys, args)
   while position <= #packed do
     local kind, delta, ttl, limit, want, keep, claim_ttl, period, start
     kind, delta, ttl, limit, want, keep, claim_ttl, period, start, position =
-      unpack_packed('<ddddddddd', packed, position)
+      unpack_packed(CLAIM_FORMAT, packed, position)
     local counter = keys[k]
     k = k + 1
     local count

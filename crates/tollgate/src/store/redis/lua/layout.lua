@@ -9,6 +9,10 @@ local SETTLE_REPORT, SETTLE_RENEW = 1, 3
 local TIER_FORMAT, TIER_BYTES = '<ddddddddddd', 88
 -- A tier's verdict: allowed (1/0), limit, remaining, reset_after (µs), retry_after (µs), delay (µs).
 local VERDICT_DOUBLES = 6
+-- The counters' items: an add's, a lease's, a claim's (see layout.rs, counters).
+local ADD_FORMAT, LEASE_FORMAT, CLAIM_FORMAT = '<dd', '<dddddddd', '<ddddddddd'
+-- The book's arguments: a record kept, a commit, expired records asked for.
+local KEEP_FORMAT, COMMIT_FORMAT, EXPIRED_FORMAT = '<ddd', '<dd', '<dd'
 -- A batch's description: what it does (BATCH_LOOK asks and writes nothing), then per item its
 -- algorithm's index, cost, shadow (1/0) and number of keys.
 local BATCH_LOOK, BATCH_FORMAT, ITEM_FORMAT = 1, '<d', '<dddd'

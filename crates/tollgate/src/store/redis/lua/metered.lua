@@ -10,7 +10,7 @@
 -- then the batch's verdicts.
 local function reserve(keys, args)
   if not floor then bind() end
-  local expires, ttl, most = unpack_packed('<ddd', args[1])
+  local expires, ttl, most = unpack_packed(KEEP_FORMAT, args[1])
   local full = call('ZCARD', keys[1]) >= most
   local verdicts, admitted = run_batch(keys, 3, args, 3, full)
   if full then return pack('<d', 0) .. verdicts end
@@ -29,7 +29,7 @@ end
 -- after each took what the real cost exceeds its estimate by, or gave back what it falls short.
 local function commit(keys, args)
   if not floor then bind() end
-  local actual, now = unpack_packed('<dd', args[1])
+  local actual, now = unpack_packed(COMMIT_FORMAT, args[1])
   local record = call('GET', keys[2])
   call('ZREM', keys[1], keys[2])
   if not record then return '' end

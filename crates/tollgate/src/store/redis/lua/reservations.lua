@@ -7,7 +7,7 @@
 -- the index holds the most already. Returns one double: 1 kept, 0 refused.
 local function keep(keys, args)
   if not floor then bind() end
-  local expires, ttl, most = unpack_packed('<ddd', args[2])
+  local expires, ttl, most = unpack_packed(KEEP_FORMAT, args[2])
   if call('ZCARD', keys[1]) >= most then return pack('<d', 0) end
   call('SET', keys[2], args[1], 'PX', decimal(ttl))
   call('ZADD', keys[1], expires, keys[2])
@@ -30,7 +30,7 @@ end
 -- little-endian double).
 local function expired(keys, args)
   if not floor then bind() end
-  local now, most = unpack_packed('<dd', args[1])
+  local now, most = unpack_packed(EXPIRED_FORMAT, args[1])
   local names = call('ZRANGEBYSCORE', keys[1], '-inf', decimal(now), 'LIMIT', 0, most)
   local out = {}
   for _, name in ipairs(names) do
