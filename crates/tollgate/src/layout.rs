@@ -275,7 +275,6 @@ impl Header {
     }
 
     /// The header of `bytes`, its quantities whole numbers below 2^53 as [`whole`] reads them.
-    #[cfg_attr(not(feature = "inside-redis"), allow(dead_code))]
     pub(crate) fn decode(bytes: &[u8]) -> Result<Self, &'static str> {
         let mut d = [0.0; header::DOUBLES];
         let given = doubles(bytes)

@@ -359,7 +359,7 @@ pub(crate) trait Decide {
 
     /// The algorithm's own parameters as tollgate's Redis module reads them from a rule's
     /// argument (see `layout::ALGORITHMS`, whose row decodes them).
-    #[cfg_attr(not(feature = "inside-redis"), allow(dead_code))]
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     fn module_parameters(&self) -> [f64; 2] {
         [0.0; 2]
     }
