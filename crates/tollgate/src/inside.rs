@@ -149,9 +149,13 @@ impl Prepared {
             let (limit, period) = (whole(t[tier::LIMIT])?, whole(t[tier::PERIOD])?);
             let parameters = &t[tier::PARAMETERS..tier::DOUBLES];
             let tier = if algorithm.takes_calendar() && parameters[4] == 1.0 {
-                let bounds = [0, 1, 2, 3].map(|i| whole(parameters[i]));
-                let [b0, b1, b2, b3] = bounds;
-                Tier::given_windows(limit, period, [b0?, b1?, b2?, b3?])
+                let bounds = [
+                    whole(parameters[0])?,
+                    whole(parameters[1])?,
+                    whole(parameters[2])?,
+                    whole(parameters[3])?,
+                ];
+                Tier::given_windows(limit, period, bounds)
             } else {
                 let tier = Tier::new(limit, Duration::from_micros(period));
                 let burst = whole(t[tier::BURST])?;

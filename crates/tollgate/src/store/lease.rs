@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, RwLockReadGuard};
 use std::time::Duration;
 
 use super::guard::{GuardPlan, Guarded, Route, StoreFailures};
-use super::redis::{CounterItem, RedisStore, StoreTime, counter_key, packed};
+use super::redis::{CounterItem, RedisStore, StoreTime, counter_key};
 use super::table::{Access, Bounds, Score, Table, WhenFull};
 use super::tags::{Tags, Versions};
 use super::{Planned, Store};
@@ -35,7 +35,7 @@ use crate::algorithm::Verdict;
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, Decisions, Source};
 use crate::error::Error;
-use crate::layout::counters;
+use crate::layout::{counters, packed};
 use crate::rule::Rule;
 
 /// Settings of a [`LeaseStore`].

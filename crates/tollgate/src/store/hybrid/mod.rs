@@ -36,7 +36,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use super::guard::{GuardPlan, Guarded, StoreFailures};
-use super::redis::{CounterItem, RedisStore, StoreTime, counter_key, packed};
+use super::redis::{CounterItem, RedisStore, StoreTime, counter_key};
 use super::table::{Access, Bounds, Score, Table, WhenFull};
 use super::tags::{Tags, Versions};
 use super::{LocalStore, Planned, Store};
@@ -46,6 +46,7 @@ use crate::algorithm::{Algorithm, Attempt, Decide, FixedWindow, Micros, SlidingW
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, Decisions, Source};
 use crate::error::Error;
+use crate::layout::packed;
 use crate::rule::Rule;
 
 /// Settings of a [`HybridStore`].

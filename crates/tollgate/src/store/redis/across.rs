@@ -21,7 +21,6 @@ use std::task::Poll;
 
 use tokio::sync::oneshot;
 
-use super::args::packed;
 use super::batch::{Batched, Call, Mode, futures_join};
 use super::connection::store_error;
 use super::script;
@@ -29,7 +28,7 @@ use super::store::RedisStore;
 use crate::algorithm::Settle;
 use crate::decision::Source;
 use crate::error::Error;
-use crate::layout::{DOUBLE, batch};
+use crate::layout::{DOUBLE, batch, packed};
 use crate::store::guard::Backend;
 
 /// One slot's part of a check.

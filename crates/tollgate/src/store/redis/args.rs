@@ -1,8 +1,7 @@
 //! What a call sends the functions and the module: its header (whose clock, the cost, what a
 //! settlement does) and each tier's arguments, as little-endian doubles.
 
-pub(crate) use crate::layout::packed;
-use crate::layout::{Header, tier};
+use crate::layout::{Header, header, packed, tier};
 use crate::rule::Rule;
 use crate::store::Settle;
 
@@ -20,9 +19,6 @@ pub enum StoreTime {
 /// Added to every TTL when functions decide at the caller's time (see [`StoreTime::Local`]).
 const CALLER_TIME_TTL_PADDING_MS: u64 = 60_000;
 
-/// Bytes of a call's header (see `layout::header`).
-pub(super) const HEADER: usize = crate::layout::header::BYTES;
-
 /// The header of a call (see `lua/prelude.lua`): the caller's time at `now` (µs) or -1 for the
 /// server's `TIME`, the cost, the longest delay accepted, the TTL padding (ms: the caller's
 /// clock's, plus `jitter`), and what a settlement does.
@@ -33,7 +29,7 @@ pub(super) fn header(
     cost: u64,
     max_delay: Option<u64>,
     settle: Option<Settle>,
-) -> [u8; HEADER] {
+) -> [u8; header::BYTES] {
     let (at, padding) = match time {
         StoreTime::Server => (None, 0),
         StoreTime::Local => (Some(now), CALLER_TIME_TTL_PADDING_MS),

@@ -2,11 +2,10 @@
 //! and what it answers: six little-endian doubles per tier of every item, read back into
 //! decisions in the items' order.
 
-use super::args::packed;
 use super::plan::RedisPlan;
 use crate::decision::{Decision, Source};
 use crate::error::Error;
-use crate::layout::{self, batch, verdict};
+use crate::layout::{self, batch, packed, verdict};
 use crate::rule::Rule;
 use crate::store::Planned;
 

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use redis::RedisError;
 
 use super::across;
-use super::args::packed;
 use super::batch::{Batched, Call, Mode, Verdicts, read_batch};
 use super::connection::{store_error, traced};
 use super::keys::slot;
@@ -18,7 +17,7 @@ use super::script::{self, Entry};
 use super::store::RedisStore;
 use crate::decision::{Decision, Decisions, Source};
 use crate::error::Error;
-use crate::layout::batch;
+use crate::layout::{batch, packed};
 use crate::store::Planned;
 use crate::store::guard::{Backend, Deadline, Failure, Route};
 

@@ -2,13 +2,13 @@
 //! adds, leases and claims of several counters in one call per slot. These stores decide in
 //! memory; Redis only keeps the counts every instance shares.
 
-use super::args::{StoreTime, packed};
+use super::args::StoreTime;
 use super::connection::store_error;
 use super::keys::{by_slot, slot};
 use super::script::{self, Entry};
 use super::store::RedisStore;
 use crate::error::Error;
-use crate::layout::counters;
+use crate::layout::{counters, packed};
 
 impl RedisStore {
     /// Adds to window counters (see `lua/counters.lua`): `args` holds each key's delta and

@@ -37,7 +37,6 @@ mod topology;
 mod wire;
 
 pub use self::args::StoreTime;
-pub(crate) use self::args::packed;
 pub use self::builder::RedisStoreBuilder;
 pub(crate) use self::counters::CounterItem;
 pub(crate) use self::keys::counter_key;

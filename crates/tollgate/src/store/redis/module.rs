@@ -186,7 +186,8 @@ mod tests {
     use proptest::prelude::*;
 
     use crate::inside::{Check, Item, OTHER_VERSION, Prepared, Refused, rule_args};
-    use crate::store::redis::args::{packed, tier_args};
+    use crate::layout::packed;
+    use crate::store::redis::args::tier_args;
     use crate::{Algorithm, LeakyBucket, Rule, SubWindows, Tier, TokenBucket, WarmUp};
 
     fn rules() -> Vec<Rule> {

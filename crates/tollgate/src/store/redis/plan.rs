@@ -4,10 +4,10 @@
 use std::borrow::Cow;
 use std::io::Write as _;
 
-use super::args::{packed, tier_args};
+use super::args::tier_args;
 use super::keys::{by_slot, slot, tagged};
 use super::script::{self, Entry};
-use crate::layout::{self, DOUBLE, Kept, tier};
+use crate::layout::{self, DOUBLE, Kept, packed, tier};
 use crate::rule::Rule;
 use crate::store::Planned;
 use crate::store::guard::{GuardPlan, Guarded};

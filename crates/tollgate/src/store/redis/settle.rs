@@ -5,7 +5,6 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use super::args::packed;
 use super::batch::{Mode, futures_join, read_batch};
 use super::connection::store_error;
 use super::keys::slot;
@@ -14,7 +13,7 @@ use super::script::{self, Entry};
 use super::store::RedisStore;
 use crate::decision::{Decision, Decisions, Source};
 use crate::error::Error;
-use crate::layout::book;
+use crate::layout::{book, packed};
 use crate::store::book::{ReservationRecord, full};
 use crate::store::guard::{Failure, Route};
 use crate::store::{Committed, Planned, Settle};

@@ -6,12 +6,13 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::args::{self, HEADER, StoreTime};
+use super::args::{self, StoreTime};
 use super::connection::{Connection, store_error};
 use super::plan::RedisPlan;
 use super::topology::{NodeHealth, Topology};
 use crate::decision::Decisions;
 use crate::error::Error;
+use crate::layout::header;
 use crate::rule::Rule;
 use crate::store::book::{Remembered, ReservationRecord};
 use crate::store::guard::{Guard, StoreFailures};
@@ -135,7 +136,12 @@ impl RedisStore {
     }
 
     /// The header of a check's call at `now` (see [`args::header`]).
-    pub(super) fn header(&self, now: u64, cost: u64, max_delay: Option<u64>) -> [u8; HEADER] {
+    pub(super) fn header(
+        &self,
+        now: u64,
+        cost: u64,
+        max_delay: Option<u64>,
+    ) -> [u8; header::BYTES] {
         self.header_of(now, cost, max_delay, None)
     }
 
@@ -147,7 +153,7 @@ impl RedisStore {
         cost: u64,
         max_delay: Option<u64>,
         settle: Option<Settle>,
-    ) -> [u8; HEADER] {
+    ) -> [u8; header::BYTES] {
         args::header(self.time, self.jitter(), now, cost, max_delay, settle)
     }
 
