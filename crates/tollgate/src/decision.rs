@@ -114,6 +114,13 @@ pub enum Source {
     Hybrid,
     /// This process, from permits leased from the global budget in Redis (lease).
     Lease,
+    /// A global rule, from every region's counts as this region's Redis holds them: each
+    /// peer heard within its `stale_after`.
+    Global,
+    /// A global rule while a peer region is unheard past its `stale_after`: this region
+    /// admitted at most its share of what was left (or its per-region limit, as the rule
+    /// says).
+    Partitioned,
     /// The shared store failed; this process's local limiter decided with its share of the
     /// limit.
     Fallback,

@@ -128,6 +128,44 @@ pub(crate) mod counters {
     pub(crate) const CLAIMED: usize = 5;
 }
 
+/// Global rules' counts across regions (`lua/regions.lua`): doubles of each call's parts and
+/// of each reply's, after the reply's first double (always 0).
+pub(crate) mod regions {
+    /// What a check does: looks (writes nothing).
+    pub(crate) const LOOK: u8 = 0;
+    /// Decides, all-or-nothing, and takes the cost where every tier admits.
+    pub(crate) const CHECK: u8 = 1;
+    /// Takes the cost whatever the counts say (a metered report).
+    pub(crate) const REPORT: u8 = 2;
+    /// Gives the cost back (a credit), counted as given back in this region.
+    pub(crate) const CREDIT: u8 = 3;
+    /// A check's head: mode, peers, reply width per item.
+    pub(crate) const HEAD: usize = 3;
+    /// An item's head: cost, shadow (1/0), tiers, on partition (0 share, 1 region), the
+    /// peers unheard past the rule's `stale_after` (bit `p` for peer `p`, from 0).
+    pub(crate) const ITEM: usize = 5;
+    /// A tier's head: limit, in-flight allowance, buckets, the current bucket's TTL (ms);
+    /// then one weight per bucket, the current bucket last.
+    pub(crate) const TIER: usize = 4;
+    /// A check's answer per item: admitted (1/0), a stale peer's share counted (1/0); then
+    /// [`TIER_ANSWER`] per tier.
+    pub(crate) const ITEM_ANSWER: usize = 2;
+    /// A tier's answer: the merged count before the check, this region's permits not yet
+    /// confirmed by every live peer, why denied (0 not, 1 the limit, 2 in flight).
+    pub(crate) const TIER_ANSWER: usize = 3;
+    /// A sync's item (this region's side): TTL (ms), then per peer what its last merge
+    /// answered: this region's `+` it holds, its own `+` and `-` (-1: none).
+    pub(crate) const SYNC: usize = 1;
+    /// Per peer, in a sync's item.
+    pub(crate) const SYNC_PEER: usize = 3;
+    /// A sync's answer per item: this region's `+` and `-`.
+    pub(crate) const SYNCED: usize = 2;
+    /// A merge's item (the peer's side): the sender's `+` and `-`, TTL (ms).
+    pub(crate) const MERGE: usize = 3;
+    /// A merge's answer per item: the sender's `+` held, the receiver's own `+` and `-`.
+    pub(crate) const MERGED: usize = 3;
+}
+
 /// The reservations' book (`lua/reservations.lua`, `lua/metered.lua`).
 pub(crate) mod book {
     /// A record kept: its expiry (µs), the record's TTL (ms), the most records kept.
@@ -400,6 +438,43 @@ pub(crate) fn lua() -> String {
             doubles(book::COMMIT),
             doubles(book::EXPIRED),
         ],
+    );
+    line(
+        "Global rules (regions.lua): a check's modes, head, item, tier and answers; a \
+         sync's and\n-- a merge's items and answers (see layout.rs, regions).",
+        &[
+            "REGIONS_LOOK",
+            "REGIONS_CHECK",
+            "REGIONS_REPORT",
+            "REGIONS_CREDIT",
+            "REGIONS_HEAD",
+            "REGIONS_ITEM",
+            "REGIONS_TIER",
+            "REGIONS_ITEM_ANSWER",
+            "REGIONS_TIER_ANSWER",
+            "REGIONS_SYNC",
+            "REGIONS_SYNC_PEER",
+            "REGIONS_SYNCED",
+            "REGIONS_MERGE",
+            "REGIONS_MERGED",
+        ],
+        &[
+            regions::LOOK as usize,
+            regions::CHECK as usize,
+            regions::REPORT as usize,
+            regions::CREDIT as usize,
+            regions::HEAD,
+            regions::ITEM,
+            regions::TIER,
+            regions::ITEM_ANSWER,
+            regions::TIER_ANSWER,
+            regions::SYNC,
+            regions::SYNC_PEER,
+            regions::SYNCED,
+            regions::MERGE,
+            regions::MERGED,
+        ]
+        .map(|v| v.to_string()),
     );
     line(
         "A batch's description: what it does (BATCH_LOOK asks and writes nothing), then per \

@@ -74,7 +74,7 @@ pub use error::{Error, RuleError};
 pub use limiter::{Item, Limiter, LimiterBuilder};
 pub use permit::Permit;
 pub use reservation::Reservation;
-pub use rule::{FailurePolicy, OnExpiry, Reservations, Rule};
+pub use rule::{FailurePolicy, Global, OnExpiry, OnPartition, Reservations, Rule, Scope};
 pub use store::{
     AnyPlan, AnyStore, Committed, DEFAULT_MAX_RESERVATIONS, LocalStore, MAX_BATCH, MAX_KEY_LEN,
     MIN_MAX_BYTES, MemoryPlan, MemoryStore, MemoryStoreBuilder, Planned, ReservationRecord,
@@ -83,5 +83,6 @@ pub use store::{
 #[cfg(feature = "redis")]
 pub use store::{
     HybridConfig, HybridPlan, HybridStats, HybridStore, LeaseConfig, LeasePlan, LeaseStats,
-    LeaseStore, NodeHealth, RedisPlan, RedisStore, RedisStoreBuilder, StoreFailures, StoreTime,
+    LeaseStore, NodeHealth, Peer, PeerHealth, RedisPlan, RedisStore, RedisStoreBuilder, RegionPlan,
+    RegionStore, RegionsConfig, StoreFailures, StoreTime,
 };

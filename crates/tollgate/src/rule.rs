@@ -57,6 +57,81 @@ struct RuleInner {
     local: Option<Rule>,
     shadow: bool,
     reservations: Reservations,
+    scope: Scope,
+}
+
+/// Where a rule's limit holds: in each region apart, or once across every region that shares
+/// it (see [`RegionStore`](crate::RegionStore)).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum Scope {
+    /// Each region enforces the whole limit on its own (the default, as without regions).
+    #[default]
+    Region,
+    /// One limit across the regions: each region answers from its own store, and the regions
+    /// exchange their counts.
+    Global(Global),
+}
+
+/// How a global rule behaves when a peer region goes unheard.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Global {
+    /// How long a peer may go unheard before this region stops counting on it and falls back
+    /// (default 2 s). Until then, this region admits at most its in-flight allowance beyond
+    /// what the peer confirmed.
+    pub stale_after: std::time::Duration,
+    /// What a region cut off from a peer admits once the peer is stale.
+    pub on_partition: OnPartition,
+}
+
+impl Default for Global {
+    fn default() -> Self {
+        Self {
+            stale_after: std::time::Duration::from_secs(2),
+            on_partition: OnPartition::Share,
+        }
+    }
+}
+
+/// What a region admits of a global rule while a peer is stale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnPartition {
+    /// At most its share of what was left: each stale peer is assumed to admit as much as
+    /// this region admits without it, so the regions together never exceed the limit (the
+    /// default).
+    #[default]
+    Share,
+    /// The whole limit, counting the stale peers as last heard: each side of a partition may
+    /// admit what is left, so the regions together may admit up to that many times it.
+    Region,
+}
+
+/// The algorithms whose counts merge across regions: counts per bucket of time, summed over
+/// regions, are the counts of one region that saw every request.
+pub(crate) fn merges(algorithm: &Algorithm) -> Result<(), &'static str> {
+    match algorithm {
+        Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::SubWindows(_) => Ok(()),
+        Algorithm::TokenBucket(_) | Algorithm::Gcra | Algorithm::LeakyBucket(_) => Err(
+            "a bucket's level drains with time and stops at empty, so the sum of the regions' \
+             levels is not the level of one bucket that saw every request; use sub_windows \
+             (or sliding_window) of the same limit and period",
+        ),
+        Algorithm::SlidingLog => Err(
+            "a log keeps one timestamp per permit, too much to send between regions; use \
+             sub_windows, which counts within 1/count of the period",
+        ),
+        Algorithm::IntervalBucket | Algorithm::WarmUp(_) => Err(
+            "its state starts at a key's first request, which each region sees at a different \
+             time; use fixed_window or sub_windows",
+        ),
+        Algorithm::HitCounter => Err(
+            "it counts denied hits too, which a region's in-flight allowance cannot bound; use \
+             fixed_window",
+        ),
+        Algorithm::Concurrency => Err(
+            "slots are held and released, and a release in one region cannot wait for the \
+             others; keep concurrency per region",
+        ),
+    }
 }
 
 /// How a rule's reservations live and end (see
@@ -177,6 +252,7 @@ impl Rule {
                 local: None,
                 shadow: false,
                 reservations: Reservations::default(),
+                scope: Scope::Region,
             }),
         })
     }
@@ -202,6 +278,58 @@ impl Rule {
         Ok(Self {
             inner: Arc::new(inner),
         })
+    }
+
+    /// The same rule with `scope`: per region, or one limit across regions.
+    ///
+    /// # Errors
+    /// A [`RuleError`] when the rule is global and its algorithm's counts do not merge across
+    /// regions (with why, and what to use), a tier has a calendar period, or `stale_after` is
+    /// under 10 ms or over an hour.
+    pub fn scope(self, scope: Scope) -> Result<Self, RuleError> {
+        if let Scope::Global(global) = scope {
+            let error = |field: &str, reason: String| RuleError {
+                rule: self.name().into(),
+                field: field.into(),
+                reason,
+            };
+            if let Err(why) = merges(self.algorithm()) {
+                return Err(error(
+                    "scope",
+                    format!("{} cannot be global: {why}", self.algorithm().name()),
+                ));
+            }
+            if let Some(i) = self
+                .tiers()
+                .iter()
+                .position(|t| t.calendar_period().is_some())
+            {
+                return Err(error(
+                    &format!("tiers[{i}].period"),
+                    "a global rule counts windows of one length in every region; calendar \
+                     periods are per region"
+                        .into(),
+                ));
+            }
+            let range =
+                std::time::Duration::from_millis(10)..=std::time::Duration::from_secs(3_600);
+            if !range.contains(&global.stale_after) {
+                return Err(error(
+                    "stale_after",
+                    format!("{:?} must be from 10ms to 1h", global.stale_after),
+                ));
+            }
+        }
+        let mut inner = Arc::unwrap_or_clone(self.inner);
+        inner.scope = scope;
+        Ok(Self {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// Where the rule's limit holds.
+    pub fn scope_of(&self) -> Scope {
+        self.inner.scope
     }
 
     /// How the rule's reservations live and end.

@@ -2,7 +2,10 @@
 //! of this crate's stores; a check costs one match over the arm.
 
 #[cfg(feature = "redis")]
-use super::{HybridPlan, HybridStore, LeasePlan, LeaseStore, RedisPlan, RedisStore, StoreFailures};
+use super::{
+    HybridPlan, HybridStore, LeasePlan, LeaseStore, RedisPlan, RedisStore, RegionPlan, RegionStore,
+    StoreFailures,
+};
 use super::{LocalStore, MemoryPlan, MemoryStore, Planned, Store};
 use crate::decision::Decisions;
 use crate::error::Error;
@@ -22,6 +25,9 @@ pub enum AnyStore {
     /// Permits leased from Redis in batches.
     #[cfg(feature = "redis")]
     Lease(LeaseStore),
+    /// This region's store, and global rules across regions.
+    #[cfg(feature = "redis")]
+    Regions(RegionStore),
 }
 
 /// What a rule is in an [`AnyStore`]: the plan of its arm.
@@ -38,6 +44,9 @@ pub enum AnyPlan {
     /// Planned on the lease store.
     #[cfg(feature = "redis")]
     Lease(LeasePlan),
+    /// Planned on a store of regions.
+    #[cfg(feature = "redis")]
+    Regions(Box<RegionPlan>),
 }
 
 impl AnyPlan {
@@ -72,10 +81,19 @@ impl AnyPlan {
             _ => None,
         }
     }
+
+    #[cfg(feature = "redis")]
+    fn regions(&self) -> Option<&RegionPlan> {
+        match self {
+            Self::Regions(p) => Some(p),
+            _ => None,
+        }
+    }
 }
 
 impl AnyStore {
-    /// The name of the arm: `memory`, `redis`, `hybrid` or `lease`.
+    /// The name of the arm: `memory`, `redis`, `hybrid` or `lease` (for a store of regions,
+    /// its region's store's).
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Memory(_) => "memory",
@@ -85,6 +103,17 @@ impl AnyStore {
             Self::Hybrid(_) => "hybrid",
             #[cfg(feature = "redis")]
             Self::Lease(_) => "lease",
+            #[cfg(feature = "redis")]
+            Self::Regions(r) => r.local().kind(),
+        }
+    }
+
+    /// The store of regions, if this is one.
+    #[cfg(feature = "redis")]
+    pub fn regions(&self) -> Option<&RegionStore> {
+        match self {
+            Self::Regions(r) => Some(r),
+            _ => None,
         }
     }
 
@@ -96,6 +125,7 @@ impl AnyStore {
             Self::Redis(r) => Some(r.failures()),
             Self::Hybrid(h) => Some(h.failures()),
             Self::Lease(l) => Some(l.failures()),
+            Self::Regions(r) => r.local().failures(),
         }
     }
 
@@ -107,6 +137,7 @@ impl AnyStore {
             Self::Redis(r) => Some(r),
             Self::Hybrid(h) => Some(h.redis()),
             Self::Lease(l) => Some(l.redis()),
+            Self::Regions(r) => r.local().redis(),
         }
     }
 
@@ -119,6 +150,7 @@ impl AnyStore {
             Self::Redis(r) => r.degraded(),
             Self::Hybrid(h) => h.degraded(),
             Self::Lease(l) => l.degraded(),
+            Self::Regions(r) => r.local().degraded(),
         }
     }
 }
@@ -188,6 +220,8 @@ impl Store for AnyStore {
             Self::Hybrid(s) => AnyPlan::Hybrid(s.plan(rule)?),
             #[cfg(feature = "redis")]
             Self::Lease(s) => AnyPlan::Lease(s.plan(rule)?),
+            #[cfg(feature = "redis")]
+            Self::Regions(s) => AnyPlan::Regions(Box::new(s.plan(rule)?)),
         })
     }
 
@@ -224,6 +258,11 @@ impl Store for AnyStore {
                 let items = narrow(items, AnyPlan::lease).ok_or_else(foreign)?;
                 Box::pin(s.check(&items, now, max_delay)).await
             }
+            #[cfg(feature = "redis")]
+            Self::Regions(s) => {
+                let items = narrow(items, AnyPlan::regions).ok_or_else(foreign)?;
+                Box::pin(s.check(&items, now, max_delay)).await
+            }
         }
     }
 
@@ -236,6 +275,8 @@ impl Store for AnyStore {
             Self::Hybrid(s) => s.settles(),
             #[cfg(feature = "redis")]
             Self::Lease(s) => s.settles(),
+            #[cfg(feature = "redis")]
+            Self::Regions(s) => s.settles(),
         }
     }
 
@@ -265,6 +306,11 @@ impl Store for AnyStore {
                 let items = narrow(items, AnyPlan::lease).ok_or_else(foreign)?;
                 s.settle(&items, now, settle).await
             }
+            #[cfg(feature = "redis")]
+            Self::Regions(s) => {
+                let items = narrow(items, AnyPlan::regions).ok_or_else(foreign)?;
+                Box::pin(s.settle(&items, now, settle)).await
+            }
         }
     }
 
@@ -281,6 +327,8 @@ impl Store for AnyStore {
             Self::Hybrid(s) => s.keep_reservation(record, now).await,
             #[cfg(feature = "redis")]
             Self::Lease(s) => s.keep_reservation(record, now).await,
+            #[cfg(feature = "redis")]
+            Self::Regions(s) => Box::pin(s.keep_reservation(record, now)).await,
         }
     }
 
@@ -336,6 +384,8 @@ impl Store for AnyStore {
             Self::Hybrid(s) => s.take_reservation(id, now).await,
             #[cfg(feature = "redis")]
             Self::Lease(s) => s.take_reservation(id, now).await,
+            #[cfg(feature = "redis")]
+            Self::Regions(s) => Box::pin(s.take_reservation(id, now)).await,
         }
     }
 
@@ -352,6 +402,8 @@ impl Store for AnyStore {
             Self::Hybrid(s) => s.expired_reservations(now, limit).await,
             #[cfg(feature = "redis")]
             Self::Lease(s) => s.expired_reservations(now, limit).await,
+            #[cfg(feature = "redis")]
+            Self::Regions(s) => Box::pin(s.expired_reservations(now, limit)).await,
         }
     }
 
@@ -376,6 +428,11 @@ impl Store for AnyStore {
                 let items = narrow(items, AnyPlan::lease).ok_or_else(foreign)?;
                 s.reset(&items, now).await
             }
+            #[cfg(feature = "redis")]
+            Self::Regions(s) => {
+                let items = narrow(items, AnyPlan::regions).ok_or_else(foreign)?;
+                Box::pin(s.reset(&items, now)).await
+            }
         }
     }
 
@@ -388,6 +445,8 @@ impl Store for AnyStore {
             Self::Hybrid(s) => s.shutdown().await,
             #[cfg(feature = "redis")]
             Self::Lease(s) => s.shutdown().await,
+            #[cfg(feature = "redis")]
+            Self::Regions(s) => Box::pin(s.shutdown()).await,
         }
     }
 }

@@ -21,6 +21,8 @@ mod hybrid;
 mod lease;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "redis")]
+mod regions;
 
 use std::fmt;
 use std::future::Future;
@@ -36,6 +38,8 @@ pub use lease::{LeaseConfig, LeasePlan, LeaseStats, LeaseStore};
 pub use memory::{MIN_MAX_BYTES, MemoryPlan, MemoryStore, MemoryStoreBuilder, WhenFull};
 #[cfg(feature = "redis")]
 pub use redis::{NodeHealth, RedisPlan, RedisStore, RedisStoreBuilder, StoreTime};
+#[cfg(feature = "redis")]
+pub use regions::{Peer, PeerHealth, RegionPlan, RegionStore, RegionsConfig};
 
 pub(crate) use crate::algorithm::Settle;
 use crate::decision::{Decision, Decisions};

@@ -38,3 +38,5 @@ mod redis_keys;
 mod redis_lease;
 #[cfg(feature = "redis")]
 mod redis_module;
+#[cfg(feature = "redis")]
+mod regions;

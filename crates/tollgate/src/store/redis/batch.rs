@@ -95,7 +95,7 @@ pub(super) fn read_batch(
 }
 
 /// Runs `futures` at once; their outputs in order.
-pub(super) async fn futures_join<F: std::future::Future>(
+pub(crate) async fn futures_join<F: std::future::Future>(
     futures: impl Iterator<Item = F>,
 ) -> Vec<F::Output> {
     let mut pending: Vec<std::pin::Pin<Box<F>>> = futures.map(Box::pin).collect();

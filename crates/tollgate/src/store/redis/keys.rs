@@ -4,7 +4,7 @@
 use std::io::Write as _;
 
 /// Positions grouped by their slot, in the order the slots first appear.
-pub(super) fn by_slot(slots: impl Iterator<Item = u16>) -> Vec<Vec<usize>> {
+pub(crate) fn by_slot(slots: impl Iterator<Item = u16>) -> Vec<Vec<usize>> {
     let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
     for (i, slot) in slots.enumerate() {
         match groups.iter_mut().find(|(s, _)| *s == slot) {

@@ -28,6 +28,7 @@ const PRELUDE: &str = concat!(
 const DRIVERS: [&str; 2] = [include_str!("lua/words.lua"), include_str!("lua/log.lua")];
 const BATCH: &str = include_str!("lua/batch.lua");
 const COUNTERS: &str = include_str!("lua/counters.lua");
+const REGIONS: &str = include_str!("lua/regions.lua");
 const RESERVATIONS: &str = include_str!("lua/reservations.lua");
 const METERED: &str = include_str!("lua/metered.lua");
 
@@ -92,7 +93,9 @@ fn algorithm_blocks(functions: bool) -> String {
 pub(crate) struct Library {
     /// `tollgate_<hash>`; each function is `<name>_<algorithm>`, and `<name>_batch`,
     /// `<name>_settle`, `<name>_add`, `<name>_lease`, `<name>_claim`, and the reservations'
-    /// `<name>_keep`, `<name>_take`, `<name>_expired`, `<name>_reserve` and `<name>_commit`.
+    /// `<name>_keep`, `<name>_take`, `<name>_expired`, `<name>_reserve` and `<name>_commit`, and
+    /// the global rules' `<name>_regional_check`, `<name>_regional_sync` and
+    /// `<name>_regional_merge`.
     pub(crate) name: String,
     /// The source given to `FUNCTION LOAD REPLACE`.
     pub(crate) code: String,
@@ -103,10 +106,23 @@ pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
     body.push_str(&algorithm_blocks(true));
     body.push_str(BATCH);
     body.push_str(COUNTERS);
+    body.push_str(REGIONS);
     body.push_str(RESERVATIONS);
     body.push_str(METERED);
     for function in [
-        "batch", "settle", "add", "lease", "claim", "keep", "take", "expired", "reserve", "commit",
+        "batch",
+        "settle",
+        "add",
+        "lease",
+        "claim",
+        "keep",
+        "take",
+        "expired",
+        "reserve",
+        "commit",
+        "regional_check",
+        "regional_sync",
+        "regional_merge",
     ] {
         body.push_str(&format!(
             "\nredis.register_function('__LIBRARY___{function}', {function})\n"
@@ -209,6 +225,27 @@ pub(crate) static LEASE_ENTRY: LazyLock<Entry> = LazyLock::new(|| counters("leas
 
 fn counters(function: &str) -> Entry {
     let script = format!("{PRELUDE}{COUNTERS}\nreturn {function}(KEYS, ARGV)\n");
+    Entry {
+        function: format!("{}_{function}", LIBRARY.name),
+        script: Script::new(&script),
+        key_per_tier: false,
+    }
+}
+
+/// Global rules' counts (`lua/regions.lua`): a check in this region.
+pub(crate) static REGIONAL_CHECK_ENTRY: LazyLock<Entry> =
+    LazyLock::new(|| regional("regional_check"));
+
+/// Global rules' counts: this region's side of a replication round.
+pub(crate) static REGIONAL_SYNC_ENTRY: LazyLock<Entry> =
+    LazyLock::new(|| regional("regional_sync"));
+
+/// Global rules' counts: a peer's side of a replication round.
+pub(crate) static REGIONAL_MERGE_ENTRY: LazyLock<Entry> =
+    LazyLock::new(|| regional("regional_merge"));
+
+fn regional(function: &str) -> Entry {
+    let script = format!("{PRELUDE}{REGIONS}\nreturn {function}(KEYS, ARGV)\n");
     Entry {
         function: format!("{}_{function}", LIBRARY.name),
         script: Script::new(&script),

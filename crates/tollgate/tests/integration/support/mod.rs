@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
+pub mod proxy;
+
 /// A redis-server child process.
 pub struct RedisServer {
     pub port: u16,

@@ -13,6 +13,9 @@ local VERDICT_DOUBLES = 6
 local ADD_FORMAT, LEASE_FORMAT, CLAIM_FORMAT = '<dd', '<dddddddd', '<ddddddddd'
 -- The book's arguments: a record kept, a commit, expired records asked for.
 local KEEP_FORMAT, COMMIT_FORMAT, EXPIRED_FORMAT = '<ddd', '<dd', '<dd'
+-- Global rules (regions.lua): a check's modes, head, item, tier and answers; a sync's and
+-- a merge's items and answers (see layout.rs, regions).
+local REGIONS_LOOK, REGIONS_CHECK, REGIONS_REPORT, REGIONS_CREDIT, REGIONS_HEAD, REGIONS_ITEM, REGIONS_TIER, REGIONS_ITEM_ANSWER, REGIONS_TIER_ANSWER, REGIONS_SYNC, REGIONS_SYNC_PEER, REGIONS_SYNCED, REGIONS_MERGE, REGIONS_MERGED = 0, 1, 2, 3, 3, 5, 4, 2, 3, 1, 3, 2, 3, 3
 -- A batch's description: what it does (BATCH_LOOK asks and writes nothing), then per item its
 -- algorithm's index, cost, shadow (1/0) and number of keys.
 local BATCH_LOOK, BATCH_FORMAT, ITEM_FORMAT = 1, '<d', '<dddd'
