@@ -387,6 +387,8 @@ fn source(source: tollgate::Source) -> &'static str {
         Source::RedisModule => "redis_module",
         Source::Hybrid => "hybrid",
         Source::Lease => "lease",
+        Source::Global => "global",
+        Source::Partitioned => "partitioned",
         Source::FailOpen | Source::FailClosed | Source::Fallback => "policy",
         Source::Cache => "cache",
         Source::Listed => "list",

@@ -82,7 +82,7 @@ pub use store::{
 };
 #[cfg(feature = "redis")]
 pub use store::{
-    HybridConfig, HybridPlan, HybridStats, HybridStore, LeaseConfig, LeasePlan, LeaseStats,
-    LeaseStore, NodeHealth, Peer, PeerHealth, RedisPlan, RedisStore, RedisStoreBuilder, RegionPlan,
-    RegionStore, RegionsConfig, StoreFailures, StoreTime,
+    HybridConfig, HybridPlan, HybridStats, HybridStore, InRegion, LeaseConfig, LeasePlan,
+    LeaseStats, LeaseStore, NodeHealth, Peer, PeerHealth, RedisPlan, RedisStore, RedisStoreBuilder,
+    RegionPlan, RegionStore, RegionsConfig, StoreFailures, StoreFuture, StoreTime,
 };

@@ -53,8 +53,12 @@ pub(super) async fn run(server: &str, call: Call) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    eprintln!("HTTP {status}");
     let json = serde_json::from_str::<serde_json::Value>(&text);
+    match json.as_ref().ok().and_then(|j| j["region"].as_str()) {
+        // A global rule decided: the region that answered.
+        Some(region) => eprintln!("HTTP {status} (region {region})"),
+        None => eprintln!("HTTP {status}"),
+    }
     match &json {
         Ok(json) => println!("{json:#}"),
         Err(_) => eprintln!("{}", text.trim_end()),

@@ -27,8 +27,8 @@ pub use server::{
     TracingProtocol, TracingSettings, XdsBackoff, XdsSettings, XdsTls,
 };
 pub use store::{
-    DEFAULT_MAX_BYTES, DEFAULT_MAX_KEYS, DEFAULT_REDIS_TIMEOUT, DEFAULT_SYNC_INTERVAL, RedisMode,
-    RedisOptions, StoreConfig,
+    DEFAULT_MAX_BYTES, DEFAULT_MAX_KEYS, DEFAULT_REDIS_TIMEOUT, DEFAULT_SYNC_INTERVAL,
+    PeerSettings, RedisMode, RedisOptions, RegionsSettings, StoreConfig,
 };
 
 /// Everything the rule files say.

@@ -37,7 +37,36 @@ pub enum StoreConfig {
         max_unclaimed: Option<u64>,
         /// Connections, keys and TLS.
         options: Box<RedisOptions>,
+        /// The regions this region shares its global rules with; none: every rule is this
+        /// region's alone.
+        regions: Option<Box<RegionsSettings>>,
     },
+}
+
+/// This region, and the peer regions it shares global rules with (see docs/operating.md,
+/// "Regions").
+#[derive(Debug, Clone, PartialEq)]
+pub struct RegionsSettings {
+    /// This region's name.
+    pub region: String,
+    /// How often this instance sends its region's counts to the peers.
+    pub interval: Duration,
+    /// The most a global limit may be exceeded by while counts travel, as a fraction of it.
+    pub overshoot: f64,
+    /// The peer regions.
+    pub peers: Vec<PeerSettings>,
+}
+
+/// A peer region: its name and its Redis, reached with the store's own connection settings
+/// (key prefix, TLS files, timeout).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PeerSettings {
+    /// Its name, as it names itself.
+    pub name: String,
+    /// Its Redis server's URL.
+    pub url: Option<String>,
+    /// Its Redis Cluster's seed nodes, instead of `url`.
+    pub cluster: Vec<String>,
 }
 
 /// How the service reaches Redis and names its keys, beyond the address.

@@ -595,6 +595,7 @@ pub fn store_from_env() -> Result<Option<StoreConfig>, ConfigError> {
         sync_interval: DEFAULT_SYNC_INTERVAL,
         max_unclaimed: None,
         options: Box::new(options),
+        regions: None,
     }))
 }
 

@@ -25,6 +25,10 @@ pub struct CheckAnswer {
     pub allowed: bool,
     /// One decision per rule that applied, in order.
     pub decisions: Vec<DecisionView>,
+    /// When a global rule decided: the region that answered (this instance's, as its
+    /// store's `regions.region` names it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
 }
 
 /// One rule's decision, by its binding tier (the one that denied with the longest wait, or,
@@ -71,6 +75,13 @@ pub enum DecisionSource {
     Hybrid,
     /// The lease store's leases.
     Lease,
+    /// A global rule: every region's counts as this region's Redis holds them, each peer
+    /// region heard within the rule's `stale_after`.
+    Global,
+    /// A global rule while a peer region is unheard past its `stale_after`: this region
+    /// admitted at most its share of what was left (or, with `on_partition: region`, all of
+    /// it).
+    Partitioned,
     /// The local share of the limit (`on_failure: local:SHARE`), while Redis failed.
     Fallback,
     /// Admitted uncounted (`on_failure: open`), while Redis failed.
@@ -277,4 +288,47 @@ pub struct AuditLog {
     /// address), `display`.
     #[schema(value_type = Vec<Object>)]
     pub audit: Vec<Value>,
+}
+
+/// This region and its peers.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RegionsAnswer {
+    /// This region's name.
+    pub region: String,
+    /// Each peer region as this instance hears it.
+    pub peers: Vec<PeerView>,
+    /// With `rule` and `key`: per tier, what each region admitted of the key in the current
+    /// window, net of what it gave back (a sliding window's previous window weighted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Vec<Vec<RegionUse>>>,
+}
+
+/// A peer region's health.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PeerView {
+    /// Its name.
+    pub name: String,
+    /// Whether its Redis answered this instance's last round.
+    pub up: bool,
+    /// Milliseconds since it last answered; absent: never since start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_heard_ms: Option<u64>,
+    /// How long its last answer took (ms): about the round trip between the regions.
+    pub lag_ms: u64,
+    /// Rounds it did not take.
+    pub failures: u64,
+    /// Buckets of this region's counts it has not taken yet.
+    pub pending: usize,
+}
+
+/// One region's use of a key under a tier.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RegionUse {
+    /// The region.
+    pub region: String,
+    /// Permits admitted there, net of those given back.
+    pub admitted: u64,
 }

@@ -161,7 +161,8 @@ fn one() -> u64 {
 
 /// The check API's answer, written by hand into one buffer (it runs on every check):
 /// `{"allowed": bool, "decisions": [{"rule", "allowed", "limit", "remaining",
-/// "reset_after_ms", "retry_after_ms" (when denied), "window_s", "shadowed", "source"}]}`.
+/// "reset_after_ms", "retry_after_ms" (when denied), "window_s", "shadowed", "source"}],
+/// "region" (when a global rule decided)}`.
 /// Rule names are letters, digits and `_ - . : /`, so they need no escaping.
 pub(super) fn answer_json(allowed: bool, decisions: &[Decision]) -> Vec<u8> {
     let mut out = Vec::with_capacity(40 + 200 * decisions.len());
@@ -194,7 +195,18 @@ pub(super) fn answer_json(allowed: bool, decisions: &[Decision]) -> Vec<u8> {
         out.extend_from_slice(source_name(d.source()).as_bytes());
         out.extend_from_slice(b"\"}");
     }
-    out.extend_from_slice(b"]}");
+    out.extend_from_slice(b"]");
+    if let Some(region) = crate::service::REGION.get()
+        && decisions
+            .iter()
+            .any(|d| matches!(d.source(), Source::Global | Source::Partitioned))
+    {
+        // Region names are letters, digits, - and _: no escaping either.
+        out.extend_from_slice(b",\"region\":\"");
+        out.extend_from_slice(region.as_bytes());
+        out.push(b'"');
+    }
+    out.push(b'}');
     out
 }
 
@@ -210,6 +222,8 @@ fn source_name(source: Source) -> &'static str {
         Source::RedisModule => "redis_module",
         Source::Hybrid => "hybrid",
         Source::Lease => "lease",
+        Source::Global => "global",
+        Source::Partitioned => "partitioned",
         Source::Fallback => "fallback",
         Source::FailOpen => "fail_open",
         Source::FailClosed => "fail_closed",

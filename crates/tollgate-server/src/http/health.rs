@@ -99,7 +99,7 @@ pub(super) async fn envoy_json(
     path = "/readyz",
     tag = "health",
     responses(
-        (status = 200, description = "Ready; on a Redis Cluster with failing masters, `ready, partly:` and which, and how many slots their rules' failure policies decide.", content_type = "text/plain", body = String, example = "ready\n"),
+        (status = 200, description = "Ready; on a Redis Cluster with failing masters, `ready, partly:` and which, and how many slots their rules' failure policies decide; with regions whose peers do not answer, `ready, partitioned:` and which (global rules then admit this region's share).", content_type = "text/plain", body = String, example = "ready\n"),
         (status = 503, description = "The shared store does not answer: every check is decided by its rule's failure policy.", content_type = "text/plain", body = String),
     ),
 )]
@@ -108,6 +108,25 @@ pub(super) async fn ready(State(state): State<AppState>) -> Response {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             "the shared store does not answer\n",
+        )
+            .into_response();
+    }
+    let unheard = state.service.unheard_peers();
+    if !unheard.is_empty() {
+        let peers: Vec<String> = unheard
+            .iter()
+            .map(|(name, heard)| match heard {
+                Some(ago) => format!("{name} (unheard for {:.1}s)", ago.as_secs_f64()),
+                None => format!("{name} (never heard)"),
+            })
+            .collect();
+        return (
+            StatusCode::OK,
+            format!(
+                "ready, partitioned: peer regions do not answer: {}; past each global rule's \
+                 stale_after this region admits only its share of what is left\n",
+                peers.join(", ")
+            ),
         )
             .into_response();
     }

@@ -10,7 +10,8 @@
 //!   `auth_request` passes only 401 and 403 on);
 //! - `POST /v1/release` and `POST /v1/extend`: the permits of concurrency rules
 //!   (`permits.rs`);
-//! - `/v1/rules`: the admin API (see [`admin`]), with `/v1/overrides` and `/v1/lists`;
+//! - `/v1/rules`: the admin API (see [`admin`]), with `/v1/overrides`, `/v1/lists` and
+//!   `/v1/regions` (this region, its peers, a global rule's use per region);
 //! - `/v1/console/...` and `/console`: the console (see [`console`]);
 //! - `/metrics`, `/healthz`, `/readyz`, and the Envoy service's `/healthcheck` and `POST
 //!   /json` (`health.rs`).
@@ -31,6 +32,7 @@ mod metered;
 pub mod openapi;
 mod overrides;
 mod permits;
+mod regions;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -96,6 +98,7 @@ fn router(state: AppState) -> Router {
         .merge(overrides::router().layer(limit))
         .merge(permits::router().layer(limit))
         .merge(lists::router().layer(limit))
+        .merge(regions::router())
         .split_for_parts();
     // The console's routes are described always, and served only where an admin token
     // guards them.

@@ -70,7 +70,7 @@ pub const CATALOG: &[Metric] = &[
         "tollgate_policy_decisions_total",
         Kind::Counter,
         &["rule", "source"],
-        "Decided by the rule's failure policy because the store failed: `source` `fallback` (the local share), `fail_open` or `fail_closed`.",
+        "Decided by the rule's failure policy because the store failed: `source` `fallback` (the local share), `fail_open` or `fail_closed`; or by a global rule's partition fallback while a peer region is stale: `partitioned`.",
     ),
     metric(
         "tollgate_store_seconds",
@@ -107,6 +107,42 @@ pub const CATALOG: &[Metric] = &[
         Kind::Gauge,
         &[],
         "Redis Cluster: the slots of failing masters, whose checks the failure policies decide.",
+    ),
+    metric(
+        "tollgate_region_peer_up",
+        Kind::Gauge,
+        &["region", "peer"],
+        "Regions: 1 while the peer region's Redis answers this instance's rounds, 0 while it does not (past a global rule's `stale_after`, the rule admits this region's share: decisions of source `partitioned`).",
+    ),
+    metric(
+        "tollgate_region_peer_last_heard_seconds",
+        Kind::Gauge,
+        &["region", "peer"],
+        "Regions: seconds since the peer region last answered (-1: never since start). What a global rule's `stale_after` is compared with.",
+    ),
+    metric(
+        "tollgate_region_peer_lag_seconds",
+        Kind::Gauge,
+        &["region", "peer"],
+        "Regions: how long the peer's last answer took, in seconds: about the round trip between the regions, which paces a region's permits beyond what the peers confirmed.",
+    ),
+    metric(
+        "tollgate_region_peer_pending",
+        Kind::Gauge,
+        &["region", "peer"],
+        "Regions: buckets of this region's counts the peer has not taken yet (they grow while it is cut off, and are sent when it answers).",
+    ),
+    metric(
+        "tollgate_region_peer_failures_total",
+        Kind::Counter,
+        &["region", "peer"],
+        "Regions: rounds in which the peer region did not take this region's counts.",
+    ),
+    metric(
+        "tollgate_region_admitted_total",
+        Kind::Counter,
+        &["region", "rule"],
+        "Regions: permits this instance admitted under global rules, by this region's name: summed over every region's instances, a global rule's use per region.",
     ),
     metric(
         "tollgate_reloads_total",
@@ -372,7 +408,12 @@ impl RuleMetrics {
         }
         if !matches!(
             d.source(),
-            Source::Memory | Source::Redis | Source::RedisModule | Source::Hybrid | Source::Lease
+            Source::Memory
+                | Source::Redis
+                | Source::RedisModule
+                | Source::Hybrid
+                | Source::Lease
+                | Source::Global
         ) {
             policy(d.rule(), d);
         }
@@ -607,6 +648,7 @@ fn policy(rule: &str, d: &Decision) {
         Source::Fallback => "fallback",
         Source::FailOpen => "fail_open",
         Source::FailClosed => "fail_closed",
+        Source::Partitioned => "partitioned",
         _ => return,
     };
     counter!("tollgate_policy_decisions_total", "rule" => rule.to_string(), "source" => source)
@@ -757,6 +799,26 @@ pub fn redis_nodes(nodes: &[tollgate::NodeHealth]) {
         }
     }
     gauge!("tollgate_redis_slots_failing").set(failing as f64);
+}
+
+/// Records each peer region's health as this instance last heard it.
+pub fn regions(region: &str, peers: &[tollgate::PeerHealth]) {
+    for peer in peers {
+        let labels = [("region", region.to_string()), ("peer", peer.name.clone())];
+        let up = if peer.failing { 0.0 } else { 1.0 };
+        gauge!("tollgate_region_peer_up", &labels).set(up);
+        let heard = peer.last_heard.map_or(-1.0, |d| d.as_secs_f64());
+        gauge!("tollgate_region_peer_last_heard_seconds", &labels).set(heard);
+        gauge!("tollgate_region_peer_lag_seconds", &labels).set(peer.lag.as_secs_f64());
+        gauge!("tollgate_region_peer_pending", &labels).set(peer.pending as f64);
+        counter!("tollgate_region_peer_failures_total", &labels).absolute(peer.failures);
+    }
+}
+
+/// Counts `cost` permits admitted under global `rule` in `region`.
+pub fn region_admitted(region: &str, rule: &str, cost: u64) {
+    counter!("tollgate_region_admitted_total", "region" => region.to_string(), "rule" => rule.to_string())
+        .increment(cost);
 }
 
 /// Counts `cost` permits reported under `rule`.

@@ -123,6 +123,18 @@ impl Service {
                 (None, None) => metrics::decision(decision.rule(), decision),
             }
         }
+        if let Some(regions) = self.store.regions()
+            && decisions.allowed()
+        {
+            for (item, decision) in items.iter().zip(decisions.iter()) {
+                if matches!(
+                    decision.source(),
+                    tollgate::Source::Global | tollgate::Source::Partitioned
+                ) {
+                    metrics::region_admitted(regions.region(), decision.rule(), item.cost);
+                }
+            }
+        }
         if let Some(console) = self.console.get() {
             let second = console.at(started) / 1_000_000;
             // A batch's items in order, then its decisions (items of one rule and key merged).

@@ -65,16 +65,63 @@ impl Service {
     /// some checks (one server that answers; a cluster with a node that answers: a partial
     /// outage, which [`outage`](Self::outage) describes, leaves the service ready).
     pub fn ready(&self) -> bool {
-        match &self.store {
+        match self.region_store() {
             AnyStore::Redis(redis) => !redis.down(),
-            AnyStore::Hybrid(_) | AnyStore::Lease(_) | AnyStore::Memory(_) => true,
+            _ => true,
         }
+    }
+
+    /// This region's store: the store itself, or under a store of regions, its local one.
+    fn region_store(&self) -> &AnyStore {
+        self.store.regions().map_or(&self.store, |r| r.local())
+    }
+
+    /// What each region admitted of `key` under global rule `rule` in its current window,
+    /// tier by tier; `None` when no loaded global rule has that id (or the store has no
+    /// regions).
+    ///
+    /// # Errors
+    /// This region's Redis did not answer.
+    pub async fn region_usage(
+        &self,
+        rule: &str,
+        key: &[u8],
+    ) -> Result<Option<Vec<Vec<(String, u64)>>>, Error> {
+        let loaded = self.loaded();
+        let (Some(regions), Some(limiter)) = (self.store.regions(), &loaded.limiter) else {
+            return Ok(None);
+        };
+        let (Some(found), Some(tollgate::AnyPlan::Regions(plan))) = (
+            limiter.rules().find(|r| r.name() == rule),
+            limiter.plan(rule),
+        ) else {
+            return Ok(None);
+        };
+        if !matches!(found.scope_of(), tollgate::Scope::Global(_)) {
+            return Ok(None);
+        }
+        let now = tollgate::Clock::now_micros(limiter.clock());
+        regions.usage(found, plan, key, now).await.map(Some)
+    }
+
+    /// The peer regions this region does not hear now (each, and for how long it has not;
+    /// `None`: never since start), when the store has regions.
+    pub fn unheard_peers(&self) -> Vec<(String, Option<std::time::Duration>)> {
+        let Some(regions) = self.store.regions() else {
+            return Vec::new();
+        };
+        regions
+            .peers()
+            .into_iter()
+            .filter(|p| p.failing)
+            .map(|p| (p.name, p.last_heard))
+            .collect()
     }
 
     /// On a Redis Cluster some of whose masters keep failing: how many, of how many, and how
     /// many of the 16384 slots their checks' failure policies decide now.
     pub fn outage(&self) -> Option<Outage> {
-        let AnyStore::Redis(redis) = &self.store else {
+        let AnyStore::Redis(redis) = self.region_store() else {
             return None;
         };
         let nodes = redis.nodes();
@@ -88,7 +135,10 @@ impl Service {
 
     /// Records the store's gauges (keys held, calls saved, failures) for the metrics endpoint.
     pub fn observe(&self) {
-        match &self.store {
+        if let Some(regions) = self.store.regions() {
+            metrics::regions(regions.region(), &regions.peers());
+        }
+        match self.region_store() {
             AnyStore::Memory(m) => {
                 metrics::store_held(m.keys(), Some(m.bytes()));
                 metrics::store_bound(m.evictions(), m.limiting_evictions(), m.refused());
@@ -103,13 +153,13 @@ impl Service {
                 metrics::store_held(l.keys(), None);
                 metrics::calls_saved(stats.decisions.saturating_sub(stats.calls));
             }
-            AnyStore::Redis(_) => {}
+            _ => {}
         }
         if let Some(failures) = self.store.failures() {
             metrics::store_failures(self.store.kind(), failures);
             metrics::fallback_active(self.store.degraded());
         }
-        if let AnyStore::Redis(redis) = &self.store {
+        if let AnyStore::Redis(redis) = self.region_store() {
             metrics::redis_nodes(&redis.nodes());
         }
     }

@@ -208,6 +208,10 @@ impl From<Error> for CheckError {
     }
 }
 
+/// The region this process answers for, when its store has regions: what the check API's
+/// answers name when a global rule decided.
+pub static REGION: std::sync::OnceLock<Box<str>> = std::sync::OnceLock::new();
+
 impl Service {
     /// The service of `config`, read from `files` (the paths as given: reloads read them
     /// again), on the store it configures.
@@ -217,6 +221,10 @@ impl Service {
     pub async fn start(files: Vec<PathBuf>, config: Config) -> anyhow::Result<Self> {
         check(&config)?;
         let store = StoreSettings::of(&config.store)?.open().await?;
+        if let Some(regions) = store.regions() {
+            // One store per process: its region answers every check of this process.
+            let _ = REGION.set(regions.region().into());
+        }
         let shared = match &config.store {
             StoreConfig::Redis {
                 url,

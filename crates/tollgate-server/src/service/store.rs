@@ -3,10 +3,10 @@
 
 use tollgate::{
     AnyStore, Error, HybridConfig, HybridStore, LeaseConfig, LeaseStore, MemoryStore,
-    MemoryStoreBuilder, RedisStore, RedisStoreBuilder,
+    MemoryStoreBuilder, Peer, RedisStore, RedisStoreBuilder, RegionStore, RegionsConfig, Scope,
 };
 
-use crate::config::{Config, ConfigError, RedisMode, StoreConfig};
+use crate::config::{Config, ConfigError, RedisMode, RegionsSettings, StoreConfig};
 
 /// The store a configuration describes, before it is opened: settings only, checked and
 /// opened from one place, so that `validate`, `serve` and a reload refuse the same things.
@@ -16,7 +16,16 @@ pub(super) enum StoreSettings {
     Redis {
         redis: Box<RedisStoreBuilder>,
         mode: Mode,
+        /// This region and its peers: their names and Redis builders.
+        regions: Option<Box<Regions>>,
     },
+}
+
+/// A store's regions, before they are opened.
+#[derive(Debug, Clone)]
+pub(super) struct Regions {
+    settings: RegionsSettings,
+    peers: Vec<(String, RedisStoreBuilder)>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -52,28 +61,37 @@ impl StoreSettings {
                 sync_interval,
                 max_unclaimed,
                 options,
+                regions,
             } => {
-                let mut redis = match url {
-                    Some(url) => RedisStore::builder(url),
-                    None => RedisStore::cluster_builder(cluster),
-                }
-                .timeout(*timeout)
-                .connections(options.connections)
-                .key_prefix(options.key_prefix.as_bytes())
-                .expiry_jitter(options.expiry_jitter)
-                .module(options.module);
                 let certificates = options.certificates().map_err(|message| Error::Store {
                     message,
                     transient: false,
                 })?;
-                if let Some(certificates) = certificates {
-                    if let Some(ca) = certificates.root_cert {
-                        redis = redis.root_certificate(ca);
+                // Every Redis this store reaches, its region's and the peers', the same way.
+                let configure = |url: &Option<String>, cluster: &[String]| {
+                    let mut redis = match url {
+                        Some(url) => RedisStore::builder(url),
+                        None => RedisStore::cluster_builder(cluster),
                     }
-                    if let Some(client) = certificates.client_tls {
-                        redis = redis.client_certificate(client.client_cert, client.client_key);
+                    .timeout(*timeout)
+                    .connections(options.connections)
+                    .key_prefix(options.key_prefix.as_bytes())
+                    .expiry_jitter(options.expiry_jitter)
+                    .module(options.module);
+                    if let Some(certificates) = &certificates {
+                        if let Some(ca) = &certificates.root_cert {
+                            redis = redis.root_certificate(ca.clone());
+                        }
+                        if let Some(client) = &certificates.client_tls {
+                            redis = redis.client_certificate(
+                                client.client_cert.clone(),
+                                client.client_key.clone(),
+                            );
+                        }
                     }
-                }
+                    redis
+                };
+                let redis = configure(url, cluster);
                 let mode = match mode {
                     RedisMode::Strict => Mode::Strict,
                     RedisMode::Hybrid => Mode::Hybrid(HybridConfig {
@@ -87,9 +105,25 @@ impl StoreSettings {
                         ..LeaseConfig::default()
                     }),
                 };
+                let regions = regions.as_ref().map(|settings| {
+                    let peers = settings
+                        .peers
+                        .iter()
+                        .map(|peer| {
+                            // A peer's checks are never sent: it only merges counts.
+                            let builder = configure(&peer.url, &peer.cluster).module(false);
+                            (peer.name.clone(), builder)
+                        })
+                        .collect();
+                    Box::new(Regions {
+                        settings: (**settings).clone(),
+                        peers,
+                    })
+                });
                 Self::Redis {
                     redis: Box::new(redis),
                     mode,
+                    regions,
                 }
             }
         })
@@ -99,8 +133,25 @@ impl StoreSettings {
     fn validate(&self) -> Result<(), Error> {
         match self {
             Self::Memory(memory) => memory.validate(),
-            Self::Redis { redis, mode } => {
+            Self::Redis {
+                redis,
+                mode,
+                regions,
+            } => {
                 redis.validate()?;
+                if let Some(regions) = regions {
+                    let settings = &regions.settings;
+                    let names: Vec<&str> = regions.peers.iter().map(|(n, _)| n.as_str()).collect();
+                    RegionsConfig::check(
+                        &settings.region,
+                        &names,
+                        settings.interval,
+                        settings.overshoot,
+                    )?;
+                    for (_, peer) in &regions.peers {
+                        peer.validate()?;
+                    }
+                }
                 match mode {
                     Mode::Strict => Ok(()),
                     Mode::Hybrid(config) => config.validate(),
@@ -112,6 +163,22 @@ impl StoreSettings {
 
     /// Whether the store can hold `rule`, as planning it there would say.
     fn holds(&self, rule: &tollgate::Rule) -> Result<(), Error> {
+        let regional = matches!(
+            self,
+            Self::Redis {
+                regions: Some(_),
+                ..
+            }
+        );
+        if matches!(rule.scope_of(), Scope::Global(_)) && !regional {
+            return Err(Error::from(tollgate::RuleError {
+                rule: rule.name().into(),
+                field: "scope".into(),
+                reason: "a global rule is one limit across regions: it needs a Redis store \
+                         with `regions` (this region and its peers)"
+                    .into(),
+            }));
+        }
         match self {
             Self::Memory(memory) => memory.holds(rule),
             Self::Redis { mode, .. } => match mode {
@@ -148,13 +215,35 @@ impl StoreSettings {
     pub(super) async fn open(self) -> anyhow::Result<AnyStore> {
         Ok(match self {
             Self::Memory(memory) => AnyStore::Memory(memory.build()?),
-            Self::Redis { redis, mode } => {
+            Self::Redis {
+                redis,
+                mode,
+                regions,
+            } => {
                 let redis = redis.build().await?;
-                match mode {
+                let local = match mode {
                     Mode::Strict => AnyStore::Redis(redis),
                     Mode::Hybrid(config) => AnyStore::Hybrid(HybridStore::new(&redis, config)?),
                     Mode::Lease(config) => AnyStore::Lease(LeaseStore::new(&redis, config)?),
+                };
+                let Some(regions) = regions else {
+                    return Ok(local);
+                };
+                let mut peers = Vec::with_capacity(regions.peers.len());
+                for (name, builder) in regions.peers {
+                    let store = builder
+                        .build()
+                        .await
+                        .map_err(|e| anyhow::anyhow!("store.regions: peer `{name}`: {e}"))?;
+                    peers.push(Peer { name, store });
                 }
+                let settings = regions.settings;
+                let config = RegionsConfig {
+                    interval: settings.interval,
+                    overshoot: settings.overshoot,
+                    ..RegionsConfig::new(settings.region, peers)
+                };
+                AnyStore::Regions(RegionStore::new(local, config)?)
             }
         })
     }

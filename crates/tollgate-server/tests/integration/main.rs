@@ -30,6 +30,7 @@ mod openapi;
 mod overrides;
 mod permits;
 mod redis;
+mod regions;
 mod reload;
 mod simulate;
 mod sockets;

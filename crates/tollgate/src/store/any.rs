@@ -3,10 +3,12 @@
 
 #[cfg(feature = "redis")]
 use super::{
-    HybridPlan, HybridStore, LeasePlan, LeaseStore, RedisPlan, RedisStore, RegionPlan, RegionStore,
-    StoreFailures,
+    HybridPlan, HybridStore, InRegion, LeasePlan, LeaseStore, RedisPlan, RedisStore, RegionPlan,
+    RegionStore, StoreFailures, StoreFuture,
 };
 use super::{LocalStore, MemoryPlan, MemoryStore, Planned, Store};
+#[cfg(feature = "redis")]
+use super::{ReservationRecord, Settle};
 use crate::decision::Decisions;
 use crate::error::Error;
 use crate::rule::Rule;
@@ -27,7 +29,7 @@ pub enum AnyStore {
     Lease(LeaseStore),
     /// This region's store, and global rules across regions.
     #[cfg(feature = "redis")]
-    Regions(RegionStore),
+    Regions(RegionStore<AnyStore>),
 }
 
 /// What a rule is in an [`AnyStore`]: the plan of its arm.
@@ -46,7 +48,7 @@ pub enum AnyPlan {
     Lease(LeasePlan),
     /// Planned on a store of regions.
     #[cfg(feature = "redis")]
-    Regions(Box<RegionPlan>),
+    Regions(Box<RegionPlan<AnyPlan>>),
 }
 
 impl AnyPlan {
@@ -83,7 +85,7 @@ impl AnyPlan {
     }
 
     #[cfg(feature = "redis")]
-    fn regions(&self) -> Option<&RegionPlan> {
+    fn regions(&self) -> Option<&RegionPlan<AnyPlan>> {
         match self {
             Self::Regions(p) => Some(p),
             _ => None,
@@ -110,7 +112,7 @@ impl AnyStore {
 
     /// The store of regions, if this is one.
     #[cfg(feature = "redis")]
-    pub fn regions(&self) -> Option<&RegionStore> {
+    pub fn regions(&self) -> Option<&RegionStore<AnyStore>> {
         match self {
             Self::Regions(r) => Some(r),
             _ => None,
@@ -448,5 +450,76 @@ impl Store for AnyStore {
             #[cfg(feature = "redis")]
             Self::Regions(s) => Box::pin(s.shutdown()).await,
         }
+    }
+}
+
+#[cfg(feature = "redis")]
+impl InRegion for AnyStore {
+    type Plan = AnyPlan;
+
+    fn plan(&self, rule: &Rule) -> Result<AnyPlan, Error> {
+        Store::plan(self, rule)
+    }
+
+    fn redis(&self) -> Option<&RedisStore> {
+        AnyStore::redis(self)
+    }
+
+    fn settles(&self) -> Result<(), Error> {
+        Store::settles(self)
+    }
+
+    fn check<'a>(
+        &'a self,
+        items: &'a [Planned<'a, AnyPlan>],
+        now: u64,
+        max_delay: Option<u64>,
+    ) -> StoreFuture<'a, Result<Decisions, Error>> {
+        Box::pin(Store::check(self, items, now, max_delay))
+    }
+
+    fn settle<'a>(
+        &'a self,
+        items: &'a [Planned<'a, AnyPlan>],
+        now: u64,
+        settle: Settle,
+    ) -> StoreFuture<'a, Result<Decisions, Error>> {
+        Box::pin(Store::settle(self, items, now, settle))
+    }
+
+    fn keep<'a>(
+        &'a self,
+        record: &'a ReservationRecord,
+        now: u64,
+    ) -> StoreFuture<'a, Result<(), Error>> {
+        Box::pin(self.keep_reservation(record, now))
+    }
+
+    fn take<'a>(
+        &'a self,
+        id: &'a str,
+        now: u64,
+    ) -> StoreFuture<'a, Result<Option<ReservationRecord>, Error>> {
+        Box::pin(self.take_reservation(id, now))
+    }
+
+    fn expired(
+        &self,
+        now: u64,
+        limit: usize,
+    ) -> StoreFuture<'_, Result<Vec<ReservationRecord>, Error>> {
+        Box::pin(self.expired_reservations(now, limit))
+    }
+
+    fn reset<'a>(
+        &'a self,
+        items: &'a [Planned<'a, AnyPlan>],
+        now: u64,
+    ) -> StoreFuture<'a, Result<(), Error>> {
+        Box::pin(Store::reset(self, items, now))
+    }
+
+    fn shutdown(&self) -> StoreFuture<'_, ()> {
+        Box::pin(Store::shutdown(self))
     }
 }

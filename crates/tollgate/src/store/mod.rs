@@ -39,7 +39,9 @@ pub use memory::{MIN_MAX_BYTES, MemoryPlan, MemoryStore, MemoryStoreBuilder, Whe
 #[cfg(feature = "redis")]
 pub use redis::{NodeHealth, RedisPlan, RedisStore, RedisStoreBuilder, StoreTime};
 #[cfg(feature = "redis")]
-pub use regions::{Peer, PeerHealth, RegionPlan, RegionStore, RegionsConfig};
+pub use regions::{
+    InRegion, Peer, PeerHealth, RegionPlan, RegionStore, RegionsConfig, StoreFuture,
+};
 
 pub(crate) use crate::algorithm::Settle;
 use crate::decision::{Decision, Decisions};

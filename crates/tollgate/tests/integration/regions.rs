@@ -18,6 +18,9 @@ use tollgate::{
     RedisStore, RegionStore, RegionsConfig, Rule, Scope, Source, SubWindows, Tier,
 };
 
+/// A store of regions over a strict Redis store.
+type Region = RegionStore<AnyStore>;
+
 const NAMES: [&str; 4] = ["us-east", "eu-west", "ap-south", "sa-east"];
 
 /// Regions, their links (`links[r][s]`: region `r`'s way to region `s`'s Redis) and
@@ -25,7 +28,7 @@ const NAMES: [&str; 4] = ["us-east", "eu-west", "ap-south", "sa-east"];
 struct World {
     servers: Vec<RedisServer>,
     links: Vec<Vec<Option<Proxy>>>,
-    instances: Vec<Vec<RegionStore>>,
+    instances: Vec<Vec<Region>>,
 }
 
 async fn redis(url: &str) -> RedisStore {
@@ -66,7 +69,7 @@ impl World {
     }
 
     /// A new instance of region `r`.
-    async fn instance(&self, r: usize, interval: Duration, overshoot: f64) -> RegionStore {
+    async fn instance(&self, r: usize, interval: Duration, overshoot: f64) -> Region {
         let mut peers = Vec::new();
         for (s, link) in self.links[r].iter().enumerate() {
             if let Some(link) = link {
@@ -120,11 +123,7 @@ fn global_rule(name: &str, algorithm: Algorithm, tier: Tier, stale_after: Durati
         .unwrap()
 }
 
-fn limiter(
-    store: &RegionStore,
-    rule: &Rule,
-    clock: &ManualClock,
-) -> Arc<Limiter<RegionStore, ManualClock>> {
+fn limiter(store: &Region, rule: &Rule, clock: &ManualClock) -> Arc<Limiter<Region, ManualClock>> {
     Arc::new(
         Limiter::builder(rule.clone())
             .store(store.clone())

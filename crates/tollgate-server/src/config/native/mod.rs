@@ -17,8 +17,8 @@
 mod rule;
 
 pub use rule::{
-    MatchSpec, OnExpirySpec, Period, ReservationsSpec, RuleSpec, TierSpec, field_of_rule,
-    parse_algorithm, parse_rule_spec, parse_rule_text,
+    MatchSpec, OnExpirySpec, OnPartitionSpec, Period, ReservationsSpec, RuleSpec, ScopeSpec,
+    TierSpec, field_of_rule, parse_algorithm, parse_rule_spec, parse_rule_text,
 };
 
 use std::net::SocketAddr;
@@ -33,7 +33,8 @@ use tollgate::WhenFull;
 use super::duration;
 use super::{
     ConfigError, DEFAULT_MAX_BYTES, DEFAULT_MAX_KEYS, DEFAULT_REDIS_TIMEOUT, DEFAULT_SYNC_INTERVAL,
-    Limits, RedisMode, RedisOptions, ServerConfig, StoreConfig, TlsFiles,
+    Limits, PeerSettings, RedisMode, RedisOptions, RegionsSettings, ServerConfig, StoreConfig,
+    TlsFiles,
 };
 
 /// The JSON Schema of a native rule file.
@@ -212,6 +213,43 @@ struct StoreSection {
     tls_cert: Option<PathBuf>,
     /// Redis: the client certificate's private key (PEM file).
     tls_key: Option<PathBuf>,
+    /// Redis: this region and the peer regions it shares `scope: global` rules with. Each
+    /// region answers from its own Redis; counts travel between regions in the background.
+    regions: Option<RegionsSection>,
+}
+
+/// The `regions` setting of a Redis store.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct RegionsSection {
+    /// This region's name: 1 to 64 letters, digits, `-` or `_`, as its peers name it.
+    region: String,
+    /// How often this instance sends its region's counts to the peers: 1ms to 10s.
+    #[serde(default, deserialize_with = "duration::deserialize_option")]
+    #[schemars(schema_with = "duration::schema", extend("default" = "100ms"))]
+    interval: Option<Duration>,
+    /// The most a global limit may be exceeded by while counts travel, as a fraction of it
+    /// (above 0, at most 1): each region admits at most `overshoot x limit / peers` (at
+    /// least 1) beyond what every peer confirmed.
+    #[schemars(extend("default" = 0.01))]
+    overshoot: Option<f64>,
+    /// The peer regions, each with its Redis (`url`, or `cluster`), reached with this
+    /// store's key prefix, TLS files and timeout.
+    #[serde(default)]
+    peers: Vec<PeerSection>,
+}
+
+/// A peer region.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct PeerSection {
+    /// Its name, as it names itself.
+    name: String,
+    /// Its Redis server's URL.
+    url: Option<String>,
+    /// Its Redis Cluster's seed nodes' URLs, instead of `url`.
+    #[serde(default)]
+    cluster: Vec<String>,
 }
 
 /// Where counters live.
@@ -247,6 +285,7 @@ impl StoreSection {
             ("tls_ca", self.tls_ca.is_some()),
             ("tls_cert", self.tls_cert.is_some()),
             ("tls_key", self.tls_key.is_some()),
+            ("regions", self.regions.is_some()),
         ];
         let other: &[_] = match kind {
             StoreKind::Memory => &redis,
@@ -282,6 +321,22 @@ impl StoreSection {
                     tls_ca: self.tls_ca,
                     tls_cert: self.tls_cert,
                     tls_key: self.tls_key,
+                }),
+                regions: self.regions.map(|r| {
+                    Box::new(RegionsSettings {
+                        region: r.region,
+                        interval: r.interval.unwrap_or(Duration::from_millis(100)),
+                        overshoot: r.overshoot.unwrap_or(0.01),
+                        peers: r
+                            .peers
+                            .into_iter()
+                            .map(|p| PeerSettings {
+                                name: p.name,
+                                url: p.url,
+                                cluster: p.cluster,
+                            })
+                            .collect(),
+                    })
                 }),
             },
         }
@@ -446,6 +501,24 @@ pub fn parse(file: &Path, text: &str) -> Result<Sections, ConfigError> {
                 for url in section.url.iter().chain(&section.cluster) {
                     let url_at = super::places::value_place(text, store_at, url).or(store_at);
                     check_redis_url(file, url_at, url)?;
+                }
+                for peer in section.regions.iter().flat_map(|r| &r.peers) {
+                    let peer_at =
+                        super::places::value_place(text, store_at, &peer.name).or(at("regions"));
+                    if peer.url.is_none() == peer.cluster.is_empty() {
+                        return Err(ConfigError::new(
+                            file,
+                            peer_at,
+                            format!(
+                                "store.regions: peer `{}` needs either `url` or `cluster`",
+                                peer.name
+                            ),
+                        ));
+                    }
+                    for url in peer.url.iter().chain(&peer.cluster) {
+                        let url_at = super::places::value_place(text, store_at, url).or(peer_at);
+                        check_redis_url(file, url_at, url)?;
+                    }
                 }
             }
             Some((section.config(kind), store_at))

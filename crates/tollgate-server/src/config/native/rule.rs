@@ -9,8 +9,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tollgate::engine::{KeyPart, Match, PathPattern, Route};
 use tollgate::{
-    Algorithm, Calendar, CalendarUnit, FailurePolicy, LeakyBucket, OnExpiry, Reservations, Rule,
-    SubWindows, Tier, TokenBucket, WarmUp, Weekday,
+    Algorithm, Calendar, CalendarUnit, FailurePolicy, Global, LeakyBucket, OnExpiry, OnPartition,
+    Reservations, Rule, Scope, SubWindows, Tier, TokenBucket, WarmUp, Weekday,
 };
 
 use crate::config::ConfigError;
@@ -78,6 +78,54 @@ pub struct RuleSpec {
     /// a shaper (`leaky_bucket(shaper)`) or a concurrency rule, whose denials are a wait.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ban: Option<String>,
+    /// Where the limit holds: `region` (each region enforces it whole, as without regions)
+    /// or `global` (one limit across the regions the `regions` section lists, each region
+    /// answering from its own Redis; `fixed_window`, `sliding_window` and `sub_windows`).
+    #[serde(default, skip_serializing_if = "ScopeSpec::is_region")]
+    #[schemars(extend("default" = "region"))]
+    pub scope: ScopeSpec,
+    /// Global: how long a peer region may go unheard before this region stops counting on
+    /// it and falls back (`on_partition`); 10ms to 1h.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = "2s"))]
+    pub stale_after: Option<String>,
+    /// Global: what a region admits while a peer is stale: `share` (at most its share of
+    /// what was left, 1 / regions: never over the limit) or `region` (the whole of what was
+    /// left, as it last heard: each side of a partition may admit it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = "share"))]
+    pub on_partition: Option<OnPartitionSpec>,
+}
+
+/// Where a rule's limit holds.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum ScopeSpec {
+    /// In each region on its own.
+    #[default]
+    Region,
+    /// Once across the regions.
+    Global,
+}
+
+impl ScopeSpec {
+    fn is_region(&self) -> bool {
+        *self == Self::Region
+    }
+}
+
+/// What a region admits of a global rule while a peer is stale.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum OnPartitionSpec {
+    /// Its share of what was left.
+    Share,
+    /// The whole of what was left.
+    Region,
 }
 
 /// How a rule's reservations live and end.
@@ -387,6 +435,33 @@ impl RuleSpec {
         Ok(ban)
     }
 
+    /// The scope this spec gives its rule; the field at fault and why when its global
+    /// settings are wrong or written without `scope: global`.
+    fn scope_of(&self) -> Result<Scope, (&'static str, String)> {
+        if self.scope == ScopeSpec::Region {
+            for (name, set) in [
+                ("stale_after", self.stale_after.is_some()),
+                ("on_partition", self.on_partition.is_some()),
+            ] {
+                if set {
+                    return Err((
+                        name,
+                        "a setting of a global rule; add `scope: global`".into(),
+                    ));
+                }
+            }
+            return Ok(Scope::Region);
+        }
+        let mut global = Global::default();
+        if let Some(stale_after) = &self.stale_after {
+            global.stale_after = parse_duration(stale_after).map_err(|e| ("stale_after", e))?;
+        }
+        if let Some(OnPartitionSpec::Region) = self.on_partition {
+            global.on_partition = OnPartition::Region;
+        }
+        Ok(Scope::Global(global))
+    }
+
     /// The route this spec describes.
     ///
     /// # Errors
@@ -417,9 +492,11 @@ impl RuleSpec {
         if let Some(ban) = &self.ban {
             self.ban_of(ban, &algorithm).map_err(|e| field("ban", e))?;
         }
+        let scope = self.scope_of().map_err(|(name, e)| field(name, e))?;
         let rule = Rule::new(self.id.clone(), algorithm, tiers)
             .and_then(|r| r.on_failure(policy))
             .and_then(|r| r.reservations(reservations))
+            .and_then(|r| r.scope(scope))
             .map_err(|e| e.to_string())?
             .shadow(self.shadow);
         let path = self

@@ -10,6 +10,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+/// The library tests' proxy: links between regions that a test delays, cuts and heals.
+#[path = "../../../../tollgate/tests/integration/support/proxy.rs"]
+pub mod proxy;
+
 pub struct Server {
     child: Child,
     pub http: String,

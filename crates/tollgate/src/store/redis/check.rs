@@ -73,7 +73,7 @@ impl RedisStore {
         }
         // Only a check of one item is bounded (see `check`).
         debug_assert!(deadline.is_none());
-        // Boxed: inline, it would make the future of every check larger.
+        // StoreFuture: inline, it would make the future of every check larger.
         Box::pin(self.check_many(items, now, max_delay, route, places)).await
     }
 

@@ -114,7 +114,7 @@ impl Wire {
     ) -> RedisResult<Value> {
         let link = match self.current() {
             Some(link) => link,
-            // Boxed: connecting (TLS included) is a large future, which every check's
+            // StoreFuture: connecting (TLS included) is a large future, which every check's
             // future would otherwise carry, and move.
             None => Box::pin(within(deadline, self.connect())).await?,
         };

@@ -1,101 +1,86 @@
-//! This region's store as the store of regions calls it: an [`AnyStore`] behind an object,
-//! whose futures are boxed. A store of regions is itself an arm of [`AnyStore`], so its
-//! futures cannot name the local store's without naming their own.
+//! This region's store as the store of regions calls it, its futures boxed: a store of
+//! regions is itself an arm of [`AnyStore`](crate::AnyStore), which is its region's store, so
+//! its futures cannot name the region's store's without naming their own.
 
 use std::future::Future;
 use std::pin::Pin;
 
 use crate::decision::Decisions;
 use crate::error::Error;
-use crate::store::{AnyPlan, AnyStore, Planned, ReservationRecord, Settle, Store};
+use crate::rule::Rule;
+use crate::store::redis::RedisStore;
+use crate::store::{Planned, ReservationRecord, Settle};
 
-pub(super) type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+/// A boxed future of an [`InRegion`] store.
+pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// [`Store`]'s calls on this region's store, each future boxed.
-pub(super) trait Local: Send + Sync + std::fmt::Debug {
-    fn any(&self) -> &AnyStore;
+/// The store that keeps a region's per-region rules, as a [`RegionStore`](super::RegionStore)
+/// calls it: [`Store`](crate::Store)'s calls, each future boxed. Implemented by
+/// [`AnyStore`](crate::AnyStore).
+pub trait InRegion: Send + Sync + std::fmt::Debug + 'static {
+    /// What the store plans for a rule.
+    type Plan: std::fmt::Debug + Send + Sync + 'static;
 
+    /// As [`Store::plan`](crate::Store::plan).
+    ///
+    /// # Errors
+    /// As [`Store::plan`](crate::Store::plan).
+    fn plan(&self, rule: &Rule) -> Result<Self::Plan, Error>;
+
+    /// The Redis the store keeps its state in, where global rules' counts live too; `None`
+    /// for process memory.
+    fn redis(&self) -> Option<&RedisStore>;
+
+    /// As [`Store::settles`](crate::Store::settles).
+    ///
+    /// # Errors
+    /// As [`Store::settles`](crate::Store::settles).
+    fn settles(&self) -> Result<(), Error>;
+
+    /// As [`Store::check`](crate::Store::check).
     fn check<'a>(
         &'a self,
-        items: &'a [Planned<'a, AnyPlan>],
+        items: &'a [Planned<'a, Self::Plan>],
         now: u64,
         max_delay: Option<u64>,
-    ) -> Boxed<'a, Result<Decisions, Error>>;
+    ) -> StoreFuture<'a, Result<Decisions, Error>>;
 
+    /// As [`Store::settle`](crate::Store::settle).
     fn settle<'a>(
         &'a self,
-        items: &'a [Planned<'a, AnyPlan>],
+        items: &'a [Planned<'a, Self::Plan>],
         now: u64,
         settle: Settle,
-    ) -> Boxed<'a, Result<Decisions, Error>>;
+    ) -> StoreFuture<'a, Result<Decisions, Error>>;
 
-    fn keep<'a>(&'a self, record: &'a ReservationRecord, now: u64) -> Boxed<'a, Result<(), Error>>;
+    /// As [`Store::keep_reservation`](crate::Store::keep_reservation).
+    fn keep<'a>(
+        &'a self,
+        record: &'a ReservationRecord,
+        now: u64,
+    ) -> StoreFuture<'a, Result<(), Error>>;
 
+    /// As [`Store::take_reservation`](crate::Store::take_reservation).
     fn take<'a>(
         &'a self,
         id: &'a str,
         now: u64,
-    ) -> Boxed<'a, Result<Option<ReservationRecord>, Error>>;
+    ) -> StoreFuture<'a, Result<Option<ReservationRecord>, Error>>;
 
-    fn expired(&self, now: u64, limit: usize) -> Boxed<'_, Result<Vec<ReservationRecord>, Error>>;
+    /// As [`Store::expired_reservations`](crate::Store::expired_reservations).
+    fn expired(
+        &self,
+        now: u64,
+        limit: usize,
+    ) -> StoreFuture<'_, Result<Vec<ReservationRecord>, Error>>;
 
+    /// As [`Store::reset`](crate::Store::reset).
     fn reset<'a>(
         &'a self,
-        items: &'a [Planned<'a, AnyPlan>],
+        items: &'a [Planned<'a, Self::Plan>],
         now: u64,
-    ) -> Boxed<'a, Result<(), Error>>;
+    ) -> StoreFuture<'a, Result<(), Error>>;
 
-    fn shutdown(&self) -> Boxed<'_, ()>;
-}
-
-impl Local for AnyStore {
-    fn any(&self) -> &AnyStore {
-        self
-    }
-
-    fn check<'a>(
-        &'a self,
-        items: &'a [Planned<'a, AnyPlan>],
-        now: u64,
-        max_delay: Option<u64>,
-    ) -> Boxed<'a, Result<Decisions, Error>> {
-        Box::pin(Store::check(self, items, now, max_delay))
-    }
-
-    fn settle<'a>(
-        &'a self,
-        items: &'a [Planned<'a, AnyPlan>],
-        now: u64,
-        settle: Settle,
-    ) -> Boxed<'a, Result<Decisions, Error>> {
-        Box::pin(Store::settle(self, items, now, settle))
-    }
-
-    fn keep<'a>(&'a self, record: &'a ReservationRecord, now: u64) -> Boxed<'a, Result<(), Error>> {
-        Box::pin(self.keep_reservation(record, now))
-    }
-
-    fn take<'a>(
-        &'a self,
-        id: &'a str,
-        now: u64,
-    ) -> Boxed<'a, Result<Option<ReservationRecord>, Error>> {
-        Box::pin(self.take_reservation(id, now))
-    }
-
-    fn expired(&self, now: u64, limit: usize) -> Boxed<'_, Result<Vec<ReservationRecord>, Error>> {
-        Box::pin(self.expired_reservations(now, limit))
-    }
-
-    fn reset<'a>(
-        &'a self,
-        items: &'a [Planned<'a, AnyPlan>],
-        now: u64,
-    ) -> Boxed<'a, Result<(), Error>> {
-        Box::pin(Store::reset(self, items, now))
-    }
-
-    fn shutdown(&self) -> Boxed<'_, ()> {
-        Box::pin(Store::shutdown(self))
-    }
+    /// As [`Store::shutdown`](crate::Store::shutdown).
+    fn shutdown(&self) -> StoreFuture<'_, ()>;
 }

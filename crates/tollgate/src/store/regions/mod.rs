@@ -39,12 +39,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use self::buckets::Shape;
-use self::local::Local;
+pub use self::local::{InRegion, StoreFuture};
 pub use self::replicate::PeerHealth;
 use self::replicate::Replication;
 use super::guard::{Failure, GuardPlan, Guarded, Route};
 use super::redis::{RedisStore, by_slot, counter_key, slot};
-use super::{AnyPlan, AnyStore, Planned, ReservationRecord, Settle, Store};
+use super::{Planned, ReservationRecord, Settle, Store};
 use crate::decision::{Decision, Decisions, Source};
 use crate::error::Error;
 use crate::layout::{packed, regions};
@@ -96,41 +96,45 @@ impl RegionsConfig {
     /// [`Error::Store`] naming what is out of range: a name, the peers, the interval or the
     /// overshoot.
     pub fn validate(&self) -> Result<(), Error> {
+        let names: Vec<&str> = self.peers.iter().map(|p| p.name.as_str()).collect();
+        Self::check(&self.region, &names, self.interval, self.overshoot)
+    }
+
+    /// Checks settings before their peers' stores are made: as [`validate`](Self::validate).
+    ///
+    /// # Errors
+    /// As [`validate`](Self::validate).
+    pub fn check(
+        region: &str,
+        peers: &[&str],
+        interval: Duration,
+        overshoot: f64,
+    ) -> Result<(), Error> {
         let name_ok = |n: &str| {
             !n.is_empty()
                 && n.len() <= 64
                 && n.chars()
                     .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
         };
-        let problem = if !name_ok(&self.region) {
+        let problem = if !name_ok(region) {
             Some(format!(
-                "region {:?}: must be 1 to 64 letters, digits, - or _",
-                self.region
+                "region {region:?}: must be 1 to 64 letters, digits, - or _"
             ))
-        } else if let Some(peer) = self.peers.iter().find(|p| !name_ok(&p.name)) {
+        } else if let Some(peer) = peers.iter().find(|p| !name_ok(p)) {
             Some(format!(
-                "peer {:?}: must be 1 to 64 letters, digits, - or _",
-                peer.name
+                "peer {peer:?}: must be 1 to 64 letters, digits, - or _"
             ))
-        } else if self.peers.iter().any(|p| p.name == self.region) {
-            Some(format!("peer {:?} is this region", self.region))
-        } else if (1..self.peers.len())
-            .any(|i| self.peers[..i].iter().any(|p| p.name == self.peers[i].name))
-        {
+        } else if peers.contains(&region) {
+            Some(format!("peer {region:?} is this region"))
+        } else if (1..peers.len()).any(|i| peers[..i].contains(&peers[i])) {
             Some("peers: a region is listed twice".into())
-        } else if self.peers.len() > 52 {
+        } else if peers.len() > 52 {
             Some("peers: at most 52".into())
-        } else if self.interval < Duration::from_millis(1)
-            || self.interval > Duration::from_secs(10)
-        {
+        } else if interval < Duration::from_millis(1) || interval > Duration::from_secs(10) {
+            Some(format!("interval {interval:?}: must be from 1ms to 10s"))
+        } else if !(overshoot > 0.0 && overshoot <= 1.0) {
             Some(format!(
-                "interval {:?}: must be from 1ms to 10s",
-                self.interval
-            ))
-        } else if !(self.overshoot > 0.0 && self.overshoot <= 1.0) {
-            Some(format!(
-                "overshoot {}: must be above 0 and at most 1",
-                self.overshoot
+                "overshoot {overshoot}: must be above 0 and at most 1"
             ))
         } else {
             None
@@ -147,14 +151,23 @@ impl RegionsConfig {
 
 /// A store of regions: per-region rules on this region's store, global rules on every
 /// region's counts (see the module documentation). Cheap to clone.
-#[derive(Clone)]
-pub struct RegionStore {
-    local: Arc<dyn Local>,
+pub struct RegionStore<L> {
+    local: Arc<L>,
     redis: RedisStore,
     replication: Arc<Replication>,
 }
 
-impl fmt::Debug for RegionStore {
+impl<L> Clone for RegionStore<L> {
+    fn clone(&self) -> Self {
+        Self {
+            local: self.local.clone(),
+            redis: self.redis.clone(),
+            replication: self.replication.clone(),
+        }
+    }
+}
+
+impl<L: InRegion> fmt::Debug for RegionStore<L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RegionStore")
             .field("region", &self.replication.region)
@@ -165,9 +178,9 @@ impl fmt::Debug for RegionStore {
 
 /// What a rule is in a [`RegionStore`].
 #[derive(Debug)]
-pub enum RegionPlan {
+pub enum RegionPlan<P> {
     /// A per-region rule, planned on this region's store.
-    Local(AnyPlan),
+    Local(P),
     /// A global rule.
     Global(GlobalPlan),
 }
@@ -190,14 +203,14 @@ impl Guarded for GlobalPlan {
     }
 }
 
-impl RegionStore {
+impl<L: InRegion> RegionStore<L> {
     /// A store of regions over `local`, this region's store, which must keep its state in
     /// Redis: global rules' counts live there. Starts sending counts to the peers, on the
     /// current Tokio runtime.
     ///
     /// # Errors
     /// [`Error::Store`] for settings out of range, or a `local` store in process memory.
-    pub fn new(local: AnyStore, config: RegionsConfig) -> Result<Self, Error> {
+    pub fn new(local: L, config: RegionsConfig) -> Result<Self, Error> {
         config.validate()?;
         let Some(redis) = local.redis().cloned() else {
             return Err(Error::Store {
@@ -216,8 +229,8 @@ impl RegionStore {
     }
 
     /// This region's store, for per-region rules.
-    pub fn local(&self) -> &AnyStore {
-        self.local.any()
+    pub fn local(&self) -> &L {
+        &self.local
     }
 
     /// This region's name.
@@ -244,7 +257,7 @@ impl RegionStore {
     pub async fn usage(
         &self,
         rule: &Rule,
-        plan: &RegionPlan,
+        plan: &RegionPlan<L::Plan>,
         key: &[u8],
         now: u64,
     ) -> Result<Vec<Vec<(String, u64)>>, Error> {
@@ -288,7 +301,7 @@ impl RegionStore {
     }
 
     /// The per-region items of `items`, as the local store's.
-    fn locals<'a>(items: &[&Planned<'a, RegionPlan>]) -> Vec<Planned<'a, AnyPlan>> {
+    fn locals<'a>(items: &[&Planned<'a, RegionPlan<L::Plan>>]) -> Vec<Planned<'a, L::Plan>> {
         items
             .iter()
             .filter_map(|item| match item.plan {
@@ -467,14 +480,14 @@ impl RegionStore {
 }
 
 /// Items of a batch, split: the per-region ones (with their places), the global ones.
-type Split<'a, 'b> = (
+type Split<'a, 'b, P> = (
     Vec<usize>,
-    Vec<&'b Planned<'a, RegionPlan>>,
+    Vec<&'b Planned<'a, RegionPlan<P>>>,
     Vec<usize>,
     Vec<(&'a Rule, &'a GlobalPlan, &'a [u8], u64)>,
 );
 
-fn split<'a, 'b>(items: &'b [Planned<'a, RegionPlan>]) -> Split<'a, 'b> {
+fn split<'a, 'b, P>(items: &'b [Planned<'a, RegionPlan<P>>]) -> Split<'a, 'b, P> {
     let (mut local_at, mut local, mut global_at, mut global) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (i, item) in items.iter().enumerate() {
@@ -507,10 +520,10 @@ fn global_failure(error: Error) -> Failure {
     Failure::of(error, None)
 }
 
-impl Store for RegionStore {
-    type Plan = RegionPlan;
+impl<L: InRegion> Store for RegionStore<L> {
+    type Plan = RegionPlan<L::Plan>;
 
-    fn plan(&self, rule: &Rule) -> Result<RegionPlan, Error> {
+    fn plan(&self, rule: &Rule) -> Result<RegionPlan<L::Plan>, Error> {
         match rule.scope_of() {
             Scope::Region => Ok(RegionPlan::Local(self.local().plan(rule)?)),
             Scope::Global(global) => Ok(RegionPlan::Global(GlobalPlan {
@@ -529,7 +542,7 @@ impl Store for RegionStore {
 
     async fn check(
         &self,
-        items: &[Planned<'_, RegionPlan>],
+        items: &[Planned<'_, RegionPlan<L::Plan>>],
         now: u64,
         max_delay: Option<u64>,
     ) -> Result<Decisions, Error> {
@@ -594,7 +607,7 @@ impl Store for RegionStore {
 
     async fn settle(
         &self,
-        items: &[Planned<'_, RegionPlan>],
+        items: &[Planned<'_, RegionPlan<L::Plan>>],
         now: u64,
         settle: Settle,
     ) -> Result<Decisions, Error> {
@@ -649,7 +662,11 @@ impl Store for RegionStore {
         self.local.shutdown().await;
     }
 
-    async fn reset(&self, items: &[Planned<'_, RegionPlan>], now: u64) -> Result<(), Error> {
+    async fn reset(
+        &self,
+        items: &[Planned<'_, RegionPlan<L::Plan>>],
+        now: u64,
+    ) -> Result<(), Error> {
         let (_, local, _, global) = split(items);
         if let Some((rule, ..)) = global.first() {
             return Err(Error::Unsupported {

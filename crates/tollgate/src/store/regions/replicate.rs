@@ -39,6 +39,8 @@ pub struct PeerHealth {
     pub failures: u64,
     /// Buckets of this region's counts the peer has not taken yet.
     pub pending: usize,
+    /// Whether its last round failed: the peer does not answer now.
+    pub failing: bool,
 }
 
 pub(super) struct Replication {
@@ -156,6 +158,7 @@ impl Replication {
                 lag: Duration::from_micros(p.lag.load(Ordering::Relaxed)),
                 failures: p.failures.load(Ordering::Relaxed),
                 pending: pending.values().filter(|b| b.peers & (1 << i) != 0).count(),
+                failing: p.failing.load(Ordering::Relaxed),
             })
             .collect()
     }
