@@ -12,9 +12,9 @@
 //! Run: `cargo bench -p tollgate --features redis --bench modes` (about 2 minutes; `-- --seconds
 //! N` per run, default 20, from the start of a window; `--modes strict,hybrid,lease`).
 
+mod redis_server;
+
 use std::collections::HashMap;
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -23,67 +23,12 @@ use tollgate::{
     Store, Tier,
 };
 
+use redis_server::{cli, start_redis};
+
 const INSTANCES: usize = 3;
 const TENANTS: usize = 25;
 const RATE: u64 = 1_000;
 const WINDOW: Duration = Duration::from_secs(10);
-
-struct Server {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_redis() -> Server {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let dir = tempfile::tempdir().unwrap();
-    let child = Command::new("redis-server")
-        .args([
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            &port.to_string(),
-            "--save",
-            "",
-        ])
-        .args(["--appendonly", "no"])
-        .arg("--dir")
-        .arg(dir.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("redis-server is installed");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while cli(port, &["ping"]) != "PONG" {
-        assert!(Instant::now() < deadline, "redis-server did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Server {
-        child,
-        port,
-        _dir: dir,
-    }
-}
-
-fn cli(port: u16, args: &[&str]) -> String {
-    let out = Command::new("redis-cli")
-        .args(["-p", &port.to_string()])
-        .args(args)
-        .output()
-        .expect("redis-cli is installed");
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
 
 /// Function calls the server ran so far (every FCALL is one round trip of tollgate's).
 fn fcalls(port: u16) -> u64 {

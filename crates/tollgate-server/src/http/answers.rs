@@ -231,7 +231,8 @@ pub struct ConsoleRule {
     /// Decisions per minute for an hour.
     #[schema(value_type = Vec<Object>)]
     pub minutes: Vec<Value>,
-    /// The hottest keys `hits` and `denials`, each with what it has left now.
+    /// The hottest keys `hits` and `denials`, each with what it has left now, and for a
+    /// global rule `regions`: what each region admitted of it in this window.
     #[schema(value_type = Object)]
     pub hot: Value,
 }

@@ -331,7 +331,8 @@ async fn rules(State(state): State<AppState>, _: Admin) -> Response {
     axum::Json(json!({ "rules": list })).into_response()
 }
 
-/// One rule: decisions per second and per minute, its hottest keys with what each has left.
+/// One rule: decisions per second and per minute, its hottest keys with what each has left
+/// (and, for a global rule, what each region admitted of it in this window).
 #[utoipa::path(
     get,
     path = "/v1/console/rules/{id}",
@@ -355,6 +356,7 @@ async fn rule(State(state): State<AppState>, _: Admin, Path(id): Path<String>) -
     let described = describe(found, spec.as_ref(), admin, state.service.store().kind());
     // A concurrency rule's keys show their slots in use.
     let found_slots = found.algorithm().holds_slots();
+    let global = matches!(found.scope_of(), tollgate::Scope::Global(_));
     let yaml = spec.as_ref().and_then(|s| serde_saphyr::to_string(s).ok());
     let now = console.now() / 1_000_000;
     let RuleView {
@@ -381,6 +383,18 @@ async fn rule(State(state): State<AppState>, _: Admin, Path(id): Path<String>) -
                     value["in_use"] = json!(d.limit() - d.remaining());
                 }
                 value["reset_after_s"] = json!(d.reset_after().as_secs_f64());
+            }
+            // A global rule's key: what each region admitted of it in this window.
+            if global
+                && !hot.cut
+                && let Ok(Some(tiers)) = state.service.region_usage(&id, &hot.key).await
+                && let Some(first) = tiers.first()
+            {
+                let by_region: Vec<_> = first
+                    .iter()
+                    .map(|(region, admitted)| json!({"region": region, "admitted": admitted}))
+                    .collect();
+                value["regions"] = json!(by_region);
             }
             out.push(value);
         }

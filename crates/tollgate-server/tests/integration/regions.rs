@@ -117,6 +117,14 @@ async fn thirty_tenants_bursting_in_three_regions_share_one_limit() {
     let world = world().await;
     let client = reqwest::Client::new();
     let admitted: Arc<Vec<AtomicU64>> = Arc::new((0..TENANTS).map(|_| AtomicU64::new(0)).collect());
+    // The console records from its first use: it is opened before the burst.
+    let console = |path: &str| {
+        client
+            .get(format!("{}{path}", world.servers[0][0].http))
+            .bearer_auth("secret")
+            .send()
+    };
+    assert_eq!(console("/v1/console/overview").await.unwrap().status(), 200);
     let end = Instant::now() + Duration::from_secs(30);
     let mut tasks = Vec::new();
     for (r, servers) in world.servers.iter().enumerate() {
@@ -184,6 +192,23 @@ async fn thirty_tenants_bursting_in_three_regions_share_one_limit() {
             .all(|p| p["up"] == true),
         "{answer}"
     );
+    // The console shows a hot key's use per region.
+    let page: serde_json::Value = console("/v1/console/rules/plan")
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let hot = &page["hot"]["hits"][0];
+    let regions = hot["regions"]
+        .as_array()
+        .expect("a global rule's key has its regions");
+    assert_eq!(regions.len(), 3, "{hot}");
+    let shown: u64 = regions
+        .iter()
+        .map(|r| r["admitted"].as_u64().unwrap())
+        .sum();
+    assert!((LIMIT..=bound()).contains(&shown), "{hot}");
     let metrics = support::metrics(&world.servers[0][0].http).await;
     assert!(
         metrics.contains("tollgate_region_peer_up{region=\"us-east\",peer=\"eu-west\"} 1"),

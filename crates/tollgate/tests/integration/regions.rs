@@ -697,3 +697,46 @@ async fn a_region_its_peer_does_not_list_still_counts_there_and_a_garbage_peer_i
     }
     assert_eq!(admitted, 30);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_partition_region_admits_all_that_was_left_and_share_its_share() {
+    let world = World::start(2, 1, Duration::from_millis(10), 0.01).await;
+    let clocks = clocks(2);
+    let rules: Vec<Rule> = [OnPartition::Share, OnPartition::Region]
+        .into_iter()
+        .enumerate()
+        .map(|(i, on_partition)| {
+            Rule::new(
+                format!("p{i}"),
+                Algorithm::FixedWindow,
+                [Tier::per_hour(100)],
+            )
+            .unwrap()
+            .scope(Scope::Global(Global {
+                stale_after: Duration::from_millis(100),
+                on_partition,
+            }))
+            .unwrap()
+        })
+        .collect();
+    for rule in &rules {
+        let west = limiter(&world.instances[1][0], rule, &clocks[1]);
+        assert!(west.check("k", 40).await.unwrap().allowed());
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    world.isolate(0, true);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut admitted = Vec::new();
+    for rule in &rules {
+        let east = limiter(&world.instances[0][0], rule, &clocks[0]);
+        let mut n = 0;
+        for _ in 0..100 {
+            let decision = east.check("k", 1).await.unwrap();
+            assert_eq!(decision.source(), Source::Partitioned);
+            n += u64::from(decision.allowed());
+        }
+        admitted.push(n);
+    }
+    // Share: half of the 60 left, for two regions; region: all 60.
+    assert_eq!(admitted, [30, 60]);
+}

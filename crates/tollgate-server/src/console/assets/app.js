@@ -312,6 +312,23 @@ function hotRows(list, id, slots) {
     </tr>`).join('');
 }
 
+// A global rule's hottest keys: what each region admitted of each in this window.
+function regionsPanel(hot) {
+  const keyed = hot.filter((h) => h.regions);
+  if (!keyed.length) return '';
+  const regions = [...new Set(keyed.flatMap((h) => h.regions.map((r) => r.region)))].sort();
+  const head = regions.map((r) => `<th class="num">${esc(r)}</th>`).join('');
+  const rows = keyed.map((h) => {
+    const cells = regions.map((r) => {
+      const found = h.regions.find((x) => x.region === r);
+      return `<td class="num">${found ? found.admitted : 0}</td>`;
+    }).join('');
+    return `<tr><td class="mono">${esc(h.display)}</td>${cells}</tr>`;
+  }).join('');
+  return `<div class="panel"><h2>Use per region, this window</h2>
+    <table id="hot-regions"><thead><tr><th>Key</th>${head}</tr></thead><tbody>${rows}</tbody></table></div>`;
+}
+
 async function rule(id) {
   const r = await api('GET', `/v1/console/rules/${encodeURIComponent(id)}`);
   if (r.status === 404) throw new Error(`No rule ${id}.`);
@@ -362,7 +379,8 @@ async function rule(id) {
         <table id="hot-hits"><thead><tr><th>Key</th><th class="num">Hits</th><th class="num">${slots ? 'In use' : 'Left'}</th><th class="num">Reset</th><th></th></tr></thead><tbody>${hotRows(d.hot.hits, rule.id, slots)}</tbody></table></div>
       <div class="panel"><h2>Hottest keys by denials</h2>
         <table id="hot-denials"><thead><tr><th>Key</th><th class="num">Denials</th><th class="num">${slots ? 'In use' : 'Left'}</th><th class="num">Reset</th><th></th></tr></thead><tbody>${hotRows(d.hot.denials, rule.id, slots)}</tbody></table></div>
-    </div>`;
+    </div>
+    ${regionsPanel(d.hot.hits)}`;
   $$('button.reset').forEach((b) => b.addEventListener('click', async () => {
     if (!confirm(`Reset the count of ${b.dataset.key} under ${b.dataset.rule}?`)) return;
     const res = await api('POST', `/v1/console/rules/${encodeURIComponent(b.dataset.rule)}/reset`, { key: b.dataset.key });

@@ -64,11 +64,6 @@ impl Proxy {
         Self { port, state, task }
     }
 
-    /// `host:port` of the proxy.
-    pub fn address(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-
     /// `redis://` URL of the proxy.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
