@@ -262,14 +262,6 @@ async fn a_region_cut_off_says_so_everywhere_and_converges_when_healed() {
     // Healed: the counts converge, and the regions count on each other again.
     world.isolate(2, false);
     tokio::time::sleep(Duration::from_millis(800)).await;
-    let json = ask(&client, cut_off, 0).await;
-    assert_eq!(json["decisions"][0]["source"], "global", "{json}");
-    let ready = client
-        .get(format!("{cut_off}/readyz"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(ready.text().await.unwrap(), "ready\n");
     let fields: Vec<String> = world
         .redis
         .iter()
@@ -289,6 +281,14 @@ async fn a_region_cut_off_says_so_everywhere_and_converges_when_healed() {
         .collect();
     assert_eq!(fields[0], fields[1]);
     assert_eq!(fields[0], fields[2]);
+    let json = ask(&client, cut_off, 0).await;
+    assert_eq!(json["decisions"][0]["source"], "global", "{json}");
+    let ready = client
+        .get(format!("{cut_off}/readyz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.text().await.unwrap(), "ready\n");
     // `tollgate check` names the region that answered.
     let (code, _, stderr) = support::run(&[
         "check",
@@ -301,4 +301,47 @@ async fn a_region_cut_off_says_so_everywhere_and_converges_when_healed() {
     ]);
     assert_eq!(code, 0, "{stderr}");
     assert!(stderr.contains("(region eu-west)"), "{stderr}");
+}
+
+#[test]
+fn bad_regions_and_global_rules_are_refused_at_their_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = "store:\n  kind: redis\n  url: redis://127.0.0.1:1\n";
+    let rule = "rules:\n  - id: plan\n    tiers: [{ limit: 10, period: 1m }]\n";
+    for (text, said) in [
+        (
+            format!("{rule}    scope: global\n"),
+            "2:5: rule `plan`: scope: a global rule is one limit across regions: it needs a Redis store with `regions`",
+        ),
+        (
+            format!("{rule}    stale_after: 1s\n"),
+            "rule `plan`: stale_after: a setting of a global rule; add `scope: global`",
+        ),
+        (
+            format!("{rule}    scope: global\n    algorithm: token_bucket\n"),
+            "token_bucket cannot be global: a bucket's level drains with time",
+        ),
+        (
+            format!("{store}  regions:\n    region: us east\n"),
+            "store: regions: region \"us east\": must be 1 to 64 letters, digits, - or _",
+        ),
+        (
+            format!("{store}  regions:\n    region: us-east\n    peers: [{{ name: eu-west }}]\n"),
+            "6:21: store.regions: peer `eu-west` needs either `url` or `cluster`",
+        ),
+        (
+            format!("{store}  regions:\n    region: us-east\n    overshoot: 2\n"),
+            "overshoot 2: must be above 0 and at most 1",
+        ),
+        (
+            "store:\n  kind: memory\n  regions: { region: us-east }\n".to_string(),
+            "`regions` is a setting of a redis store",
+        ),
+    ] {
+        let path = dir.path().join("rules.yaml");
+        std::fs::write(&path, &text).unwrap();
+        let (code, _, stderr) = support::run(&["validate", path.to_str().unwrap()]);
+        assert_eq!(code, 1, "{text}");
+        assert!(stderr.contains(said), "{text}\n{stderr}");
+    }
 }
