@@ -12,6 +12,7 @@ mod bench;
 mod configuration;
 mod console;
 mod denied_cache;
+mod deploy;
 mod envoy;
 mod envoy_compat;
 mod envoy_settings;
