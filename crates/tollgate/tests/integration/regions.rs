@@ -740,3 +740,134 @@ async fn on_partition_region_admits_all_that_was_left_and_share_its_share() {
     // Share: half of the 60 left, for two regions; region: all 60.
     assert_eq!(admitted, [30, 60]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_region_on_a_redis_cluster_shares_a_limit_with_one_on_a_single_server() {
+    let cluster = support::RedisCluster::start_with(0, 2_000);
+    let single = RedisServer::start();
+    let cluster_store = || async {
+        RedisStore::cluster_builder(&cluster.urls())
+            .timeout(Duration::from_millis(500))
+            .build()
+            .await
+            .unwrap()
+    };
+    let config = |region: &str, peer: &str, store: RedisStore| RegionsConfig {
+        interval: Duration::from_millis(10),
+        ..RegionsConfig::new(
+            region,
+            vec![Peer {
+                name: peer.into(),
+                store,
+            }],
+        )
+    };
+    let east = RegionStore::new(
+        AnyStore::Redis(cluster_store().await),
+        config("us-east", "eu-west", redis(&single.url()).await),
+    )
+    .unwrap();
+    let west = RegionStore::new(
+        AnyStore::Redis(redis(&single.url()).await),
+        config("eu-west", "us-east", cluster_store().await),
+    )
+    .unwrap();
+    let rule = global_rule(
+        "both",
+        Algorithm::FixedWindow,
+        Tier::per_hour(100),
+        Duration::from_secs(5),
+    );
+    let clock = ManualClock::new();
+    clock.set_micros(3_600_000_000 * 500_000);
+    let (east, west) = (limiter(&east, &rule, &clock), limiter(&west, &rule, &clock));
+    // Tenants spread over the cluster's slots; each checked in both regions until spent.
+    let mut tasks = Vec::new();
+    for tenant in 0..12 {
+        for limiter in [east.clone(), west.clone()] {
+            tasks.push(tokio::spawn(async move {
+                let mut admitted = 0u64;
+                loop {
+                    let decision = limiter.check(format!("tenant-{tenant}"), 1).await.unwrap();
+                    if decision.allowed() {
+                        admitted += 1;
+                        continue;
+                    }
+                    let wait = decision.retry_after().unwrap();
+                    if wait > Duration::from_secs(1) {
+                        return (tenant, admitted);
+                    }
+                    tokio::time::sleep(wait.min(Duration::from_millis(20))).await;
+                }
+            }));
+        }
+    }
+    let mut totals = [0u64; 12];
+    for task in tasks {
+        let (tenant, admitted) = task.await.unwrap();
+        totals[tenant] += admitted;
+    }
+    // Two regions at 1%: an allowance of 1, a bound of 101.
+    for (tenant, total) in totals.iter().enumerate() {
+        assert!((100..=101).contains(total), "tenant {tenant}: {total}");
+    }
+}
+
+#[tokio::test]
+async fn a_batch_of_global_and_per_region_rules_is_all_or_nothing() {
+    let server = RedisServer::start();
+    let store = RegionStore::new(
+        AnyStore::Redis(redis(&server.url()).await),
+        RegionsConfig::new("us-east", vec![]),
+    )
+    .unwrap();
+    let global = global_rule(
+        "g",
+        Algorithm::FixedWindow,
+        Tier::per_hour(3),
+        Duration::from_secs(2),
+    );
+    let local = Rule::new("l", Algorithm::FixedWindow, [Tier::per_hour(2)]).unwrap();
+    let clock = ManualClock::new();
+    clock.set_micros(3_600_000_000 * 500_000);
+    let limiter = Limiter::builder(global)
+        .rule(local)
+        .store(store)
+        .clock(clock)
+        .build()
+        .unwrap();
+    let both = [
+        tollgate::Item::new("g", "k", 1),
+        tollgate::Item::new("l", "k", 1),
+    ];
+    for _ in 0..2 {
+        let decisions = limiter.check_batch(&both).await.unwrap();
+        assert!(decisions.allowed());
+        let sources: Vec<Source> = decisions.iter().map(|d| d.source()).collect();
+        assert_eq!(sources, [Source::Global, Source::Redis]);
+    }
+    // The per-region rule denies: what the global rule took comes back.
+    assert!(!limiter.check_batch(&both).await.unwrap().allowed());
+    let left = limiter
+        .check_batch(&[tollgate::Item::new("g", "k", 0)])
+        .await
+        .unwrap();
+    assert_eq!(left.iter().next().unwrap().remaining(), 1, "{left:?}");
+    // The global rule denies: the per-region rule takes nothing either.
+    assert!(
+        limiter
+            .check_batch(&[tollgate::Item::new("g", "k", 1)])
+            .await
+            .unwrap()
+            .allowed()
+    );
+    let local_only = [tollgate::Item::new("l", "other", 1)];
+    let mixed = [
+        tollgate::Item::new("g", "k", 1),
+        tollgate::Item::new("l", "other", 1),
+    ];
+    assert!(!limiter.check_batch(&mixed).await.unwrap().allowed());
+    for _ in 0..2 {
+        assert!(limiter.check_batch(&local_only).await.unwrap().allowed());
+    }
+}
