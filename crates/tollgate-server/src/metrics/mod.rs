@@ -139,6 +139,12 @@ pub const CATALOG: &[Metric] = &[
         "Regions: rounds in which the peer region did not take this region's counts.",
     ),
     metric(
+        "tollgate_region_dropped_total",
+        Kind::Counter,
+        &["region"],
+        "Regions: buckets of global rules this instance never sent to the peers because a million were pending already (a long partition over many keys): the peers undercount them. Alert on any.",
+    ),
+    metric(
         "tollgate_region_admitted_total",
         Kind::Counter,
         &["region", "rule"],
@@ -801,8 +807,10 @@ pub fn redis_nodes(nodes: &[tollgate::NodeHealth]) {
     gauge!("tollgate_redis_slots_failing").set(failing as f64);
 }
 
-/// Records each peer region's health as this instance last heard it.
-pub fn regions(region: &str, peers: &[tollgate::PeerHealth]) {
+/// Records each peer region's health as this instance last heard it, and the buckets it
+/// `dropped`.
+pub fn regions(region: &str, peers: &[tollgate::PeerHealth], dropped: u64) {
+    counter!("tollgate_region_dropped_total", "region" => region.to_string()).absolute(dropped);
     for peer in peers {
         let labels = [("region", region.to_string()), ("peer", peer.name.clone())];
         let up = if peer.failing { 0.0 } else { 1.0 };

@@ -136,7 +136,7 @@ impl Service {
     /// Records the store's gauges (keys held, calls saved, failures) for the metrics endpoint.
     pub fn observe(&self) {
         if let Some(regions) = self.store.regions() {
-            metrics::regions(regions.region(), &regions.peers());
+            metrics::regions(regions.region(), &regions.peers(), regions.dropped());
         }
         match self.region_store() {
             AnyStore::Memory(m) => {

@@ -223,6 +223,15 @@ fn bound(limit: u64, regions: u64, overshoot: f64) -> u64 {
     limit + (regions - 1) * allowance
 }
 
+/// The most of its own count any bucket of `rule` in `server`'s region says `peer` confirmed.
+fn acked(server: &RedisServer, rule: &str, peer: &str) -> u64 {
+    let keys = server.cli(&["--scan", "--pattern", &format!("tg:g:{rule}:*")]);
+    keys.lines()
+        .filter_map(|key| server.cli(&["hget", key, &format!("a{peer}")]).parse().ok())
+        .max()
+        .unwrap_or(0)
+}
+
 /// Each region's counts of every global bucket of `rule`, as its Redis holds them: bucket
 /// name -> (field -> value).
 fn held(server: &RedisServer, rule: &str) -> HashMap<String, HashMap<String, u64>> {
@@ -239,6 +248,24 @@ fn held(server: &RedisServer, rule: &str) -> HashMap<String, HashMap<String, u64
             (key.to_string(), fields)
         })
         .collect()
+}
+
+/// Waits until `ready` says so, polling; fails after 10 s, saying `what`.
+async fn until<F, Fut>(what: &str, mut ready: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ready().await {
+        assert!(Instant::now() < deadline, "{what}: not within 10 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// What `limiter`'s rule has left of `key` now, by a look (cost 0, which takes nothing).
+async fn left(limiter: &Limiter<Region, ManualClock>, key: &str) -> u64 {
+    limiter.check(key, 0).await.unwrap().remaining()
 }
 
 fn clocks(regions: usize) -> Vec<ManualClock> {
@@ -331,10 +358,7 @@ async fn uneven_load_across_links_of_fifty_milliseconds_stays_within_the_bound()
     // The peers' round trips were heard: about twice the delay.
     for peer in world.instances[0][0].peers() {
         assert!(peer.lag >= Duration::from_millis(90), "{peer:?}");
-        assert!(
-            peer.last_heard.is_some_and(|h| h < Duration::from_secs(1)),
-            "{peer:?}"
-        );
+        assert!(peer.last_heard.is_some() && !peer.failing, "{peer:?}");
     }
 }
 
@@ -400,11 +424,13 @@ async fn a_region_cut_off_for_a_window_admits_its_share_says_so_and_converges_af
     // Healed: within a few intervals every region holds the same counts, and nothing
     // admitted during the cut is missing.
     world.isolate(2, false);
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    until("every region holds the same counts", || async {
+        let views: Vec<_> = world.servers.iter().map(|s| held(s, "cut")).collect();
+        views[0] == views[1] && views[0] == views[2]
+    })
+    .await;
     let views: Vec<_> = world.servers.iter().map(|s| held(s, "cut")).collect();
     assert!(!views[0].is_empty());
-    assert_eq!(views[0], views[1]);
-    assert_eq!(views[0], views[2]);
     for (bucket, fields) in &views[0] {
         let counted: u64 = fields.values().sum();
         assert!(counted <= bound, "{bucket}: {fields:?}");
@@ -462,12 +488,11 @@ async fn a_region_redis_restarted_mid_window_loses_nothing_it_admitted() {
         let total = tally.total(tenant);
         assert!(total <= bound, "tenant {tenant} admitted {total} > {bound}");
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until("the restarted region holds every count again", || async {
+        held(&world.servers[0], "restart") == held(&world.servers[1], "restart")
+    })
+    .await;
     let views: Vec<_> = world.servers.iter().map(|s| held(s, "restart")).collect();
-    assert_eq!(
-        views[0], views[1],
-        "the restarted region holds every count again"
-    );
     let admitted: u64 = (0..tenants).map(|t| tally.total(t)).sum();
     let counted: u64 = views[1].values().flat_map(|f| f.values()).sum();
     assert_eq!(counted, admitted);
@@ -490,7 +515,10 @@ async fn reports_and_reservations_in_one_region_are_spent_in_all() {
     // Beyond the in-flight allowance (10,000) until the west confirms it holds the report.
     let waiting = east.check("tenant", 1).await.unwrap();
     assert!(!waiting.allowed(), "{waiting:?}");
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    until("the west confirms the report", || async {
+        acked(&world.servers[0], "tokens", "eu-west") == 400_000
+    })
+    .await;
     let reservation = east
         .reserve(&[tollgate::Item::new("tokens", "tenant", 300_000)], None)
         .await
@@ -498,13 +526,20 @@ async fn reports_and_reservations_in_one_region_are_spent_in_all() {
     east.commit(reservation.id().unwrap(), 100_000)
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    until(
+        "the west holds the east's report and reservation",
+        || async { left(&west, "tenant").await == 500_000 },
+    )
+    .await;
     let seen = west.check("tenant", 0).await.unwrap();
     assert_eq!(seen.remaining(), 500_000, "{seen:?}");
     assert_eq!(seen.source(), Source::Global);
     // The west spends what is left; the east then finds nothing.
     assert!(west.check("tenant", 500_000).await.unwrap().allowed());
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    until("the east holds what the west spent", || async {
+        left(&east, "tenant").await == 0
+    })
+    .await;
     assert!(!east.check("tenant", 1).await.unwrap().allowed());
 }
 
@@ -550,9 +585,12 @@ async fn clocks_seconds_apart_shift_windows_but_each_window_holds_the_bound() {
         &tally,
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
     // Region 2 counted in the next window; each window, in every region's view, holds the
     // bound.
+    until("region 0 holds region 2's next window", || async {
+        held(&world.servers[0], "skew").len() >= 2 * tenants
+    })
+    .await;
     let bound = bound(limit, 3, 0.01);
     let view = held(&world.servers[0], "skew");
     assert!(view.len() >= 2 * tenants, "{view:?}");
@@ -680,7 +718,14 @@ async fn a_region_its_peer_does_not_list_still_counts_there_and_a_garbage_peer_i
     let east_limiter = limiter(&east_store, &rule, &clock);
     let west_limiter = limiter(&west_store, &rule, &clock);
     assert!(east_limiter.check("k", 40).await.unwrap().allowed());
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until(
+        "the west holds the east's 40, its garbage peer stale",
+        || async {
+            let look = west_limiter.check("k", 0).await.unwrap();
+            look.remaining() == 60 && look.source() == Source::Partitioned
+        },
+    )
+    .await;
     // The west counts the east's permits though it does not list the east; its garbage
     // peer is stale, so it admits its share: (100 - 40) / 2.
     let look = west_limiter.check("k", 0).await.unwrap();
@@ -723,7 +768,13 @@ async fn on_partition_region_admits_all_that_was_left_and_share_its_share() {
         let west = limiter(&world.instances[1][0], rule, &clocks[1]);
         assert!(west.check("k", 40).await.unwrap().allowed());
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    for rule in &rules {
+        let east = limiter(&world.instances[0][0], rule, &clocks[0]);
+        until("the east holds the west's 40", || async {
+            left(&east, "k").await == 60
+        })
+        .await;
+    }
     world.isolate(0, true);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut admitted = Vec::new();

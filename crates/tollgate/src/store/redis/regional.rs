@@ -122,28 +122,28 @@ impl RedisStore {
     }
 
     /// The hashes of `keys` (one slot), each as its fields and values: what a region's
-    /// Redis holds of a global rule's buckets.
+    /// Redis holds of a global rule's buckets. The reads are sent at once (pipelined).
     pub(crate) async fn regional_fields(
         &self,
         keys: &[Vec<u8>],
     ) -> Result<Vec<Vec<(String, f64)>>, Error> {
-        let mut out = Vec::with_capacity(keys.len());
-        for key in keys {
+        let reads = keys.iter().map(|key| {
             let mut command = redis::cmd("HGETALL");
             command.arg(key);
-            let fields: Vec<(String, String)> = self
-                .connection
-                .query(command, None)
-                .await
-                .map_err(store_error)?;
-            out.push(
-                fields
+            self.connection
+                .query::<Vec<(String, String)>>(command, None)
+        });
+        futures_join(reads)
+            .await
+            .into_iter()
+            .map(|fields| {
+                let fields = fields.map_err(store_error)?;
+                Ok(fields
                     .into_iter()
                     .filter_map(|(name, value)| Some((name, value.parse().ok()?)))
-                    .collect(),
-            );
-        }
-        Ok(out)
+                    .collect())
+            })
+            .collect()
     }
 
     async fn regional(

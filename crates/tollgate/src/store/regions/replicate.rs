@@ -54,6 +54,8 @@ pub(super) struct Replication {
     pending: Mutex<HashMap<Vec<u8>, Pending>>,
     /// Buckets not sent because too many were pending.
     dropped: AtomicU64,
+    /// Whether the last round could not reach this region's own Redis (said once).
+    unsynced: AtomicBool,
     /// A check waited for acknowledgements (denied in flight): a round takes its answers in
     /// at once, not at the next round.
     urgent: AtomicBool,
@@ -109,6 +111,7 @@ impl Replication {
             started: Instant::now(),
             pending: Mutex::new(HashMap::new()),
             dropped: AtomicU64::new(0),
+            unsynced: AtomicBool::new(false),
             urgent: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             wake: Notify::new(),
@@ -118,6 +121,11 @@ impl Replication {
         let task = replication.clone();
         tokio::spawn(async move { task.run().await });
         replication
+    }
+
+    /// Buckets never sent because too many were pending (the peers undercount them).
+    pub(super) fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
     }
 
     pub(super) fn peer_names(&self) -> &[String] {
@@ -276,9 +284,20 @@ impl Replication {
             .regional_sync(&self.region, &names, &keys, &items)
             .await
         {
-            Ok(own) => own,
+            Ok(own) => {
+                if self.unsynced.swap(false, Ordering::Relaxed) {
+                    tracing::warn!("regions: this region's Redis answers rounds again");
+                }
+                own
+            }
             Err(e) => {
-                tracing::warn!(error = %e, "regions: this region's Redis did not answer a round");
+                if !self.unsynced.swap(true, Ordering::Relaxed) {
+                    tracing::error!(
+                        error = %e,
+                        "regions: this region's Redis does not answer; its counts wait to be \
+                         sent to the peers"
+                    );
+                }
                 self.requeue(&keys, &versions);
                 return;
             }

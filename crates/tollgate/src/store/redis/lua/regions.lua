@@ -37,7 +37,7 @@ end
 -- (REGIONS_REPORT) or gives back (REGIONS_CREDIT) their costs whatever the counts say.
 -- A tier admits when its weighted merged count, plus the cost, is within the limit, and
 -- when this region's permits not yet confirmed by every live peer stay within the in-flight
--- allowance (or are none). While a peer is stale, what this region admitted that a stale
+-- allowance (or are none; a look, of cost 0, is never held back by them). While a peer is stale, what this region admitted that a stale
 -- peer has not confirmed counts once more for each peer (unless the rule falls back to its
 -- per-region limit): each region then admits at most 1 / regions of what was left, whoever
 -- it still hears. The cost goes into each tier's current bucket.
@@ -96,7 +96,7 @@ local function regional_check(keys, args)
       if mode == REGIONS_CHECK or mode == REGIONS_LOOK then
         if merged + assumed + cost > limit then
           why = 1
-        elseif in_flight > 0 and in_flight + cost > allowance then
+        elseif cost > 0 and in_flight > 0 and in_flight + cost > allowance then
           why = 2
         end
       end
