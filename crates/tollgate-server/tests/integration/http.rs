@@ -344,7 +344,8 @@ async fn the_check_command_asks_a_running_server() {
 }
 
 /// A memory store of 1,000 keys under 1 per hour, every key used up, then 3,000 new keys:
-/// the first key's answer, the new keys' answers, and the metrics.
+/// the first key's answer, the new keys' answers, and the metrics. A token bucket, so no
+/// key's state ends at a clock boundary the test might straddle (a fixed window's hour did).
 async fn a_full_memory_store(when_full: &str) -> (Server, u16, Vec<(u16, String)>, String) {
     let rules = format!(
         r#"
@@ -352,7 +353,7 @@ store: {{ kind: memory, max_keys: 1000, when_full: {when_full} }}
 rules:
   - id: hourly
     key: [header:x-user]
-    algorithm: fixed_window
+    algorithm: token_bucket
     tiers: [{{ limit: 1, period: 1h }}]
     on_failure: closed
 "#

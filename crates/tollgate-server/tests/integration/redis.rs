@@ -3,6 +3,8 @@
 
 use crate::support;
 
+use std::time::Duration;
+
 use reqwest::Method;
 use serde_json::json;
 use support::{Redis, Server, admin, admin_ids, check, eventually, metrics};
@@ -240,6 +242,7 @@ async fn a_failing_redis_shows_in_metrics_and_readiness() {
 /// another), where they once admitted up to 2207.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hybrid_instances_stay_within_the_stated_bound() {
+    support::clear_of_a_windows_turn(Duration::from_secs(86_400), Duration::from_secs(60)).await;
     let redis = Redis::start();
     let rules = format!(
         "store:\n  kind: redis\n  url: {}\n  mode: hybrid\nrules:\n  - id: daily\n    key: [header:x-tenant]\n    algorithm: fixed_window\n    tiers: [{{ limit: 1000, period: 1d }}]\n",
@@ -279,6 +282,7 @@ async fn hybrid_instances_stay_within_the_stated_bound() {
 /// fourth is denied with nothing remaining.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hybrid_without_unclaimed_permits_denies_only_a_spent_budget() {
+    support::clear_of_a_windows_turn(Duration::from_secs(86_400), Duration::from_secs(60)).await;
     let redis = Redis::start();
     let rules = format!(
         "store: {{ kind: redis, url: '{}', mode: hybrid, max_unclaimed: 0, timeout: 1s }}\nrules:\n  - id: daily\n    key: [header:x-tenant]\n    algorithm: fixed_window\n    tiers: [{{ limit: 3, period: 1d }}]\n",

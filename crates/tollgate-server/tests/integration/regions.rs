@@ -114,6 +114,8 @@ async fn ask(client: &reqwest::Client, server: &str, tenant: usize) -> serde_jso
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn thirty_tenants_bursting_in_three_regions_share_one_limit() {
+    // The plan's hour must not turn while the regions count it.
+    support::clear_of_a_windows_turn(Duration::from_secs(3600), Duration::from_secs(90)).await;
     let world = world().await;
     let client = reqwest::Client::new();
     let admitted: Arc<Vec<AtomicU64>> = Arc::new((0..TENANTS).map(|_| AtomicU64::new(0)).collect());
@@ -227,6 +229,8 @@ async fn thirty_tenants_bursting_in_three_regions_share_one_limit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_region_cut_off_says_so_everywhere_and_converges_when_healed() {
+    // The plan's hour must not turn while the regions count it.
+    support::clear_of_a_windows_turn(Duration::from_secs(3600), Duration::from_secs(90)).await;
     let world = world().await;
     let client = reqwest::Client::new();
     let cut_off = &world.servers[2][0].http;
