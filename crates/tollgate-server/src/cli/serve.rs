@@ -282,7 +282,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         state,
         registry,
         http_tls,
-        stopped(stop_rx),
+        stopped(stop_rx.clone()),
     ));
     let finished = async {
         let http = http_task.await;
@@ -292,10 +292,26 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         };
         (http, grpc)
     };
-    let (http, grpc) = finished.await;
-    http?;
-    if let Some(grpc) = grpc {
-        grpc??;
+    // Connections get `drain` to finish once shutdown begins: a client that keeps its
+    // connection open past it (one that never reads HTTP/2's GOAWAY, say) does not hold the
+    // process up; it is closed as the process exits.
+    let overdue = {
+        let stopping = stopped(stop_rx.clone());
+        async move {
+            stopping.await;
+            tokio::time::sleep(drain).await;
+        }
+    };
+    tokio::select! {
+        (http, grpc) = finished => {
+            http?;
+            if let Some(grpc) = grpc {
+                grpc??;
+            }
+        }
+        () = overdue => {
+            tracing::warn!("connections still open after draining for {drain:?}: closing them");
+        }
     }
     // Pending hybrid counts and unused leases go back to Redis.
     if tokio::time::timeout(drain, service.shutdown())

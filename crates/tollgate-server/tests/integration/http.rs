@@ -302,6 +302,36 @@ async fn sigterm_drains_and_exits_cleanly() {
     assert!(server.terminate());
 }
 
+/// An HTTP/2 client on each listener that never reads again (so never answers the PING of a
+/// graceful GOAWAY): SIGTERM still ends the process once `server.drain` is spent, saying so.
+#[tokio::test]
+async fn sigterm_ends_connections_still_open_after_the_drain() {
+    use tokio::io::AsyncWriteExt;
+    let rules = format!("server: {{ drain: 1s }}\n{RULES}");
+    let server = Server::start(&[("rules.yaml", &rules)], &[]);
+    let mut silent = Vec::new();
+    for url in [&server.http, &server.grpc] {
+        let addr = url.trim_start_matches("http://");
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        // The preface and an empty SETTINGS frame: a connection, with no stream.
+        stream
+            .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+            .await
+            .unwrap();
+        silent.push(stream);
+    }
+    // The connections are served before the signal.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    support::signal(server.pid(), "TERM");
+    let log = server.wait_for_log(
+        "connections still open after draining",
+        Duration::from_secs(10),
+    );
+    assert!(log.contains("1s"), "{log}");
+    assert!(server.terminate(), "did not exit cleanly");
+    drop(silent);
+}
+
 #[tokio::test]
 async fn the_check_command_asks_a_running_server() {
     let server = Server::start(&[("rules.yaml", RULES)], &[]);
