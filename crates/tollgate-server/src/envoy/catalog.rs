@@ -518,8 +518,8 @@ pub const SETTINGS: &[Setting] = &[
     setting("PROMETHEUS_PATH", Honoured, "Its path (`/metrics`)."),
     setting(
         "PROMETHEUS_MAPPER_YAML",
-        Refused(None),
-        "tollgate names its statistics as the default mapping does; a mapping of your own does not apply.",
+        Honoured,
+        "A statsd exporter's mapping file, accepted when it maps to the names of the default mapping (as Envoy Gateway's `statsd-exporter-config` does), under which tollgate exports its statistics; one that maps to other names or drops is refused, naming the mapping. A file that cannot be read is passed over, as there.",
     ),
     setting(
         "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",

@@ -65,6 +65,67 @@ fn refused() -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// The names the Envoy service's default statsd mapping gives its statistics, which tollgate
+/// exports them under.
+const MAPPED_NAMES: &[&str] = &[
+    "ratelimit_service_rate_limit_near_limit",
+    "ratelimit_service_rate_limit_over_limit",
+    "ratelimit_service_rate_limit_total_hits",
+    "ratelimit_service_rate_limit_within_limit",
+    "ratelimit_service_rate_limit_shadow_mode",
+    "ratelimit_service_should_rate_limit_error",
+    "ratelimit_service_total_requests",
+    "ratelimit_service_response_time_seconds",
+    "ratelimit_service_config_load_success",
+    "ratelimit_service_config_load_error",
+];
+
+/// `PROMETHEUS_MAPPER_YAML`, a statsd exporter's mapping file: accepted when each of its
+/// mappings maps to a name of the default mapping (Envoy Gateway's `statsd-exporter-config`
+/// is that mapping), since tollgate exports under those names; one that names anything else
+/// or drops a statistic is refused, naming it. A file that cannot be read is passed over,
+/// as the Envoy service passes it over.
+fn mapping() -> Result<(), ConfigError> {
+    #[derive(serde::Deserialize)]
+    struct Mappings {
+        #[serde(default)]
+        mappings: Vec<Mapping>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Mapping {
+        #[serde(rename = "match", default)]
+        pattern: String,
+        name: Option<String>,
+        action: Option<String>,
+    }
+    const NAME: &str = "PROMETHEUS_MAPPER_YAML";
+    let Some(path) = env(NAME) else {
+        return Ok(());
+    };
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Ok(());
+    };
+    let file: Mappings = serde_saphyr::from_str(&text)
+        .map_err(|e| env_error(NAME, format!("`{path}` is not a statsd mapping: {e}")))?;
+    for mapping in file.mappings {
+        let name = mapping.name.as_deref().unwrap_or("");
+        if mapping.action.as_deref().is_some_and(|a| a != "map") || !MAPPED_NAMES.contains(&name) {
+            return Err(env_error(
+                NAME,
+                format!(
+                    "`{path}` maps `{}` to `{name}`{}: tollgate names its statistics as the default mapping does, and a mapping to other names does not apply",
+                    mapping.pattern,
+                    mapping
+                        .action
+                        .map(|a| format!(" with action `{a}`"))
+                        .unwrap_or_default()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The settings the environment gives.
 ///
 /// # Errors
@@ -72,6 +133,7 @@ fn refused() -> Result<(), ConfigError> {
 /// or one that asks for what tollgate does not do, naming it.
 pub fn from_env() -> Result<EnvoySettings, ConfigError> {
     refused()?;
+    mapping()?;
     log_json()?;
     Ok(EnvoySettings {
         stop_when_over: env_flag("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")?,

@@ -76,11 +76,53 @@ fn validate(env: &[(&str, &str)]) -> (i32, String) {
     (code, format!("{out}{err}"))
 }
 
+/// Envoy Gateway sets `PROMETHEUS_MAPPER_YAML` to its `statsd-exporter-config`, a mapping
+/// to the default names: accepted, as a missing file is; a mapping to other names, or one that
+/// drops, is refused, naming it.
+#[test]
+fn a_statsd_mapping_to_the_default_names_is_accepted_and_others_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let defaults = write(
+        "defaults.yaml",
+        "mappings:\n  - match: \"ratelimit.service.rate_limit.*.*.over_limit\"\n    name: \"ratelimit_service_rate_limit_over_limit\"\n    timer_type: histogram\n    labels: { domain: \"$1\", key1: \"$2\" }\n  - match: \"ratelimit_server.*.total_requests\"\n    name: \"ratelimit_service_total_requests\"\n    match_metric_type: counter\n    labels: { grpc_method: \"$1\" }\n",
+    );
+    let renamed = write(
+        "renamed.yaml",
+        "mappings:\n  - match: \"ratelimit.service.rate_limit.*.*.over_limit\"\n    name: \"rl_over\"\n",
+    );
+    let dropping = write(
+        "dropping.yaml",
+        "mappings:\n  - match: \"ratelimit.service.*\"\n    action: drop\n",
+    );
+    for path in [defaults.as_str(), "/nonexistent/conf.yaml"] {
+        let (code, out) = validate(&[("USE_PROMETHEUS", "true"), ("PROMETHEUS_MAPPER_YAML", path)]);
+        assert_eq!(code, 0, "{path}: {out}");
+    }
+    for (path, said) in [
+        (
+            &renamed,
+            "maps `ratelimit.service.rate_limit.*.*.over_limit` to `rl_over`",
+        ),
+        (&dropping, "with action `drop`"),
+    ] {
+        let (code, out) = validate(&[("USE_PROMETHEUS", "true"), ("PROMETHEUS_MAPPER_YAML", path)]);
+        assert_eq!(code, 1, "{path} was accepted: {out}");
+        assert!(
+            out.contains("environment: PROMETHEUS_MAPPER_YAML: ") && out.contains(said),
+            "{out}"
+        );
+    }
+}
+
 #[test]
 fn settings_asking_for_what_it_does_not_do_are_refused_naming_them() {
     let refused = [
         ("CONFIG_TYPE", "KUBERNETES"),
-        ("PROMETHEUS_MAPPER_YAML", "/etc/mapper.yaml"),
         ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "true"),
         ("USE_DOG_STATSD_MOGRIFIERS", "TAGS"),
         ("REDIS_PERSECOND", "true"),
