@@ -11,6 +11,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// The library tests' proxy: links between regions that a test delays, cuts and heals.
+pub mod docker;
 #[path = "../../../../tollgate/tests/integration/support/proxy.rs"]
 pub mod proxy;
 
@@ -548,6 +549,15 @@ impl Cluster {
 /// 127.0.0.1) and a client certificate it signed, written to `dir`: (ca, cert, key,
 /// client cert, client key).
 pub fn certificates(dir: &std::path::Path) -> [std::path::PathBuf; 5] {
+    certificates_for(dir, &["localhost", "127.0.0.1"], &["envoy"])
+}
+
+/// As [`certificates`], with the server's and the client's certificates for these names.
+pub fn certificates_for(
+    dir: &std::path::Path,
+    server: &[&str],
+    client: &[&str],
+) -> [std::path::PathBuf; 5] {
     use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
     let ca_key = KeyPair::generate().unwrap();
     let mut ca_params = CertificateParams::new(Vec::new()).unwrap();
@@ -562,8 +572,9 @@ pub fn certificates(dir: &std::path::Path) -> [std::path::PathBuf; 5] {
             .unwrap();
         (cert.pem(), key.serialize_pem())
     };
-    let (server_cert, server_key) = leaf(vec!["localhost".into(), "127.0.0.1".into()]);
-    let (client_cert, client_key) = leaf(vec!["envoy".into()]);
+    let names = |names: &[&str]| names.iter().map(|n| n.to_string()).collect();
+    let (server_cert, server_key) = leaf(names(server));
+    let (client_cert, client_key) = leaf(names(client));
     let files = [
         ("ca.pem", ca.pem()),
         ("server.pem", server_cert),

@@ -141,12 +141,17 @@ impl AggregatedDiscoveryService for Ads {
 impl Management {
     /// Serves `snapshot` (none: nothing until [`set`](Self::set)) on a free loopback port.
     pub fn start(snapshot: Option<Snapshot>, tls: Option<Tls>) -> Self {
+        Self::start_on(([127, 0, 0, 1], 0).into(), snapshot, tls)
+    }
+
+    /// As [`start`](Self::start), on `addr` (port 0: a free one).
+    pub fn start_on(addr: SocketAddr, snapshot: Option<Snapshot>, tls: Option<Tls>) -> Self {
         let state = Arc::new(State {
             snapshot: watch::channel(snapshot).0,
             requests: Mutex::default(),
             headers: Mutex::default(),
         });
-        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        let addr = std::net::TcpListener::bind(addr)
             .unwrap()
             .local_addr()
             .unwrap();
