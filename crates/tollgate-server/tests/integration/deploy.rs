@@ -153,3 +153,158 @@ fn the_systemd_unit_verifies() {
     assert!(out.status.success(), "{said}");
     assert!(!said.contains("tollgate.service:"), "{said}");
 }
+
+/// Runs `program args` in `dir`; its standard output, or a panic with what it said.
+fn output(program: &str, args: &[&str], dir: &Path, installed_by: &str) -> String {
+    let out = Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("{program}: {e} ({installed_by})"));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{program} {args:?}: {said}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The objects of a YAML stream, as JSON.
+fn objects(yaml: &str) -> Vec<serde_json::Value> {
+    yaml.split("\n---\n")
+        .filter(|doc| !doc.trim().is_empty())
+        .map(|doc| serde_saphyr::from_str(doc).unwrap())
+        .collect()
+}
+
+/// `deploy/kubernetes` renders with kustomize (`kubectl kustomize`) and, with the optional
+/// HPA, validates against Kubernetes' schemas, strictly (no field the API does not have); the
+/// parts name each other as they must: selectors the pod's labels, the Service's and monitors'
+/// ports the container's, the Secret and ConfigMap what the pod mounts, the probes routes the
+/// service has; and the rules it mounts are valid.
+#[test]
+fn the_kubernetes_manifests_render_and_validate() {
+    let dir = deploy().join("kubernetes");
+    let rendered = output(
+        "kubectl",
+        &["kustomize", "."],
+        &dir,
+        "scripts/deps: Debian's kubernetes-client",
+    );
+    let temp = tempfile::tempdir().unwrap();
+    let file = temp.path().join("rendered.yaml");
+    std::fs::write(&file, &rendered).unwrap();
+    let validated = output(
+        "kubernetes-validate",
+        &["--strict", file.to_str().unwrap(), "hpa.yaml"],
+        &dir,
+        "scripts/deps: pip's kubernetes-validate",
+    );
+    let mut all = objects(&rendered);
+    for optional in ["hpa.yaml", "servicemonitor.yaml", "podmonitor.yaml"] {
+        all.extend(objects(
+            &std::fs::read_to_string(dir.join(optional)).unwrap(),
+        ));
+    }
+    let of = |kind: &str, name: &str| {
+        all.iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no {kind} {name}"))
+            .clone()
+    };
+    for kind in [
+        "ConfigMap",
+        "Secret",
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+        "HorizontalPodAutoscaler",
+    ] {
+        let passed = format!("passed for resource {}/", kind.to_lowercase());
+        assert!(validated.contains(&passed), "{kind}: {validated}");
+    }
+    let deployment = of("Deployment", "tollgate");
+    let pod = &deployment["spec"]["template"];
+    let labels = &pod["metadata"]["labels"];
+    let container = &pod["spec"]["containers"][0];
+    let ports: Vec<&str> = container["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    let selects_the_pod = |selector: &serde_json::Value| {
+        let wanted = selector.as_object().unwrap();
+        assert!(!wanted.is_empty());
+        for (k, v) in wanted {
+            assert_eq!(&labels[k], v, "{k} does not select the pod");
+        }
+    };
+    selects_the_pod(&deployment["spec"]["selector"]["matchLabels"]);
+    selects_the_pod(&of("PodDisruptionBudget", "tollgate")["spec"]["selector"]["matchLabels"]);
+    let service = of("Service", "tollgate");
+    selects_the_pod(&service["spec"]["selector"]);
+    for port in service["spec"]["ports"].as_array().unwrap() {
+        assert!(
+            ports.contains(&port["targetPort"].as_str().unwrap()),
+            "{port}"
+        );
+    }
+    assert_eq!(
+        service["spec"]["ports"].as_array().unwrap().len(),
+        3,
+        "HTTP, gRPC and metrics"
+    );
+    let monitor = of("ServiceMonitor", "tollgate");
+    for (k, v) in monitor["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .unwrap()
+    {
+        assert_eq!(&service["metadata"]["labels"][k], v);
+    }
+    assert_eq!(monitor["spec"]["endpoints"][0]["port"], "metrics");
+    let pod_monitor = of("PodMonitor", "tollgate");
+    selects_the_pod(&pod_monitor["spec"]["selector"]["matchLabels"]);
+    assert_eq!(
+        pod_monitor["spec"]["podMetricsEndpoints"][0]["port"],
+        "metrics"
+    );
+    assert_eq!(
+        of("HorizontalPodAutoscaler", "tollgate")["spec"]["scaleTargetRef"]["name"],
+        "tollgate"
+    );
+
+    // Probes on the service's health routes; non-root; the admin token from the Secret.
+    for (probe, path) in [
+        ("startupProbe", "/healthz"),
+        ("livenessProbe", "/healthz"),
+        ("readinessProbe", "/healthcheck"),
+    ] {
+        assert_eq!(container[probe]["httpGet"]["path"], path, "{probe}");
+    }
+    assert_eq!(pod["spec"]["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
+    let token = &container["env"][0]["valueFrom"]["secretKeyRef"];
+    let secret = of("Secret", "tollgate-admin");
+    assert_eq!(token["name"], "tollgate-admin");
+    assert!(secret["stringData"][token["key"].as_str().unwrap()].is_string());
+
+    // The rules the pod mounts where its arguments say, valid.
+    let args = container["args"].as_array().unwrap();
+    let at = args.iter().position(|a| a == "--config").unwrap();
+    let mount = &container["volumeMounts"][0];
+    assert_eq!(args[at + 1], mount["mountPath"]);
+    let volume = &pod["spec"]["volumes"][0];
+    assert_eq!(volume["name"], mount["name"]);
+    let rules = of("ConfigMap", volume["configMap"]["name"].as_str().unwrap());
+    for (name, text) in rules["data"].as_object().unwrap() {
+        let path = temp.path().join(name);
+        std::fs::write(&path, text.as_str().unwrap()).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["validate", path.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

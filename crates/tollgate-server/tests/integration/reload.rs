@@ -64,6 +64,34 @@ async fn an_invalid_file_is_rejected_and_the_old_rules_keep_serving() {
     );
 }
 
+/// A directory laid out as the kubelet mounts a ConfigMap (`rules.yaml` a link into `..data`,
+/// itself a link to a timestamped directory, swapped by a rename on update): its files are
+/// served once (the `..` entries are not read as rule files of their own), and a swap reloads.
+#[tokio::test]
+async fn a_config_map_mount_is_served_and_its_update_reloaded() {
+    use std::os::unix::fs::symlink;
+    let mount = tempfile::tempdir().unwrap();
+    let at = |p: &str| mount.path().join(p);
+    for (version, limit) in [
+        ("..2026_12_04_10_00_00.1", 10),
+        ("..2026_12_04_10_05_00.2", 4),
+    ] {
+        std::fs::create_dir(at(version)).unwrap();
+        std::fs::write(at(version).join("rules.yaml"), rules(limit)).unwrap();
+    }
+    symlink("..2026_12_04_10_00_00.1", at("..data")).unwrap();
+    symlink("..data/rules.yaml", at("rules.yaml")).unwrap();
+    let config = mount.path().to_str().unwrap();
+    let server = Server::start(&[], &["--config", config]);
+    let client = reqwest::Client::new();
+    assert_eq!(remaining(&client, &server).await, "9");
+    // The kubelet's update: a new link renamed over `..data`.
+    symlink("..2026_12_04_10_05_00.2", at("..data_tmp")).unwrap();
+    std::fs::rename(at("..data_tmp"), at("..data")).unwrap();
+    server.wait_for_log("rules reloaded", Duration::from_secs(10));
+    assert_eq!(remaining(&client, &server).await, "2");
+}
+
 #[tokio::test]
 async fn sighup_reloads() {
     let server = Server::start(&[("rules.yaml", &rules(10))], &[]);
