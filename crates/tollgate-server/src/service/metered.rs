@@ -198,6 +198,8 @@ impl Service {
         drop(self);
         let mut every = tokio::time::interval(Duration::from_secs(1));
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // A store that fails fails every second: said when it starts and when it ends.
+        let mut failing = false;
         loop {
             every.tick().await;
             let Some(service) = weak.upgrade() else {
@@ -212,6 +214,9 @@ impl Service {
             }
             match limiter.settle_expired(1_000).await {
                 Ok(settled) => {
+                    if std::mem::take(&mut failing) {
+                        tracing::info!("expired reservations are settled again");
+                    }
                     if settled > 0 {
                         // Estimates released on expiry give permits back.
                         loaded.clear_denied();
@@ -220,7 +225,11 @@ impl Service {
                         metrics::reservation("expired");
                     }
                 }
-                Err(e) => tracing::warn!(error = %e, "cannot settle expired reservations now"),
+                Err(e) if !failing => {
+                    failing = true;
+                    tracing::warn!(error = %e, "cannot settle expired reservations now: tried again every second, said again once they settle");
+                }
+                Err(_) => {}
             }
         }
     }

@@ -302,6 +302,24 @@ async fn metered_work_on_redis_outlives_the_process_that_reserved() {
     );
 }
 
+/// Redis gone: the loop that settles expired reservations, which tries every second, says so
+/// once, not every second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_store_is_said_once_by_the_expiry_loop() {
+    let redis = Redis::start();
+    let server = Server::start(&[("rules.yaml", &redis_rules(&redis))], &[]);
+    drop(redis);
+    server.wait_for_log(
+        "cannot settle expired reservations now",
+        Duration::from_secs(10),
+    );
+    let again = server.lines_within(Duration::from_millis(3_500));
+    assert!(
+        !again.iter().any(|l| l.contains("cannot settle expired")),
+        "{again:#?}"
+    );
+}
+
 /// Four processes on one Redis, 1,000 reservations at once of 10 against a budget of 5,000:
 /// exactly 500 admitted; then each committed at a random real cost, and what the budget
 /// counts is the sum of the commits, to the unit.

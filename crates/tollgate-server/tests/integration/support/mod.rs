@@ -138,6 +138,20 @@ impl Server {
         }
     }
 
+    /// The lines logged within `within` from now, and before unread.
+    pub fn lines_within(&self, within: Duration) -> Vec<String> {
+        let deadline = Instant::now() + within;
+        let mut lines = Vec::new();
+        while let Ok(line) = self
+            .log
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        {
+            self.seen.lock().unwrap().push(line.clone());
+            lines.push(line);
+        }
+        lines
+    }
+
     /// The first line read so far (while starting, or waiting for another) containing `text`.
     pub fn logged(&self, text: &str) -> Option<String> {
         let seen = self.seen.lock().unwrap();
