@@ -308,8 +308,12 @@ async fn a_region_cut_off_says_so_everywhere_and_converges_when_healed() {
         ready.text().await.unwrap() == "ready\n"
     })
     .await;
-    let json = ask(&client, cut_off, 0).await;
-    assert_eq!(json["decisions"][0]["source"], "global", "{json}");
+    // Once ready, it decides on the regions' counts again (a round late on a loaded machine
+    // can make one more decision partitioned).
+    support::eventually("the healed region decides on global counts", || async {
+        ask(&client, cut_off, 0).await["decisions"][0]["source"] == "global"
+    })
+    .await;
     // `tollgate check` names the region that answered.
     let (code, _, stderr) = support::run(&[
         "check",
